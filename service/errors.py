@@ -1,0 +1,101 @@
+"""ragmon's exception tree, and the one place that maps it to HTTP.
+
+    RagmonError
+    ├── PermanentError            same input, same failure: 4xx, never retried
+    │   ├── DecodeError           body is not valid protobuf / JSON / UTF-8
+    │   ├── InvalidInput          decodes, but breaks the schema (types, NaN, dimensions)
+    │   ├── PayloadTooLarge       body over the configured limit
+    │   ├── UnsupportedMediaType  content type or encoding we do not read
+    │   ├── Unauthenticated       missing or unknown API key
+    │   └── UnknownTenant         key valid, tenant not allowed here
+    └── RetryableError            may pass later: 503 + Retry-After
+        ├── QueueFull             a bounded queue or buffer is full
+        ├── StoreUnavailable      the database did not answer
+        └── JudgeUnavailable      the judge endpoint did not answer
+
+Exceptions from kafka-python, SQLAlchemy and openai are caught only in
+`bus.py`, `store.py` and `judge.py` and re-raised as one of these.
+"""
+
+from __future__ import annotations
+
+
+class RagmonError(Exception):
+    """Base of every error ragmon raises on purpose. `reason` is a metric label value."""
+
+    reason: str = "error"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(reason={self.reason!r}, message={self.message!r})"
+
+
+class PermanentError(RagmonError):
+    status_code = 400
+
+
+class DecodeError(PermanentError):
+    reason = "decode_error"
+
+
+class InvalidInput(PermanentError):
+    status_code = 422
+    reason = "invalid_input"
+
+
+class PayloadTooLarge(PermanentError):
+    status_code = 413
+    reason = "too_large"
+
+
+class UnsupportedMediaType(PermanentError):
+    status_code = 415
+    reason = "unsupported_media_type"
+
+
+class Unauthenticated(PermanentError):
+    status_code = 401
+    reason = "unauthenticated"
+
+
+class UnknownTenant(PermanentError):
+    status_code = 403
+    reason = "forbidden"
+
+
+class RetryableError(RagmonError):
+    status_code = 503
+    reason = "unavailable"
+
+    def __init__(self, message: str, *, reason: str | None = None, retry_after_s: float = 1.0) -> None:
+        super().__init__(message, reason=reason)
+        self.retry_after_s = retry_after_s
+
+
+class QueueFull(RetryableError):
+    reason = "queue_full"
+
+
+class StoreUnavailable(RetryableError):
+    reason = "store_unavailable"
+
+
+class JudgeUnavailable(RetryableError):
+    reason = "judge_unavailable"
+
+
+def http_status(exc: RagmonError) -> int:
+    """The HTTP status for an error: the single place this mapping lives."""
+    return int(getattr(exc, "status_code", 500))
+
+
+def retry_after_header(exc: RagmonError) -> dict[str, str]:
+    """`Retry-After` (whole seconds, at least 1) for retryable errors, nothing otherwise."""
+    if isinstance(exc, RetryableError):
+        return {"Retry-After": str(max(1, round(exc.retry_after_s)))}
+    return {}

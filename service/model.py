@@ -1,0 +1,153 @@
+"""The records that travel through ragmon after ingest: `RagTrace` and `Feedback`.
+
+Everything downstream of the receivers speaks these types and nothing else
+(DESIGN.md, "The RagTrace"). They are frozen: the bus fans one batch out to
+several sinks without copying, so no sink may change what another sees.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+TRACE_ID_PATTERN = r"^[0-9a-f]{32}$"
+
+RegenerationSource = Literal["attribute", "feedback", "reask"]
+CostSource = Literal["app", "price_table", "unpriced"]
+FeedbackKind = Literal["up", "down", "regenerate"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Chunk(_Frozen):
+    """One retrieved (or reranked) chunk, in the order the retriever returned it."""
+
+    id: str
+    rank: int = Field(ge=0, description="0-based position in the list it belongs to")
+    score: float | None = None
+    content: str | None = None
+    metadata: dict[str, JsonValue] | None = None
+
+
+class Retrieval(_Frozen):
+    """What the retriever (and the reranker, when there is one) returned for the query."""
+
+    retriever: str | None = None
+    k: int | None = None
+    chunks: tuple[Chunk, ...] = ()
+    filter: str | None = Field(default=None, description="filter predicate as the app logged it")
+    excluded_ids: tuple[str, ...] = ()
+    reranker_input: tuple[Chunk, ...] = ()
+    reranker_output: tuple[Chunk, ...] = ()
+
+    @property
+    def context(self) -> tuple[Chunk, ...]:
+        """The chunks the LLM saw: the reranker's output when there was a reranker."""
+        return self.reranker_output or self.chunks
+
+    @property
+    def top1_score(self) -> float | None:
+        return self.chunks[0].score if self.chunks else None
+
+
+class Timings(_Frozen):
+    """Stage durations in seconds; None where the trace had no such stage."""
+
+    total_s: float | None = None
+    embedding_s: float | None = None
+    retrieval_s: float | None = None
+    rerank_s: float | None = None
+    generation_s: float | None = None
+    ttft_s: float | None = None
+
+
+class ModelUsage(_Frozen):
+    """Tokens and cost of one model within a trace (summed over its calls)."""
+
+    model: str
+    kind: Literal["llm", "embedding", "reranker"] = "llm"
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    cost_usd: float | None = Field(default=None, ge=0)
+    cost_source: CostSource = "unpriced"
+
+
+class QueryEmbedding(_Frozen):
+    """The app's own vector for the query, with the model that made it."""
+
+    model: str | None = None
+    vector: tuple[float, ...]
+
+    @property
+    def dim(self) -> int:
+        return len(self.vector)
+
+
+class RagTrace(_Frozen):
+    """One request of the RAG app, normalized from its spans or from the JSON API.
+
+    Idempotency key: (tenant, trace_id). Every processor must give the same
+    result when it sees the same trace twice.
+    """
+
+    trace_id: str = Field(pattern=TRACE_ID_PATTERN)
+    tenant: str = "default"
+    app: str = "unknown"
+    release: str | None = None
+    intent: str | None = None
+    session_id: str | None = None
+    user_hash: str | None = Field(default=None, description="sha256 of the app's user id, never the id")
+    start_time: datetime
+    query: str | None = None
+    query_embedding: QueryEmbedding | None = None
+    retrieval: Retrieval = Retrieval()
+    answer: str | None = None
+    cited_chunk_ids: tuple[str, ...] = ()
+    timings: Timings = Timings()
+    usage: tuple[ModelUsage, ...] = ()
+    is_regeneration: bool = False
+    regeneration_source: RegenerationSource | None = None
+    probe_run_id: str | None = None
+    probe_question_id: str | None = None
+    partial: bool = Field(default=False, description="assembled before the root span ended")
+    span_count: int = 0
+    source: Literal["otlp", "json"] = "otlp"
+
+    @property
+    def cost_usd(self) -> float | None:
+        """Total known cost; None when no model call of the trace could be priced."""
+        known = [u.cost_usd for u in self.usage if u.cost_usd is not None]
+        return sum(known) if known else None
+
+    @property
+    def unpriced_models(self) -> tuple[str, ...]:
+        return tuple(u.model for u in self.usage if u.cost_source == "unpriced")
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(u.input_tokens for u in self.usage)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(u.output_tokens for u in self.usage)
+
+
+class Feedback(_Frozen):
+    """A user's reaction to an answer, joined to its trace by trace id.
+
+    It may arrive before the trace is assembled; the store joins them on read.
+    `event_id` makes redelivery harmless: the same event id is stored once.
+    """
+
+    event_id: str
+    trace_id: str = Field(pattern=TRACE_ID_PATTERN)
+    tenant: str = "default"
+    app: str | None = None
+    kind: FeedbackKind
+    reason: str | None = Field(default=None, description="reason category, e.g. wrong, incomplete")
+    text: str | None = None
+    time: datetime

@@ -1,0 +1,47 @@
+"""`Span`: one decoded OTLP span, the unit the assembler buffers.
+
+Receivers (`otlp.py` for protobuf and JSON, the gRPC receiver) produce these;
+`semconv.py` turns the spans of one trace into a `RagTrace`. Ids are
+lower-case hex, times are Unix nanoseconds, attribute values are plain Python
+values (str, bool, int, float, bytes, lists of those, or dicts for kvlists).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+AttrValue = Union[str, bool, int, float, bytes, list["AttrValue"], dict[str, "AttrValue"], None]
+Attributes = dict[str, AttrValue]
+
+
+@dataclass(slots=True)
+class SpanEvent:
+    name: str
+    time_ns: int
+    attributes: Attributes = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Span:
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: Attributes = field(default_factory=dict)
+    events: list[SpanEvent] = field(default_factory=list)
+    resource: Attributes = field(default_factory=dict)
+    kind: int = 0
+    status_code: int = 0
+    tenant: str = "default"
+    size_bytes: int = 0
+
+    @property
+    def is_root(self) -> bool:
+        return not self.parent_span_id
+
+    @property
+    def duration_s(self) -> float:
+        return max(0, self.end_ns - self.start_ns) / 1e9
