@@ -1,0 +1,112 @@
+"""`create_app(config)`: the FastAPI app that receives traces and serves the API, `/metrics` and probes.
+
+Resources (store, bus, pipeline, gRPC receiver) are built in the lifespan,
+never at import, so a test process can build many apps side by side.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from service import ingest, traces_api
+from service.auth import TenantMiddleware, TenantResolver
+from service.config import RagmonConfig
+from service.errors import DecodeError, InvalidInput, RagmonError
+from service.limits import BodyLimitMiddleware
+from service.metrics import Metrics
+from service.otlp_grpc import OtlpGrpcReceiver
+from service.pipeline import Pipeline
+from service.responses import error_response
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+
+
+def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
+    metrics = metrics or Metrics(config.metrics)
+    resolver = TenantResolver(config.auth)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pipeline = Pipeline(config, metrics)
+        await pipeline.start()
+        app.state.pipeline = pipeline
+        grpc_receiver = None
+        if config.server.grpc_port:
+            grpc_receiver = OtlpGrpcReceiver(
+                pipeline, resolver, config.server.host, config.server.grpc_port, config.server.max_body_bytes
+            )
+            await grpc_receiver.start()
+        app.state.grpc_receiver = grpc_receiver
+        if resolver.open_to_loopback:
+            log.warning("no API keys configured: accepting unauthenticated clients on loopback only")
+        try:
+            yield
+        finally:
+            if grpc_receiver is not None:
+                await grpc_receiver.stop()
+            await pipeline.stop()
+
+    app = FastAPI(title="ragmon", version=VERSION, lifespan=lifespan,
+                  description="Monitor RAG applications in production from their live traces.")
+    app.state.metrics = metrics
+    app.state.config = config
+
+    @app.exception_handler(RagmonError)
+    async def _ragmon_error(request: Request, exc: RagmonError) -> Response:
+        metrics.reject(exc.reason)
+        return error_response(exc, request.url.path, request.headers.get("content-type"))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        undecodable = any(e.get("type") == "json_invalid" for e in errors)
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        error: RagmonError = (
+            DecodeError(f"body is not valid JSON: {first.get('msg')}")
+            if undecodable
+            else InvalidInput(f"{where}: {first.get('msg')}")
+        )
+        metrics.reject(error.reason)
+        return error_response(error, request.url.path, request.headers.get("content-type"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400:  # FastAPI's answer to a body it could not parse (e.g. invalid UTF-8)
+            metrics.reject("decode_error")
+            return error_response(DecodeError(f"body could not be decoded: {exc.detail}"), request.url.path, None)
+        return JSONResponse({"error": "http_error", "detail": exc.detail}, exc.status_code, exc.headers)
+
+    app.include_router(ingest.otlp_router)
+    app.include_router(ingest.api_router)
+    app.include_router(traces_api.router)
+
+    @app.get("/healthz", tags=["ops"], summary="Liveness: the process answers")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"], summary="Readiness: store reachable and bus below capacity")
+    async def readyz(request: Request) -> Response:
+        pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
+        ok, detail = (False, "starting") if pipeline is None else await pipeline.ready()
+        return JSONResponse({"status": "ok" if ok else "unavailable", "detail": detail}, 200 if ok else 503)
+
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # The last added runs first: the key check (headers only) before the body is read against its cap.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes, on_reject=metrics.reject)
+    app.add_middleware(TenantMiddleware, resolver=resolver, on_reject=metrics.reject)
+    return app

@@ -1,0 +1,190 @@
+"""`SpanAssembler`: buffers spans by trace until the trace is complete, then emits one `RagTrace`.
+
+A trace is complete when its root span has ended and `grace_s` has passed
+(children of a batch exporter often arrive in a later request than the root),
+or, with no root, `timeout_s` after its first span arrived (emitted with
+`partial=True`). The buffer is bounded in spans and in estimated bytes: when a
+new span would break a bound, the oldest open trace is emitted early as
+partial and counted (`ragmon_assembled_traces{reason="evicted"}`); nothing is
+dropped without a count.
+
+Spans for a trace that was already emitted are counted as late
+(`ragmon_late_spans_total`) and not re-assembled: downstream stages are
+idempotent by trace id and would ignore a second version anyway.
+
+Guarantees: `consume_spans` never blocks on I/O and never raises for bad span
+content (bad spans were rejected by the receiver); `stop()` emits every open
+trace before returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from service.config import AssemblerConfig
+from service.consumer import TraceConsumer
+from service.metrics import Metrics
+from service.model import RagTrace
+from service.spans import Span
+
+log = logging.getLogger(__name__)
+
+TraceKey = tuple[str, str]  # (tenant, trace_id)
+TraceBuilder = Callable[[Sequence[Span], bool], RagTrace]
+
+# Emitted trace ids remembered to recognise late spans; bounded like everything else.
+_RECENT_LIMIT = 200_000
+
+
+@dataclass(slots=True)
+class _OpenTrace:
+    first_seen: float
+    spans: list[Span] = field(default_factory=list)
+    size_bytes: int = 0
+    root_ended_at: float | None = None
+
+
+class SpanAssembler:
+    """Processor: spans in (`SpanConsumer`), traces out to `next` (`TraceConsumer`)."""
+
+    def __init__(
+        self,
+        config: AssemblerConfig,
+        next: TraceConsumer,
+        build: TraceBuilder,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.next = next
+        self.build = build
+        self.metrics = metrics
+        self.clock = clock
+        self._open: OrderedDict[TraceKey, _OpenTrace] = OrderedDict()
+        self._root_deadlines: deque[tuple[float, TraceKey]] = deque()
+        self._recent: OrderedDict[TraceKey, None] = OrderedDict()
+        self._span_count = 0
+        self._byte_count = 0
+        self._pending: list[tuple[_OpenTrace, str]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._flush_lock = asyncio.Lock()
+
+    # -- state read by the metrics collector and the ingest back-pressure check
+    @property
+    def open_traces(self) -> int:
+        return len(self._open)
+
+    @property
+    def open_spans(self) -> int:
+        return self._span_count
+
+    @property
+    def open_bytes(self) -> int:
+        return self._byte_count
+
+    @property
+    def fill_ratio(self) -> float:
+        return max(self._span_count / self.config.max_spans, self._byte_count / self.config.max_bytes)
+
+    async def consume_spans(self, batch: Sequence[Span]) -> None:
+        now = self.clock()
+        for span in batch:
+            key = (span.tenant, span.trace_id)
+            if key in self._recent:
+                self.metrics.late_spans.inc()
+                continue
+            open_trace = self._open.get(key)
+            if open_trace is None:
+                open_trace = self._open[key] = _OpenTrace(first_seen=now)
+            open_trace.spans.append(span)
+            open_trace.size_bytes += span.size_bytes
+            self._span_count += 1
+            self._byte_count += span.size_bytes
+            if span.is_root and open_trace.root_ended_at is None:
+                open_trace.root_ended_at = now
+                self._root_deadlines.append((now + self.config.grace_s, key))
+            self._evict_over_bounds(keep=key)
+        if self._pending:
+            await self._emit_pending()
+
+    def _evict_over_bounds(self, keep: TraceKey) -> None:
+        while (
+            self._span_count > self.config.max_spans or self._byte_count > self.config.max_bytes
+        ) and len(self._open) > 1:
+            oldest = next(iter(self._open))
+            if oldest == keep:
+                # The trace being filled is the oldest; evict the next one instead.
+                oldest = list(self._open)[1]
+            self._take(oldest, reason="evicted")
+
+    def _take(self, key: TraceKey, reason: str) -> None:
+        open_trace = self._open.pop(key)
+        self._span_count -= len(open_trace.spans)
+        self._byte_count -= open_trace.size_bytes
+        self._recent[key] = None
+        if len(self._recent) > _RECENT_LIMIT:
+            self._recent.popitem(last=False)
+        self._pending.append((open_trace, reason))
+
+    def _collect_due(self, now: float, everything: bool = False) -> None:
+        while self._root_deadlines and (everything or self._root_deadlines[0][0] <= now):
+            _, key = self._root_deadlines.popleft()
+            if key in self._open:
+                self._take(key, reason="complete")
+        # Insertion order is first-seen order, so timed-out traces sit at the front.
+        while self._open:
+            key, open_trace = next(iter(self._open.items()))
+            if not everything and open_trace.first_seen + self.config.timeout_s > now:
+                break
+            self._take(key, reason="timeout" if open_trace.root_ended_at is None else "complete")
+
+    async def _emit_pending(self) -> None:
+        async with self._flush_lock:
+            pending, self._pending = self._pending, []
+            traces: list[RagTrace] = []
+            for open_trace, reason in pending:
+                self.metrics.assembled.labels(reason=reason).inc()
+                partial = reason != "complete"
+                try:
+                    traces.append(self.build(open_trace.spans, partial))
+                except Exception:  # a builder bug must not take the pipeline down
+                    self.metrics.assembly_failures.inc()
+                    log.exception("could not assemble trace %s", open_trace.spans[0].trace_id)
+            if traces:
+                await self.next.consume_traces(traces)
+
+    async def flush_due(self) -> None:
+        """Emit every trace whose time has come (called by the background tick)."""
+        self._collect_due(self.clock())
+        if self._pending:
+            await self._emit_pending()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_s)
+            try:
+                await self.flush_due()
+            except Exception:
+                log.exception("span assembler tick failed; retrying next tick")
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="span-assembler")
+
+    async def stop(self) -> None:
+        """Stop the tick and emit every open trace (complete or partial). Safe twice and before start."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._collect_due(self.clock(), everything=True)
+        if self._pending:
+            await self._emit_pending()

@@ -1,0 +1,221 @@
+"""ragmon's configuration: one validated model, read from defaults, a file, the environment and flags.
+
+Precedence, lowest first: built-in defaults (embedded mode, loopback only) <
+config file (`--config`, YAML or JSON) < `RAGMON_*` environment variables
+(nested with `__`, e.g. `RAGMON_ASSEMBLER__GRACE_S=1`) < command-line flags.
+Everything is validated before anything starts; `load_config` raises
+`ConfigError` with one readable line on a bad value.
+
+The README's configuration table is generated from these models
+(`ragmon config --markdown`), so the field descriptions are the documentation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+SAMPLE_API_KEY = "ragmon-sample-key-change-me"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message is one line meant for a person."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerConfig(_Section):
+    host: str = Field("127.0.0.1", description="HTTP listen address (OTLP/HTTP, JSON API, review page, /metrics)")
+    port: int = Field(4318, ge=0, le=65535, description="HTTP port; 4318 is the OTLP/HTTP default")
+    grpc_port: int = Field(4317, ge=0, le=65535, description="OTLP/gRPC port; 0 disables the gRPC receiver")
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest accepted request body (after gzip)")
+
+
+class AuthConfig(_Section):
+    api_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="API key -> tenant. Empty: no keys, and only loopback clients are accepted",
+    )
+    allow_loopback_without_key: bool = Field(
+        True, description="with no keys configured, accept unauthenticated clients on 127.0.0.1/::1"
+    )
+
+
+class AssemblerConfig(_Section):
+    grace_s: float = Field(0.5, ge=0, description="wait after the root span ends for late child spans")
+    timeout_s: float = Field(30.0, gt=0, description="flush a trace whose root never arrives after this long")
+    max_spans: int = Field(200_000, gt=0, description="open-trace buffer bound, in spans")
+    max_bytes: int = Field(256 * 1024 * 1024, gt=0, description="open-trace buffer bound, in estimated bytes")
+    tick_s: float = Field(0.1, gt=0, description="how often the buffer is checked for complete traces")
+
+
+class BusConfig(_Section):
+    kind: Literal["memory"] = Field("memory", description="memory (embedded); kafka comes with distributed mode")
+    capacity: int = Field(50_000, gt=0, description="traces held in the in-process bus before ingest answers 503")
+    batch_size: int = Field(500, gt=0, description="largest batch handed to a sink")
+    retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 503 when the bus is full")
+
+
+class StoreConfig(_Section):
+    url: str | None = Field(
+        None,
+        description="SQLAlchemy URL; default sqlite:///<data-dir>/ragmon.db. PostgreSQL: postgresql+psycopg://...",
+    )
+    retention_days: float = Field(30.0, gt=0, description="traces older than this are deleted")
+    timeout_s: float = Field(10.0, gt=0, description="connect / busy / statement timeout")
+
+
+class RegenerationConfig(_Section):
+    window_s: float = Field(
+        300.0, ge=0, description="a re-ask in the same session within this many seconds is a regeneration"
+    )
+    similarity: float = Field(
+        0.8, gt=0, le=1, description="word-set Jaccard similarity at or above which two queries are near-identical"
+    )
+    max_sessions: int = Field(100_000, gt=0, description="sessions remembered for re-ask detection (LRU)")
+
+
+class MetricsConfig(_Section):
+    max_apps: int = Field(20, gt=0, description="distinct app label values before the rest become 'other'")
+    max_models: int = Field(20, gt=0, description="distinct model label values before the rest become 'other'")
+    intents: list[str] = Field(
+        default_factory=list,
+        description="intent label values exported as such; others become 'other' (empty: first max_intents seen)",
+    )
+    max_intents: int = Field(20, gt=0, description="distinct intent label values when `intents` is empty")
+
+
+class PricingConfig(_Section):
+    overrides: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="model -> [USD per 1M input tokens, USD per 1M output tokens]; wins over the shipped table",
+    )
+
+
+class RagmonConfig(_Section):
+    """The whole configuration. Defaults run embedded on one machine with no setup."""
+
+    data_dir: Path = Field(Path("ragmon-data"), description="where the SQLite file and reports live")
+    dev: bool = Field(False, description="allow the sample API key (never in production)")
+    log_level: str = Field("info", description="debug | info | warning | error")
+    server: ServerConfig = ServerConfig()
+    auth: AuthConfig = AuthConfig()
+    assembler: AssemblerConfig = AssemblerConfig()
+    bus: BusConfig = BusConfig()
+    store: StoreConfig = StoreConfig()
+    regeneration: RegenerationConfig = RegenerationConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    pricing: PricingConfig = PricingConfig()
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError(f"unknown log level {value!r}")
+        return value.lower()
+
+    @property
+    def store_url(self) -> str:
+        return self.store.url or f"sqlite:///{self.data_dir / 'ragmon.db'}"
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _env_layer(environ: dict[str, str]) -> dict[str, Any]:
+    """The RAGMON_* variables as a nested mapping (values parsed as JSON when they are JSON).
+
+    Variables whose first part names no setting section are ignored, so tools
+    may keep their own RAGMON_* variables; inside a known section, an unknown
+    name is an error (a typo must not pass silently).
+    """
+    layer: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith("RAGMON_"):
+            continue
+        path = name[len("RAGMON_") :].lower().split("__")
+        if path[0] not in RagmonConfig.model_fields:
+            continue
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        node = layer
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment variable {name} conflicts with another RAGMON_ variable")
+        node[path[-1]] = value
+    return layer
+
+
+def load_config(
+    *,
+    config_file: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> RagmonConfig:
+    """Build and validate the configuration from file < environment < overrides (flags)."""
+    layers: dict[str, Any] = {}
+    if config_file is not None:
+        layers = _deep_merge(layers, _read_file(config_file))
+    layers = _deep_merge(layers, _env_layer(dict(os.environ if environ is None else environ)))
+    if overrides:
+        layers = _deep_merge(layers, overrides)
+    try:
+        config = RagmonConfig.model_validate(layers)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        raise ConfigError(f"invalid configuration at {where}: {first['msg']}") from exc
+    if SAMPLE_API_KEY in config.auth.api_keys and not config.dev:
+        raise ConfigError("the sample API key is configured; replace it, or pass --dev for a local trial")
+    return config
+
+
+def describe_settings() -> list[tuple[str, str, str, str]]:
+    """(environment variable, type, default, description) for every setting, for the README table."""
+    rows: list[tuple[str, str, str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation, f"{prefix}{name.upper()}__")
+                continue
+            default = field.get_default(call_default_factory=True)
+            type_name = getattr(annotation, "__name__", str(annotation)).replace("typing.", "")
+            rows.append((f"{prefix}{name.upper()}", type_name, json.dumps(default, default=str), field.description or ""))
+
+    walk(RagmonConfig, "RAGMON_")
+    return rows

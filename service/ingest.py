@@ -1,0 +1,241 @@
+"""Receivers: OTLP/HTTP (`POST /v1/traces`) and the plain JSON API (`/api/v1/traces`, `/api/v1/feedback`).
+
+Order of work per request (STYLE.md §5): size cap (413, middleware) →
+content type and encoding (415) → decompress with a cap and decode in a
+thread → hand the spans to the pipeline, which refuses with `QueueFull`
+(503 + Retry-After) when the bus is over capacity → answer. An OTLP request
+with some bad spans is answered 200 with `partial_success` (rejected count and
+message) and its good spans are kept, as the OTLP spec says. Errors are
+answered in the caller's encoding: a protobuf `google.rpc.Status` for
+protobuf callers, its JSON form for JSON callers.
+
+Nothing slow happens here; every rejection is counted by reason.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from service import otlp
+from service.deps import PipelineDep, TenantDep
+from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
+from service.model import (
+    Chunk,
+    Feedback,
+    ModelUsage,
+    QueryEmbedding,
+    RagTrace,
+    Retrieval,
+    Timings,
+)
+from service.pipeline import Pipeline
+from service.responses import JSON, PROTOBUF, media_type_of
+from service.wire import (
+    FeedbackIn,
+    FeedbackOut,
+    RejectedRecord,
+    TraceBatchIn,
+    TraceBatchOut,
+    TraceIn,
+    hash_user_id,
+)
+
+
+otlp_router = APIRouter(tags=["otlp"])
+api_router = APIRouter(prefix="/api/v1", tags=["ingest"])
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """gzip/deflate/identity body → bytes, refusing more than `limit` decompressed bytes (zip bombs)."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; use gzip or identity")
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise DecodeError(f"body is not valid {encoding}: {exc}") from exc
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise PayloadTooLarge(f"decompressed body is over the limit of {limit} bytes")
+    return out
+
+
+@otlp_router.post(
+    "/v1/traces",
+    summary="OTLP/HTTP trace export (protobuf or JSON, optionally gzip)",
+    response_class=Response,
+)
+async def export_traces(request: Request, tenant: TenantDep, pipeline: PipelineDep) -> Response:
+    media_type = media_type_of(request.headers.get("content-type"))
+    if media_type not in (PROTOBUF, JSON):
+        raise UnsupportedMediaType(f"Content-Type {media_type or '(none)'!r} is not OTLP; use {PROTOBUF} or {JSON}")
+    raw = await request.body()
+    limit = pipeline.config.server.max_body_bytes
+    body = await run_in_threadpool(_decompress, raw, request.headers.get("content-encoding", ""), limit)
+    decode = otlp.decode_protobuf if media_type == PROTOBUF else otlp.decode_json
+    decoded = await run_in_threadpool(decode, body, tenant)
+    for reason, count in decoded.rejections.items():
+        pipeline.metrics.reject(reason, count)
+    await pipeline.accept_spans(decoded.spans, receiver="otlp_http")
+    answer = trace_service_pb2.ExportTraceServiceResponse()
+    if decoded.rejected_spans:
+        answer.partial_success.rejected_spans = decoded.rejected_spans
+        answer.partial_success.error_message = decoded.error_message
+    if media_type == JSON:
+        payload: dict[str, Any] = {}
+        if decoded.rejected_spans:
+            payload["partialSuccess"] = {
+                "rejectedSpans": str(decoded.rejected_spans),
+                "errorMessage": decoded.error_message,
+            }
+        return Response(json.dumps(payload), 200, media_type=JSON)
+    return Response(answer.SerializeToString(), 200, media_type=PROTOBUF)
+
+
+def trace_from_wire(record: TraceIn, tenant: str, pipeline: Pipeline) -> RagTrace:
+    """A validated JSON-API record → `RagTrace`, pricing model usage the app did not price."""
+    retrieval = record.retrieval
+    chunks: tuple[Chunk, ...] = ()
+    reranked: tuple[Chunk, ...] = ()
+    if retrieval is not None:
+        chunks = tuple(
+            Chunk(id=c.id, rank=i, score=c.score, content=c.content, metadata=c.metadata)
+            for i, c in enumerate(retrieval.chunks)
+        )
+        reranked = tuple(
+            Chunk(id=c.id, rank=i, score=c.score, content=c.content, metadata=c.metadata)
+            for i, c in enumerate(retrieval.reranked)
+        )
+    usage = []
+    for u in record.usage:
+        if u.cost_usd is not None:
+            cost, source = u.cost_usd, "app"
+        else:
+            priced = pipeline.prices.cost(u.model, u.input_tokens, u.output_tokens)
+            cost, source = priced, ("price_table" if priced is not None else "unpriced")
+        usage.append(
+            ModelUsage(
+                model=u.model, kind=u.kind, input_tokens=u.input_tokens, output_tokens=u.output_tokens,
+                cost_usd=cost, cost_source=source,  # type: ignore[arg-type]
+            )
+        )
+    start = record.start_time or datetime.now(UTC)
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=UTC)
+    return RagTrace(
+        trace_id=record.trace_id,
+        tenant=tenant,
+        app=record.app,
+        release=record.release,
+        intent=record.intent,
+        session_id=record.session_id,
+        user_hash=hash_user_id(record.user_id),
+        start_time=start,
+        query=record.query,
+        query_embedding=(
+            QueryEmbedding(model=record.query_embedding.model, vector=tuple(record.query_embedding.vector))
+            if record.query_embedding
+            else None
+        ),
+        retrieval=Retrieval(
+            retriever=retrieval.retriever if retrieval else None,
+            k=retrieval.k if retrieval else None,
+            chunks=chunks,
+            filter=retrieval.filter if retrieval else None,
+            excluded_ids=tuple(retrieval.excluded_ids) if retrieval else (),
+            reranker_input=chunks if reranked else (),
+            reranker_output=reranked,
+        ),
+        answer=record.answer,
+        cited_chunk_ids=tuple(record.cited_chunk_ids),
+        timings=Timings(**record.timings.model_dump()),
+        usage=tuple(usage),
+        is_regeneration=record.is_regeneration,
+        regeneration_source="attribute" if record.is_regeneration else None,
+        probe_run_id=record.probe_run_id,
+        probe_question_id=record.probe_question_id,
+        source="json",
+    )
+
+
+def _first_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "record"
+    return f"{where}: {first['msg']}"
+
+
+@api_router.post(
+    "/traces",
+    response_model=TraceBatchOut,
+    summary="Ingest RAG traces from apps without OpenTelemetry",
+    responses={422: {"description": "every record was invalid"}, 503: {"description": "busy: retry later"}},
+)
+async def ingest_json_traces(batch: TraceBatchIn, tenant: TenantDep, pipeline: PipelineDep) -> Any:
+    """Each record is validated on its own (schema: `TraceIn`); good ones are kept, bad ones listed."""
+    accepted: list[RagTrace] = []
+    rejected: list[RejectedRecord] = []
+    dims: dict[str | None, int] = {}
+    for index, raw in enumerate(batch.traces):
+        try:
+            record = TraceIn.model_validate(raw)
+        except ValidationError as exc:
+            rejected.append(RejectedRecord(index=index, error=_first_error(exc)))
+            pipeline.metrics.reject("invalid_input")
+            continue
+        if record.query_embedding is not None:
+            model, dim = record.query_embedding.model, len(record.query_embedding.vector)
+            if dims.setdefault(model, dim) != dim:
+                rejected.append(
+                    RejectedRecord(
+                        index=index,
+                        error=f"query_embedding.vector: dimension {dim} differs from {dims[model]} "
+                        f"of an earlier record for model {model!r}",
+                    )
+                )
+                pipeline.metrics.reject("vector_dimension_mismatch")
+                continue
+        accepted.append(trace_from_wire(record, tenant, pipeline))
+    if not accepted:
+        return Response(
+            TraceBatchOut(accepted=0, rejected=rejected).model_dump_json(), 422, media_type=JSON
+        )
+    await pipeline.accept_traces(accepted)
+    return TraceBatchOut(accepted=len(accepted), rejected=rejected)
+
+
+@api_router.post(
+    "/feedback",
+    response_model=FeedbackOut,
+    summary="Thumbs up/down and regenerate events, joined to traces by trace id",
+)
+async def ingest_feedback(
+    events: FeedbackIn | list[FeedbackIn], tenant: TenantDep, pipeline: PipelineDep
+) -> FeedbackOut:
+    """Feedback may arrive before its trace is assembled; it is joined when either is read."""
+    items = events if isinstance(events, list) else [events]
+    records = [
+        Feedback(
+            event_id=e.resolved_event_id(),
+            trace_id=e.trace_id,
+            tenant=tenant,
+            app=e.app,
+            kind=e.kind,
+            reason=e.reason,
+            text=e.text,
+            time=e.resolved_time(),
+        )
+        for e in items
+    ]
+    await pipeline.accept_feedback(records)
+    return FeedbackOut(accepted=len(records))

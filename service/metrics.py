@@ -1,0 +1,242 @@
+"""Every Prometheus metric ragmon exports, declared once, and the sink that counts traces.
+
+Naming follows Prometheus practice: `ragmon_` prefix, base units as suffixes
+(`_seconds`, `_usd`, `_ratio`), `_total` on counters. Labels are closed sets:
+`stage`, `reason`, `kind`, `rating`, `source` are enums in code; `app`, `model`
+and `intent` are capped by configuration and overflow into `other`. No label
+ever carries a user, session, trace or query.
+
+Each `Metrics` owns its own `CollectorRegistry`, so several apps can live in
+one process (tests) without `Duplicated timeseries` errors. Values that are
+state rather than events (queue depth, open traces) are read at scrape time
+by a custom collector from callables the pipeline registers.
+
+Counting happens once per trace id: the pipeline hands `MetricsSink` only the
+traces the store reported as new, so a redelivered batch changes no counter.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from service.config import MetricsConfig
+from service.model import Feedback, RagTrace
+
+OTHER = "other"
+NONE = "none"
+
+STAGES = ("total", "embedding", "retrieval", "rerank", "generation")
+# Latency buckets span fast retrieval (ms) to slow generation (tens of seconds).
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
+# Cost per trace: a cached embedding call costs ~1e-6 USD, a long agent run dollars.
+COST_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+CHUNK_COUNT_BUCKETS = (0, 1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 100)
+# Similarity scores are mostly in [0, 1]; larger buckets catch BM25-style scores.
+SCORE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 2.0, 5.0, 10.0, 25.0)
+TOKEN_KINDS = ("input", "output")
+RATINGS = ("up", "down")
+REGENERATION_SOURCES = ("attribute", "feedback", "reask")
+
+
+class BoundedLabel:
+    """A label whose distinct values are capped: the first `limit` values seen pass, the rest are `other`.
+
+    With an explicit `allowed` set, only those pass. Thread-safe; never grows past the cap.
+    """
+
+    def __init__(self, limit: int, allowed: Iterable[str] = ()) -> None:
+        if limit <= 0:
+            raise ValueError("limit must be positive")
+        self.limit = limit
+        self.allowed = frozenset(allowed)
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str | None) -> str:
+        if not value:
+            return NONE
+        if self.allowed:
+            return value if value in self.allowed else OTHER
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+        return OTHER
+
+
+class _StateCollector(Collector):
+    """Gauges computed at scrape time from callables (queue depth, open traces, ...)."""
+
+    def __init__(self) -> None:
+        self._gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+
+    def add(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        self._gauges[name] = (documentation, read)
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        for name, (documentation, read) in sorted(self._gauges.items()):
+            yield GaugeMetricFamily(name, documentation, value=float(read()))
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return []
+
+
+class Metrics:
+    """The registry and every metric of one ragmon process."""
+
+    def __init__(self, config: MetricsConfig | None = None) -> None:
+        config = config or MetricsConfig()
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.app_label = BoundedLabel(config.max_apps)
+        self.model_label = BoundedLabel(config.max_models)
+        self.intent_label = BoundedLabel(config.max_intents, config.intents)
+        r = self.registry
+
+        self.traces = Counter("ragmon_traces", "RAG traces received and stored, by app", ["app"], registry=r)
+        self.partial_traces = Counter(
+            "ragmon_partial_traces",
+            "traces assembled without their root span (timeout or buffer full); see ragmon_assembled_traces",
+            ["app"],
+            registry=r,
+        )
+        self.stage_duration = Histogram(
+            "ragmon_stage_duration_seconds",
+            "duration of each RAG stage per trace (sum over the stage's spans)",
+            ["app", "stage"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "ragmon_ttft_seconds", "time to first token of the answer", ["app"], buckets=DURATION_BUCKETS, registry=r
+        )
+        self.tokens = Counter("ragmon_tokens", "LLM tokens, by model and kind", ["app", "model", "kind"], registry=r)
+        self.cost = Counter("ragmon_cost_usd", "spend in USD, by model", ["app", "model"], registry=r)
+        self.trace_cost = Histogram(
+            "ragmon_trace_cost_usd", "cost of one trace in USD (priced calls only)", ["app"], buckets=COST_BUCKETS,
+            registry=r,
+        )
+        self.unpriced_calls = Counter(
+            "ragmon_unpriced_calls",
+            "model usages with no app-sent cost and no price-table entry (never guessed)",
+            ["app", "model"],
+            registry=r,
+        )
+        self.retrieved_chunks = Histogram(
+            "ragmon_retrieved_chunks", "chunks returned by retrieval per trace", ["app"], buckets=CHUNK_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.top1_score = Histogram(
+            "ragmon_retrieval_top1_score", "score of the top-ranked retrieved chunk", ["app"], buckets=SCORE_BUCKETS,
+            registry=r,
+        )
+        self.empty_retrievals = Counter(
+            "ragmon_empty_retrievals", "traces with a retrieval step that returned no chunk", ["app"], registry=r
+        )
+        self.regenerations = Counter(
+            "ragmon_regenerations",
+            "answers the user asked to regenerate (attribute, regenerate feedback, or a detected re-ask)",
+            ["app", "intent", "source"],
+            registry=r,
+        )
+        self.requests_by_intent = Counter(
+            "ragmon_intent_traces", "traces by app and intent (denominator of the regeneration rate)",
+            ["app", "intent"], registry=r,
+        )
+        self.feedback = Counter("ragmon_feedback", "user ratings received", ["app", "rating"], registry=r)
+        self.ingest_rejected = Counter(
+            "ragmon_ingest_rejected", "spans, traces, feedback or requests refused at ingest, by reason", ["reason"],
+            registry=r,
+        )
+        self.spans_received = Counter(
+            "ragmon_spans_received", "spans accepted by a receiver", ["receiver"], registry=r
+        )
+        self.late_spans = Counter(
+            "ragmon_late_spans", "spans that arrived after their trace was already assembled and handed on",
+            registry=r,
+        )
+        self.assembled = Counter(
+            "ragmon_assembled_traces", "traces the span assembler flushed, by why", ["reason"], registry=r
+        )
+        self.assembly_failures = Counter(
+            "ragmon_assembly_failures", "span groups that could not be turned into a trace", registry=r
+        )
+        self.sink_failures = Counter(
+            "ragmon_sink_failures", "batches a sink refused, by sink and kind of error", ["sink", "kind"], registry=r
+        )
+        self.sink_last_success = Gauge(
+            "ragmon_sink_last_success_timestamp_seconds", "when a sink last accepted a batch", ["sink"], registry=r
+        )
+        self.state = _StateCollector()
+        r.register(self.state)
+        for stage in STAGES:
+            self.stage_duration.labels(app=NONE, stage=stage)
+        for reason in ("decode_error", "invalid_input", "too_large", "unsupported_media_type",
+                       "unauthenticated", "forbidden", "queue_full"):
+            self.ingest_rejected.labels(reason=reason)
+
+    def count_traces(self, batch: Sequence[RagTrace]) -> None:
+        """Count a batch of NEW traces (the caller guarantees each trace id is counted once)."""
+        for trace in batch:
+            app = self.app_label(trace.app)
+            self.traces.labels(app=app).inc()
+            intent = self.intent_label(trace.intent)
+            self.requests_by_intent.labels(app=app, intent=intent).inc()
+            if trace.partial:
+                self.partial_traces.labels(app=app).inc()
+            t = trace.timings
+            for stage, value in (
+                ("total", t.total_s), ("embedding", t.embedding_s), ("retrieval", t.retrieval_s),
+                ("rerank", t.rerank_s), ("generation", t.generation_s),
+            ):
+                if value is not None:
+                    self.stage_duration.labels(app=app, stage=stage).observe(value)
+            if t.ttft_s is not None:
+                self.ttft.labels(app=app).observe(t.ttft_s)
+            for usage in trace.usage:
+                model = self.model_label(usage.model)
+                if usage.input_tokens:
+                    self.tokens.labels(app=app, model=model, kind="input").inc(usage.input_tokens)
+                if usage.output_tokens:
+                    self.tokens.labels(app=app, model=model, kind="output").inc(usage.output_tokens)
+                if usage.cost_usd is not None:
+                    self.cost.labels(app=app, model=model).inc(usage.cost_usd)
+                else:
+                    self.unpriced_calls.labels(app=app, model=model).inc()
+            cost = trace.cost_usd
+            if cost is not None:
+                self.trace_cost.labels(app=app).observe(cost)
+            if trace.retrieval.retriever is not None or trace.retrieval.chunks:
+                self.retrieved_chunks.labels(app=app).observe(len(trace.retrieval.chunks))
+                if not trace.retrieval.chunks:
+                    self.empty_retrievals.labels(app=app).inc()
+            top1 = trace.retrieval.top1_score
+            if top1 is not None:
+                self.top1_score.labels(app=app).observe(top1)
+            if trace.is_regeneration:
+                self.regenerations.labels(
+                    app=app, intent=intent, source=trace.regeneration_source or "attribute"
+                ).inc()
+
+    def count_feedback(
+        self, batch: Sequence[Feedback], traces: dict[str, tuple[str | None, str | None]]
+    ) -> None:
+        """Count NEW feedback events; `traces` maps trace id -> (app, intent) of traces already known."""
+        for event in batch:
+            known_app, known_intent = traces.get(event.trace_id, (None, None))
+            app = self.app_label(event.app or known_app)
+            if event.kind == "regenerate":
+                intent = self.intent_label(known_intent)
+                self.regenerations.labels(app=app, intent=intent, source="feedback").inc()
+            else:
+                self.feedback.labels(app=app, rating=event.kind).inc()
+
+    def reject(self, reason: str, count: int = 1) -> None:
+        if count > 0:
+            self.ingest_rejected.labels(reason=reason).inc(count)

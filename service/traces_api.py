@@ -1,0 +1,61 @@
+"""Read API: `GET /api/v1/traces/{trace_id}` and `GET /api/v1/traces` (filters, keyset pagination).
+
+Every read is scoped to the caller's tenant: another tenant's trace id answers
+404, exactly as an unknown one does, so ids cannot be probed across tenants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Path, Query
+from pydantic import BaseModel
+
+from service.deps import PipelineDep, TenantDep
+
+router = APIRouter(prefix="/api/v1", tags=["traces"])
+
+
+class TraceListOut(BaseModel):
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+@router.get("/traces/{trace_id}", summary="One stored trace with its context and feedback")
+async def get_trace(
+    trace_id: Annotated[str, Path(pattern=r"^[0-9a-fA-F]{32}$")], tenant: TenantDep, pipeline: PipelineDep
+) -> dict[str, Any]:
+    record = await asyncio.to_thread(pipeline.store.get_trace, tenant, trace_id.lower())
+    if record is None:
+        raise HTTPException(404, f"no trace {trace_id} for this tenant")
+    return record
+
+
+@router.get("/traces", response_model=TraceListOut, summary="Recent traces, newest first")
+async def list_traces(
+    tenant: TenantDep,
+    pipeline: PipelineDep,
+    app: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    regeneration: bool | None = None,
+    partial: bool | None = None,
+    feedback: Literal["up", "down"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    cursor: str | None = None,
+) -> TraceListOut:
+    items, next_cursor = await asyncio.to_thread(
+        pipeline.store.list_traces,
+        tenant,
+        app=app,
+        since=since,
+        until=until,
+        regeneration=regeneration,
+        partial=partial,
+        has_feedback=feedback,
+        limit=limit,
+        cursor=cursor,
+    )
+    return TraceListOut(items=items, next_cursor=next_cursor)
