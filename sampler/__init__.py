@@ -1,0 +1,79 @@
+"""Which traces get judged, and what the judged sample says about all traces.
+
+`TraceSampler` (policy) picks traces by stratum with known inclusion
+probabilities, `JudgeBudget` caps judge calls and spend, `JudgeQueue` /
+`SqlJudgeQueue` hold the selected traces durably until a judge worker takes
+them, and `hajek` turns judged scores back into a population rate with a
+confidence interval.
+"""
+
+from sampler.budget import SKIP_REASONS, BudgetConfig, BudgetCounts, JudgeBudget, SkipReason, TokenBucket
+from sampler.estimate import (
+    GROUPINGS,
+    OUTCOMES,
+    FaithfulnessEstimate,
+    Grouping,
+    JudgedSample,
+    Outcome,
+    estimate_by,
+    hajek,
+)
+from sampler.policy import (
+    STRATA,
+    Decision,
+    DriftOutlierHook,
+    SamplerConfig,
+    SamplerCounts,
+    StrataRates,
+    Stratum,
+    TraceSampler,
+    TraceSummary,
+    selection_u,
+)
+from sampler.queue import (
+    ITEM_STATES,
+    ItemKey,
+    ItemState,
+    JudgeItem,
+    JudgeQueue,
+    QueueRecord,
+    QueueStats,
+    SqlJudgeQueue,
+    create_tables,
+)
+
+__all__ = [
+    "GROUPINGS",
+    "ITEM_STATES",
+    "OUTCOMES",
+    "SKIP_REASONS",
+    "STRATA",
+    "BudgetConfig",
+    "BudgetCounts",
+    "Decision",
+    "DriftOutlierHook",
+    "FaithfulnessEstimate",
+    "Grouping",
+    "ItemKey",
+    "ItemState",
+    "JudgeBudget",
+    "JudgeItem",
+    "JudgeQueue",
+    "JudgedSample",
+    "Outcome",
+    "QueueRecord",
+    "QueueStats",
+    "SamplerConfig",
+    "SamplerCounts",
+    "SkipReason",
+    "SqlJudgeQueue",
+    "StrataRates",
+    "Stratum",
+    "TokenBucket",
+    "TraceSampler",
+    "TraceSummary",
+    "create_tables",
+    "estimate_by",
+    "hajek",
+    "selection_u",
+]

@@ -1,0 +1,172 @@
+"""The judge budget: token buckets for judge calls per minute and USD per day.
+
+The sampler asks the budget before it admits a selected trace to the judge
+queue. A refusal is not a loss: the sampler records the trace as skipped with
+the reason (`budget_calls` or `budget_usd`), the counts here feed the metrics,
+and the estimator corrects the inclusion probabilities of the cells the budget
+thinned (see `sampler.estimate`).
+
+The buckets live in one process. With several replicas, give each replica its
+share of the global budget (divide both limits by the replica count).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "SKIP_REASONS",
+    "BudgetConfig",
+    "BudgetCounts",
+    "JudgeBudget",
+    "SkipReason",
+    "TokenBucket",
+]
+
+SkipReason = Literal["budget_calls", "budget_usd"]
+SKIP_REASONS: tuple[SkipReason, ...] = get_args(SkipReason)
+
+_SECONDS_PER_DAY = 86_400.0
+
+
+class BudgetConfig(BaseModel):
+    """Limits on judging. Defaults suit one embedded instance with a paid endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    calls_per_minute: float = Field(default=60.0, gt=0, description="sustained judge calls per minute")
+    burst_calls: float | None = Field(
+        default=None, gt=0, description="bucket size for calls; defaults to one minute of calls"
+    )
+    usd_per_day: float = Field(default=5.0, gt=0, description="sustained judge spend per day")
+    burst_usd: float | None = Field(
+        default=None, gt=0, description="bucket size for spend; defaults to one day of spend"
+    )
+
+
+class TokenBucket:
+    """A token bucket: `capacity` tokens, refilled continuously at `rate_per_s`.
+
+    The bucket starts full. `level` may go below zero when a charge is
+    corrected upwards after the fact (`charge`); it then refills from there.
+    Not thread-safe on its own; `JudgeBudget` holds the lock.
+    """
+
+    def __init__(self, capacity: float, rate_per_s: float, clock: Callable[[], float]) -> None:
+        if not (math.isfinite(capacity) and capacity > 0):
+            raise ValueError(f"capacity must be a positive finite number, got {capacity!r}")
+        if not (math.isfinite(rate_per_s) and rate_per_s > 0):
+            raise ValueError(f"rate_per_s must be a positive finite number, got {rate_per_s!r}")
+        self.capacity = capacity
+        self.rate_per_s = rate_per_s
+        self._clock = clock
+        self._level = capacity
+        self._at = clock()
+
+    @property
+    def level(self) -> float:
+        """Tokens available now."""
+        self._refill()
+        return self._level
+
+    def can_take(self, amount: float) -> bool:
+        self._refill()
+        return self._level >= amount
+
+    def charge(self, amount: float) -> None:
+        """Remove `amount` tokens (or add them back when negative), without a check."""
+        self._refill()
+        self._level = min(self.capacity, self._level - amount)
+
+    def _refill(self) -> None:
+        now = self._clock()
+        # A clock that steps backwards must not drain the bucket.
+        elapsed = max(0.0, now - self._at)
+        self._at = now
+        self._level = min(self.capacity, self._level + elapsed * self.rate_per_s)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetCounts:
+    """Cumulative counts since the budget was built: admitted, and refused per reason."""
+
+    admitted: int
+    skipped: Mapping[SkipReason, int]
+    admitted_usd: float
+
+
+class JudgeBudget:
+    """Both buckets together: a judgment is admitted only if both have room.
+
+    `try_admit(cost)` takes one call token and `cost` USD tokens, or takes
+    nothing and returns the reason it refused. The call bucket is checked
+    first, so a refusal while both are empty reads `budget_calls`. Thread-safe.
+    """
+
+    def __init__(self, config: BudgetConfig | None = None, *, clock: Callable[[], float] = time.monotonic):
+        self.config = config or BudgetConfig()
+        cfg = self.config
+        self._calls = TokenBucket(
+            cfg.burst_calls if cfg.burst_calls is not None else cfg.calls_per_minute,
+            cfg.calls_per_minute / 60.0,
+            clock,
+        )
+        self._usd = TokenBucket(
+            cfg.burst_usd if cfg.burst_usd is not None else cfg.usd_per_day,
+            cfg.usd_per_day / _SECONDS_PER_DAY,
+            clock,
+        )
+        self._lock = threading.Lock()
+        self._admitted = 0
+        self._admitted_usd = 0.0
+        self._skipped: dict[SkipReason, int] = dict.fromkeys(SKIP_REASONS, 0)
+
+    def try_admit(self, cost_usd: float) -> SkipReason | None:
+        """Admit one judgment of estimated `cost_usd`; None if admitted, else the reason."""
+        if not (math.isfinite(cost_usd) and cost_usd >= 0):
+            raise ValueError(f"cost_usd must be a finite number >= 0, got {cost_usd!r}")
+        with self._lock:
+            reason: SkipReason | None = None
+            if not self._calls.can_take(1.0):
+                reason = "budget_calls"
+            elif not self._usd.can_take(cost_usd):
+                reason = "budget_usd"
+            if reason is not None:
+                self._skipped[reason] += 1
+                return reason
+            self._calls.charge(1.0)
+            self._usd.charge(cost_usd)
+            self._admitted += 1
+            self._admitted_usd += cost_usd
+            return None
+
+    def settle(self, estimated_usd: float, actual_usd: float) -> None:
+        """Correct the spend bucket once a judgment's real cost is known.
+
+        An underestimate is charged (the bucket may go negative and admits
+        nothing until it refills); an overestimate is refunded.
+        """
+        for name, value in (("estimated_usd", estimated_usd), ("actual_usd", actual_usd)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        with self._lock:
+            self._usd.charge(actual_usd - estimated_usd)
+            self._admitted_usd += actual_usd - estimated_usd
+
+    def counts(self) -> BudgetCounts:
+        with self._lock:
+            return BudgetCounts(
+                admitted=self._admitted, skipped=dict(self._skipped), admitted_usd=self._admitted_usd
+            )
+
+    def levels(self) -> tuple[float, float]:
+        """(call tokens, USD tokens) available now."""
+        with self._lock:
+            return self._calls.level, self._usd.level

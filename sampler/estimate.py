@@ -1,0 +1,242 @@
+"""The population faithfulness rate, estimated from the judged sample (Hájek, with a 95 % CI).
+
+The sample is stratified on purpose (every thumbs-down, 2 % of the rest), so
+the plain mean of judged scores describes the sample, not production. Each
+judged item is weighted by w = 1/π, its inverse inclusion probability, and
+
+    p̂ = Σ w·y / Σ w                                          (Hájek)
+
+over the items with a score. The sampler draws each trace independently
+(Poisson sampling), so the linearization variance is
+
+    V̂(p̂) = Σ (1 - π)·w²·(y - p̂)² / (Σ w)²
+
+and the interval is p̂ ± 1.96·√V̂ (method `linearization`). It is used when at
+least `min_n` items are scored, V̂ > 0 and the interval lies inside [0, 1].
+Otherwise (few items, all scores equal, or a bound outside [0, 1]) the
+interval is Wilson's score interval on Kish's effective sample size
+n_eff = (Σw)²/Σw² (method `wilson_kish`). Wilson stays inside [0, 1] and
+never collapses to a point at p̂ = 0 or 1, and it is conservative for scores in
+[0, 1]: Bernoulli variance p(1-p) bounds the variance of any [0, 1] score with
+mean p, and Kish's n_eff ignores the finite-population gain of π near 1.
+
+What is not in the score's denominator, and how it is reported:
+
+* `no_claims` (refusals, answers without a factual claim) have no
+  faithfulness by definition; the estimate is the rate among answers that
+  make claims. Counted in `n_no_claims`.
+* `failed` (judge failures after retries): excluded, counted in `n_failed`.
+  The estimate then assumes failures are unrelated to faithfulness.
+* `skipped` (refused by the budget): the budget thins a cell (stratum and
+  π) by a fraction the design did not plan. Within each cell the admitted
+  share f = admitted / (admitted + skipped) is observed, and the admitted
+  items get π·f as their effective inclusion probability: the standard
+  weighting-class adjustment for nonresponse. It is unbiased if, within a
+  cell, whether the budget had room is unrelated to faithfulness (the bucket
+  empties by time of day, so a window where quality moves with the hour and
+  the budget binds at peak is the case it cannot fix). A cell the budget
+  emptied completely cannot be adjusted; its traces are missing from the
+  estimate, and `n_skipped_unadjusted` says how many.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal, get_args
+
+import numpy as np
+from scipy.stats import norm
+
+__all__ = [
+    "GROUPINGS",
+    "OUTCOMES",
+    "FaithfulnessEstimate",
+    "Grouping",
+    "JudgedSample",
+    "Outcome",
+    "estimate_by",
+    "hajek",
+]
+
+Outcome = Literal["scored", "no_claims", "failed", "skipped"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+
+Grouping = Literal["app", "app_release", "app_intent"]
+GROUPINGS: tuple[Grouping, ...] = get_args(Grouping)
+
+
+@dataclass(frozen=True, slots=True)
+class JudgedSample:
+    """One selected trace as the estimator sees it.
+
+    `score` is the faithfulness in [0, 1] (1.0/0.0 for a binary verdict) and
+    is given exactly when `outcome` is `scored`. `stratum` and
+    `inclusion_probability` come from the queue record. Raises ValueError on
+    inconsistent fields.
+    """
+
+    inclusion_probability: float
+    outcome: Outcome
+    score: float | None = None
+    stratum: str = "base"
+    app: str = "unknown"
+    release: str | None = None
+    intent: str | None = None
+    trace_time: datetime | None = None
+
+    def __post_init__(self) -> None:
+        p = self.inclusion_probability
+        if not (math.isfinite(p) and 0.0 < p <= 1.0):
+            raise ValueError(f"inclusion_probability must be in (0, 1], got {p!r}")
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
+        if self.outcome == "scored":
+            if self.score is None or not (0.0 <= self.score <= 1.0):
+                raise ValueError(f"a scored sample needs a score in [0, 1], got {self.score!r}")
+        elif self.score is not None:
+            raise ValueError(f"an outcome of {self.outcome!r} carries no score")
+
+
+@dataclass(frozen=True, slots=True)
+class FaithfulnessEstimate:
+    """The weighted faithfulness rate with its interval and everything left out of it.
+
+    `estimate`, `lower` and `upper` are None when no item has a score.
+    `n_judged` counts scored items (the denominator); `n_effective` is Kish's
+    (Σw)²/Σw² over them; `sum_weights` estimates how many traces with claims
+    they stand for. `n_no_claims`, `n_failed` and `n_skipped` are not in
+    the denominator; `n_skipped_unadjusted` are skips in cells with no
+    admitted item, which the adjustment could not carry.
+    """
+
+    estimate: float | None
+    lower: float | None
+    upper: float | None
+    n_judged: int
+    n_effective: float
+    n_failed: int
+    n_no_claims: int
+    n_skipped: int
+    n_skipped_unadjusted: int
+    sum_weights: float
+    method: Literal["linearization", "wilson_kish", "none"]
+    confidence: float
+
+
+def hajek(
+    samples: Iterable[JudgedSample], *, confidence: float = 0.95, min_n: int = 30
+) -> FaithfulnessEstimate:
+    """The Hájek estimate of the mean faithfulness score over `samples` (see the module doc)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if min_n < 2:
+        raise ValueError(f"min_n must be >= 2, got {min_n}")
+    samples = list(samples)
+    counts = dict.fromkeys(OUTCOMES, 0)
+    cells: dict[tuple[str, float], list[int]] = defaultdict(lambda: [0, 0])
+    for s in samples:
+        counts[s.outcome] += 1
+        cells[(s.stratum, s.inclusion_probability)][s.outcome == "skipped"] += 1
+    unadjusted = sum(skipped for admitted, skipped in cells.values() if admitted == 0)
+
+    scored = [s for s in samples if s.outcome == "scored"]
+    if not scored:
+        return FaithfulnessEstimate(
+            estimate=None,
+            lower=None,
+            upper=None,
+            n_judged=0,
+            n_effective=0.0,
+            n_failed=counts["failed"],
+            n_no_claims=counts["no_claims"],
+            n_skipped=counts["skipped"],
+            n_skipped_unadjusted=unadjusted,
+            sum_weights=0.0,
+            method="none",
+            confidence=confidence,
+        )
+
+    y = np.array([s.score for s in scored], dtype=float)
+    pi = np.empty(len(scored))
+    for i, s in enumerate(scored):
+        admitted, skipped = cells[(s.stratum, s.inclusion_probability)]
+        pi[i] = s.inclusion_probability * admitted / (admitted + skipped)
+    w = 1.0 / pi
+    total = float(w.sum())
+    p_hat = float(np.dot(w, y) / total)
+    n_eff = total**2 / float(np.dot(w, w))
+    variance = float(np.sum((1.0 - pi) * (w * (y - p_hat)) ** 2)) / total**2
+    z = float(norm.ppf(0.5 + confidence / 2.0))
+
+    half = z * math.sqrt(variance)
+    lower, upper = p_hat - half, p_hat + half
+    method: Literal["linearization", "wilson_kish"] = "linearization"
+    if len(scored) < min_n or variance <= 0.0 or lower < 0.0 or upper > 1.0:
+        lower, upper = _wilson(p_hat, n_eff, z)
+        method = "wilson_kish"
+    # Rounding can put p̂ a hair outside its own Wilson interval at the edges.
+    lower, upper = min(lower, p_hat), max(upper, p_hat)
+    return FaithfulnessEstimate(
+        estimate=p_hat,
+        lower=lower,
+        upper=upper,
+        n_judged=len(scored),
+        n_effective=n_eff,
+        n_failed=counts["failed"],
+        n_no_claims=counts["no_claims"],
+        n_skipped=counts["skipped"],
+        n_skipped_unadjusted=unadjusted,
+        sum_weights=total,
+        method=method,
+        confidence=confidence,
+    )
+
+
+def estimate_by(
+    samples: Iterable[JudgedSample],
+    grouping: Grouping,
+    *,
+    now: datetime,
+    window: timedelta,
+    confidence: float = 0.95,
+    min_n: int = 30,
+) -> dict[tuple[str, ...], FaithfulnessEstimate]:
+    """Hájek estimates per group over the rolling window (now - window, now] of trace time.
+
+    Groups are (app,), (app, release) or (app, intent); samples without the
+    release or intent a grouping needs, or without a trace time, are left
+    out of that grouping. The budget adjustment is computed within each group.
+    """
+    if grouping not in GROUPINGS:
+        raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+    if window <= timedelta(0):
+        raise ValueError(f"window must be positive, got {window}")
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    start = now - window
+    groups: dict[tuple[str, ...], list[JudgedSample]] = defaultdict(list)
+    for s in samples:
+        if s.trace_time is None or not (start < s.trace_time <= now):
+            continue
+        key = _group_key(s, grouping)
+        if key is not None:
+            groups[key].append(s)
+    return {k: hajek(v, confidence=confidence, min_n=min_n) for k, v in sorted(groups.items())}
+
+
+def _group_key(s: JudgedSample, grouping: Grouping) -> tuple[str, ...] | None:
+    if grouping == "app":
+        return (s.app,)
+    extra = s.release if grouping == "app_release" else s.intent
+    return None if extra is None else (s.app, extra)
+
+
+def _wilson(p: float, n: float, z: float) -> tuple[float, float]:
+    z2n = z * z / n
+    centre = (p + z2n / 2.0) / (1.0 + z2n)
+    half = z / (1.0 + z2n) * math.sqrt(p * (1.0 - p) / n + z2n / (4.0 * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
