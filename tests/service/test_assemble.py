@@ -1,0 +1,150 @@
+"""SpanAssembler: completion by root + grace, timeout, bounded buffer, late spans, out-of-order arrival."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import pytest
+
+from service.assemble import SpanAssembler
+from service.config import AssemblerConfig
+from service.metrics import Metrics
+from service.model import RagTrace
+from service.spans import Span
+from tests.consumers import SinkConsumer
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def build(spans: Sequence[Span], partial: bool) -> RagTrace:
+    return RagTrace(
+        trace_id=spans[0].trace_id,
+        tenant=spans[0].tenant,
+        start_time=datetime.fromtimestamp(min(s.start_ns for s in spans) / 1e9, UTC),
+        span_count=len(spans),
+        partial=partial,
+    )
+
+
+def span(trace: int, n: int, root: bool = False, size: int = 100, tenant: str = "default") -> Span:
+    return Span(
+        trace_id=f"{trace:032x}",
+        span_id=f"{n + 1:016x}",
+        parent_span_id=None if root else f"{999:016x}",
+        name="s",
+        start_ns=1_700_000_000_000_000_000 + n,
+        end_ns=1_700_000_000_000_000_100 + n,
+        tenant=tenant,
+        size_bytes=size,
+    )
+
+
+def make(config: AssemblerConfig | None = None) -> tuple[SpanAssembler, SinkConsumer, FakeClock, Metrics]:
+    sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
+    assembler = SpanAssembler(config or AssemblerConfig(grace_s=0.5, timeout_s=10), sink, build, metrics, clock)
+    return assembler, sink, clock, metrics
+
+
+def counter(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+async def test_trace_emitted_once_after_root_and_grace_with_children_from_later_requests() -> None:
+    assembler, sink, clock, _ = make()
+    await assembler.consume_spans([span(1, 1)])  # child first, in its own request
+    await assembler.consume_spans([span(1, 0, root=True)])
+    await assembler.flush_due()
+    assert sink.traces == []  # still inside the grace period
+    clock.now += 0.3
+    await assembler.consume_spans([span(1, 2)])  # a late child within grace joins the trace
+    clock.now += 0.3
+    await assembler.flush_due()
+    assert [t.span_count for t in sink.traces] == [3]
+    assert sink.traces[0].partial is False
+    assert assembler.open_traces == 0 and assembler.open_spans == 0 and assembler.open_bytes == 0
+
+
+async def test_trace_without_root_is_emitted_partial_after_timeout() -> None:
+    assembler, sink, clock, metrics = make()
+    await assembler.consume_spans([span(2, 1), span(2, 2)])
+    clock.now += 9.9
+    await assembler.flush_due()
+    assert sink.traces == []
+    clock.now += 0.2
+    await assembler.flush_due()
+    assert len(sink.traces) == 1 and sink.traces[0].partial is True
+    assert counter(metrics, "ragmon_assembled_traces_total", reason="timeout") == 1
+
+
+async def test_full_buffer_evicts_oldest_trace_as_partial_and_counts_it() -> None:
+    assembler, sink, _, metrics = make(AssemblerConfig(max_spans=4, grace_s=1, timeout_s=100))
+    for trace in range(1, 4):
+        await assembler.consume_spans([span(trace, 1), span(trace, 2)])
+    # 6 spans offered to a 4-span buffer: the oldest trace (1) was emitted early, nothing lost
+    assert [t.trace_id for t in sink.traces] == [f"{1:032x}"]
+    assert sink.traces[0].partial is True
+    assert assembler.open_spans == 4
+    assert counter(metrics, "ragmon_assembled_traces_total", reason="evicted") == 1
+
+
+async def test_byte_bound_is_enforced_too() -> None:
+    assembler, sink, _, _ = make(AssemblerConfig(max_bytes=1000, grace_s=1, timeout_s=100))
+    for trace in range(1, 6):
+        await assembler.consume_spans([span(trace, 1, size=400)])
+    assert assembler.open_bytes <= 1000
+    assert len(sink.traces) + assembler.open_traces == 5
+
+
+async def test_late_span_after_emission_is_counted_not_reassembled() -> None:
+    assembler, sink, clock, metrics = make()
+    await assembler.consume_spans([span(3, 0, root=True)])
+    clock.now += 1
+    await assembler.flush_due()
+    await assembler.consume_spans([span(3, 5)])
+    clock.now += 100
+    await assembler.flush_due()
+    assert len(sink.traces) == 1
+    assert counter(metrics, "ragmon_late_spans_total") == 1
+
+
+async def test_same_trace_id_in_two_tenants_stays_separate() -> None:
+    assembler, sink, clock, _ = make()
+    await assembler.consume_spans([span(4, 0, root=True, tenant="a"), span(4, 0, root=True, tenant="b")])
+    clock.now += 1
+    await assembler.flush_due()
+    assert sorted(t.tenant for t in sink.traces) == ["a", "b"]
+
+
+async def test_stop_flushes_every_open_trace() -> None:
+    assembler, sink, _, _ = make()
+    await assembler.start()
+    await assembler.consume_spans([span(5, 0, root=True), span(6, 1)])
+    await assembler.stop()
+    assert sorted((t.trace_id[-1], t.partial) for t in sink.traces) == [("5", False), ("6", True)]
+    await assembler.stop()  # safe twice
+
+
+async def test_builder_failure_is_counted_and_other_traces_survive() -> None:
+    sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
+
+    def fragile(spans: Sequence[Span], partial: bool) -> RagTrace:
+        if spans[0].trace_id.endswith("7"):
+            raise ValueError("boom")
+        return build(spans, partial)
+
+    assembler = SpanAssembler(AssemblerConfig(grace_s=0), sink, fragile, metrics, clock)
+    await assembler.consume_spans([span(7, 0, root=True), span(8, 0, root=True)])
+    clock.now += 0.1
+    await assembler.flush_due()
+    assert [t.trace_id[-1] for t in sink.traces] == ["8"]
+    assert counter(metrics, "ragmon_assembly_failures_total") == 1
+
+
