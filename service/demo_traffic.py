@@ -376,12 +376,12 @@ def plan_traffic(
 ) -> Iterator[PlannedRequest]:
     """The demo's traffic as data, request by request; the same arguments give the same sequence.
 
-    Raises ValueError for `requests` < 1 or a negative `shift_after`.
+    Raises ValueError at once (not on first iteration) for `requests` < 1, a
+    negative `shift_after` or a `dim` outside 8..4096.
     """
     if requests < 1:
         raise ValueError(f"requests must be at least 1, got {requests}")
     if shift_after is not None and shift_after < 0:
         raise ValueError(f"shift_after must be >= 0, got {shift_after}")
     planner = _Planner(build_corpus(dim=dim), seed, shift_after)
-    for index in range(requests):
-        yield planner.next(index)
+    return (planner.next(index) for index in range(requests))
