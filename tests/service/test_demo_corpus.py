@@ -17,7 +17,10 @@ def test_embeddings_are_unit_vectors_and_the_same_in_another_process() -> None:
     here = embed_text(text, 64)
     assert here.shape == (64,)
     assert np.isclose(np.linalg.norm(here), 1.0)
-    code = f"import json; from service.demo_corpus import embed_text; print(json.dumps(list(embed_text({text!r}, 64))))"
+    code = (
+        "import json; from service.demo_corpus import embed_text; "
+        f"print(json.dumps(list(embed_text({text!r}, 64))))"
+    )
     # a new interpreter has a different str-hash salt; the vector must not depend on it
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert np.allclose(np.array(json.loads(out)), here)
