@@ -308,7 +308,7 @@ class _Planner:
             regenerates=last.index if kind == "regenerate" and last is not None else None,
             shifted=shifted,
             bad_retrieval=bad,
-            query_vector=tuple(round(float(x), 6) for x in vector),
+            query_vector=tuple(np.round(vector, 6).tolist()),
             documents=documents,
             reranked=reranked,
             model=model,

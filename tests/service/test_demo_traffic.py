@@ -60,7 +60,7 @@ def test_reasks_are_near_identical_and_regenerations_repeat_the_question() -> No
 def test_unhappy_users_give_thumbs_down_more_often_over_seeds() -> None:
     counts = Counter()
     for seed in range(3):
-        for p in plan_traffic(1500, seed=seed):
+        for p in plan_traffic(1000, seed=seed):
             unhappy = p.bad_retrieval or not p.faithful
             counts[(unhappy, "n")] += 1
             counts[(unhappy, "down")] += p.rating == "down"
