@@ -99,6 +99,7 @@ def test_cost_is_linear_in_tokens_and_uses_both_prices(table: PriceTable) -> Non
     assert price is not None
     one_m_in = table.cost("gpt-4o-mini", 1_000_000, 0)
     one_m_out = table.cost("gpt-4o-mini", 0, 1_000_000)
+    assert one_m_in is not None and one_m_out is not None
     assert one_m_in == pytest.approx(price.input_usd_per_mtok)
     assert one_m_out == pytest.approx(price.output_usd_per_mtok)
     both = table.cost("gpt-4o-mini-2024-07-18", 1234, 567)
