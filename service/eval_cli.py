@@ -53,34 +53,52 @@ def _level(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds this command's options to `parser` (its own parser or a `ragmon eval` subparser)."""
-    judgments = parser.add_mutually_exclusive_group(required=True)
-    judgments.add_argument("--qrels", type=Path, metavar="FILE", help="TREC qrels: QID ITER DOCNO REL")
+    """Adds the `ragmon eval` subcommands (now `retrieval`) to the `eval` parser.
+
+    Option values land on `args` under `qrels_file`, `golden_file` and
+    `run_file`, leaving `args.run` free for the caller's dispatch.
+    """
+    commands = parser.add_subparsers(dest="eval_command", required=True, metavar="COMMAND")
+    retrieval = commands.add_parser(
+        "retrieval",
+        help="score a TREC run against qrels or a golden set; print JSON",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    judgments = retrieval.add_mutually_exclusive_group(required=True)
+    judgments.add_argument(
+        "--qrels", dest="qrels_file", type=Path, metavar="FILE", help="TREC qrels: QID ITER DOCNO REL"
+    )
     judgments.add_argument(
         "--golden",
+        dest="golden_file",
         type=Path,
         metavar="FILE",
         help="golden-set JSONL (see service/golden.py) instead of qrels",
     )
-    parser.add_argument(
-        "--run", type=Path, required=True, metavar="FILE", help="TREC run: QID Q0 DOCNO RANK SCORE TAG"
+    retrieval.add_argument(
+        "--run",
+        dest="run_file",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="TREC run: QID Q0 DOCNO RANK SCORE TAG",
     )
-    parser.add_argument(
+    retrieval.add_argument(
         "--k", type=_cutoffs, default=(5, 10), metavar="K[,K...]", help="cutoffs (default 5,10)"
     )
-    parser.add_argument(
+    retrieval.add_argument(
         "--relevance-level",
         type=_level,
         default=1,
         metavar="N",
         help="grade at or above which an id is relevant, as trec_eval -l (default 1)",
     )
-    parser.add_argument(
+    retrieval.add_argument(
         "--tenant",
         default=None,
         help="with --golden: score only gold this tenant may see (default: all gold)",
     )
-    parser.add_argument(
+    retrieval.add_argument(
         "--complete",
         action="store_true",
         help="score questions missing from the run as empty rankings (trec_eval -c) instead of a slice",
@@ -88,8 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Runs the command on parsed arguments: prints the JSON report and returns the exit status."""
-    if args.tenant is not None and args.golden is None:
+    """Runs the parsed `eval` subcommand: prints the JSON report and returns the exit status."""
+    if args.eval_command != "retrieval":
+        print(f"ragmon eval: error: unknown command {args.eval_command!r}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.tenant is not None and args.golden_file is None:
         print(f"{_PROG}: error: --tenant needs --golden (qrels carry no tenant eligibility)", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
@@ -103,22 +124,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> dict[str, object]:
-    run = read_run(args.run)
-    header: dict[str, object] = {"run": str(args.run)}
-    if args.golden is not None:
-        golden = load_golden(args.golden)
+    run = read_run(args.run_file)
+    header: dict[str, object] = {"run": str(args.run_file)}
+    if args.golden_file is not None:
+        golden = load_golden(args.golden_file)
         targets = targets_from_golden(golden, args.tenant)
-        header |= {"golden": str(args.golden), "golden_version": golden.version, "tenant": args.tenant}
+        header |= {"golden": str(args.golden_file), "golden_version": golden.version, "tenant": args.tenant}
     else:
-        targets = targets_from_qrels(read_qrels(args.qrels))
-        header |= {"qrels": str(args.qrels)}
+        targets = targets_from_qrels(read_qrels(args.qrels_file))
+        header |= {"qrels": str(args.qrels_file)}
     evaluation = evaluate(
         run, targets, ks=args.k, relevance_level=args.relevance_level, complete=args.complete
     )
     return header | evaluation.to_dict()
-
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog=_PROG, description=__doc__.splitlines()[0] if __doc__ else None)
-    add_arguments(_parser)
-    raise SystemExit(main(_parser.parse_args()))

@@ -19,9 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _invoke(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="ragmon eval retrieval")
+    parser = argparse.ArgumentParser(prog="ragmon eval")
     add_arguments(parser)
-    status = main(parser.parse_args(argv))
+    status = main(parser.parse_args(["retrieval", *argv]))
     captured = capsys.readouterr()
     return status, captured.out, captured.err
 
@@ -39,14 +39,16 @@ def _assert_means_match(overall: dict[str, float], expected: dict[str, float]) -
     return compared
 
 
-def test_command_line_prints_trec_eval_means() -> None:
+def test_ragmon_command_prints_trec_eval_means() -> None:
     directory = trec_eval_dir()
     spec = json.loads((directory / "expected_metrics.json").read_text(encoding="utf-8"))["binary"]
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "service.eval_cli",
+            "service.cli",
+            "eval",
+            "retrieval",
             "--qrels",
             str(directory / "qrels.test"),
             "--run",
@@ -196,3 +198,8 @@ def test_argument_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         with pytest.raises(SystemExit) as caught:
             _invoke(argv, capsys)
         assert caught.value.code == 2, argv
+    parser = argparse.ArgumentParser(prog="ragmon eval")
+    add_arguments(parser)
+    with pytest.raises(SystemExit) as caught:
+        parser.parse_args([])  # the subcommand is required
+    assert caught.value.code == 2
