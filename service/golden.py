@@ -53,7 +53,7 @@ _MAX_LISTED_PROBLEMS = 20
 
 
 class _Row(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class GoldChunk(_Row):
@@ -82,7 +82,7 @@ class GoldenQuestion(_Row):
     """One golden-set question and what a correct retrieval and answer look like."""
 
     question_id: str = Field(min_length=1)
-    question: str = Field(min_length=1)
+    question: str = Field(pattern=r"\S", description="not blank")
     gold_chunks: tuple[GoldChunk, ...] = ()
     evidence: tuple[Evidence, ...] = ()
     expected_facts: tuple[str, ...] = ()

@@ -6,7 +6,8 @@ rank, average precision (trec_eval's map per query) and nDCG@k, graded (gain
 = grade, negatives as 0) and binary (gain 1 at or above the relevance level),
 both with trec_eval's discount log2(rank + 1) and an ideal ranking built from
 all judged gold. An id is relevant when its grade is at least the relevance
-level (trec_eval's `-l`).
+level (trec_eval's `-l`). Means are plain means over queries, so the mean of
+`reciprocal_rank` is MRR and the mean of `average_precision` is MAP.
 
 Guarantees: a ranking that lists an id twice raises `ValueError` (it is never
 counted twice); so do metrics whose denominator is zero (recall, average

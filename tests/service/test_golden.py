@@ -88,7 +88,7 @@ def test_evidence_resolves_to_chunks_with_the_highest_grade() -> None:
             _line(gold_chunks=[{"chunk_id": "a"}], evidence=[{"evidence_id": "e", "chunk_ids": ["a"]}]),
             "either gold_chunks or evidence, not both",
         ),
-        (_line(question="  "), "question: String should have at least 1"),
+        (_line(question="  "), "question: String should match pattern"),
         ('["not", "an", "object"]', "Input should be an object"),
     ],
 )
