@@ -51,6 +51,7 @@ __all__ = [
 
 Stratum = Literal["thumbs_down", "regeneration", "drift_outlier", "low_retrieval", "probe", "base"]
 STRATA: tuple[Stratum, ...] = get_args(Stratum)
+_BASE_ONLY: tuple[Stratum, ...] = ("base",)
 
 
 class StrataRates(BaseModel):
@@ -201,6 +202,8 @@ class TraceSampler:
         self.judgment_cost_usd = judgment_cost_usd
         self.drift_outliers = drift_outliers
         self._clock = clock
+        self._rates: dict[Stratum, float] = {s: self.config.rates.of(s) for s in STRATA}
+        self._low_threshold = self.config.low_retrieval_threshold
         self._salted = hashlib.sha256(f"{self.config.salt}:".encode())
         self._lock = threading.Lock()
         self._seen = 0
@@ -221,37 +224,36 @@ class TraceSampler:
 
         Drift-outlier membership comes from the hook unless `drift_outlier` overrides it.
         """
-        member: dict[Stratum, bool] = {
-            "thumbs_down": summary.thumbs_down,
-            "regeneration": summary.is_regeneration,
-            "drift_outlier": self._is_drift_outlier(summary) if drift_outlier is None else drift_outlier,
-            "low_retrieval": summary.top1_score is not None
-            and summary.top1_score < self.config.low_retrieval_threshold,
-            "probe": summary.is_probe,
-            "base": True,
-        }
-        return tuple(s for s in STRATA if member[s])
+        if drift_outlier is None:
+            drift_outlier = self._is_drift_outlier(summary)
+        top1 = summary.top1_score
+        low = top1 is not None and top1 < self._low_threshold
+        member = (summary.thumbs_down, summary.is_regeneration, drift_outlier, low, summary.is_probe)
+        if not any(member):
+            return _BASE_ONLY
+        return (*(s for s, m in zip(STRATA, member, strict=False) if m), "base")
 
     def decide(self, summary: TraceSummary, *, drift_outlier: bool | None = None) -> Decision:
         """The decision for one trace. Pure: counts nothing, consults no budget."""
         strata = self.strata(summary, drift_outlier=drift_outlier)
-        rates = self.config.rates
         # max() keeps the first of equal rates, so ties go to the earlier stratum in STRATA.
-        stratum = max(strata, key=rates.of)
-        p = rates.of(stratum)
+        stratum = "base" if strata is _BASE_ONLY else max(strata, key=self._rates.__getitem__)
+        p = self._rates[stratum]
         u = self.u(summary.trace_id)
         return Decision(summary.trace_id, u, strata, stratum, p, u < p)
 
     def select(self, traces: Iterable[RagTrace | TraceSummary]) -> list[JudgeItem]:
         """Decide each trace; the selected ones come back as items (admitted or skipped)."""
         items: list[JudgeItem] = []
+        seen = 0
         for trace in traces:
             summary = trace if isinstance(trace, TraceSummary) else TraceSummary.of(trace)
             decision = self.decide(summary)
-            with self._lock:
-                self._seen += 1
+            seen += 1
             if decision.selected:
                 items.append(self._admit(summary, decision))
+        with self._lock:
+            self._seen += seen
         return items
 
     def on_feedback(self, feedback: Feedback, summary: TraceSummary) -> JudgeItem | None:
