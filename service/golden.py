@@ -35,7 +35,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
-from service.errors import InvalidInput
+from service.line_problems import LineProblems
 
 __all__ = [
     "Evidence",
@@ -48,8 +48,6 @@ __all__ = [
 ]
 
 ExpectedBehaviour = Literal["answer", "clarify", "no_answer", "deny"]
-
-_MAX_LISTED_PROBLEMS = 20
 
 
 class _Row(BaseModel):
@@ -180,32 +178,22 @@ def parse_golden(lines: Iterable[str], source: str = "<golden>") -> GoldenSet:
     """
     questions: list[GoldenQuestion] = []
     first_line: dict[str, int] = {}
-    problems: list[str] = []
+    problems = LineProblems(source, "golden set", "bad_golden_set")
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
             question = GoldenQuestion.model_validate_json(text)
         except ValidationError as exc:
-            problems.extend(f"{source}:{number}: {_describe(err)}" for err in exc.errors())
+            for error in exc.errors():
+                problems.add(number, _describe(error))
             continue
         earlier = first_line.setdefault(question.question_id, number)
         if earlier != number:
-            problems.append(
-                f"{source}:{number}: question_id {question.question_id!r} already used on line {earlier}"
-            )
+            problems.add(number, f"question_id {question.question_id!r} already used on line {earlier}")
             continue
         questions.append(question)
-    if problems:
-        shown = problems[:_MAX_LISTED_PROBLEMS]
-        more = len(problems) - len(shown)
-        raise InvalidInput(
-            "\n".join(
-                [f"{len(problems)} problem(s) in golden set {source}", *shown]
-                + ([f"... and {more} more"] if more else [])
-            ),
-            reason="bad_golden_set",
-        )
+    problems.raise_if_any()
     return GoldenSet(questions, source=source)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.errors import InvalidInput
+from service.line_problems import LineProblems
 
 __all__ = ["Qrels", "Run", "parse_qrels", "parse_run", "read_qrels", "read_run"]
 
@@ -30,36 +30,11 @@ Qrels = dict[str, dict[str, int]]
 Run = dict[str, tuple[str, ...]]
 """Rankings: query id → docnos, best first, in trec_eval's order."""
 
-_MAX_LISTED_PROBLEMS = 20
-
 
 @dataclass(frozen=True, slots=True)
 class _Scored:
     docno: str
     score: float
-    line: int
-
-
-class _Problems:
-    """Per-line problems of one file, raised together so a user fixes them in one pass."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.items: list[str] = []
-
-    def add(self, line: int, message: str) -> None:
-        self.items.append(f"{self.source}:{line}: {message}")
-
-    def raise_if_any(self, what: str) -> None:
-        if not self.items:
-            return
-        shown = self.items[:_MAX_LISTED_PROBLEMS]
-        more = len(self.items) - len(shown)
-        tail = [f"... and {more} more"] if more else []
-        raise InvalidInput(
-            "\n".join([f"{len(self.items)} bad line(s) in {what} {self.source}", *shown, *tail]),
-            reason="bad_trec_file",
-        )
 
 
 def parse_qrels(lines: Iterable[str], source: str = "<qrels>") -> Qrels:
@@ -71,7 +46,7 @@ def parse_qrels(lines: Iterable[str], source: str = "<qrels>") -> Qrels:
     """
     qrels: Qrels = {}
     first_seen: dict[tuple[str, str], int] = {}
-    problems = _Problems(source)
+    problems = LineProblems(source, "qrels", "bad_qrels")
     for number, text in enumerate(lines, start=1):
         fields = text.split()
         if not fields:
@@ -90,7 +65,7 @@ def parse_qrels(lines: Iterable[str], source: str = "<qrels>") -> Qrels:
             problems.add(number, f"docno {docno!r} of query {qid!r} is already judged on line {earlier}")
             continue
         qrels.setdefault(qid, {})[docno] = grade
-    problems.raise_if_any("qrels")
+    problems.raise_if_any()
     return qrels
 
 
@@ -103,7 +78,7 @@ def parse_run(lines: Iterable[str], source: str = "<run>") -> Run:
     """
     scored: dict[str, list[_Scored]] = {}
     first_seen: dict[tuple[str, str], int] = {}
-    problems = _Problems(source)
+    problems = LineProblems(source, "run", "bad_run")
     for number, text in enumerate(lines, start=1):
         fields = text.split()
         if not fields:
@@ -128,8 +103,8 @@ def parse_run(lines: Iterable[str], source: str = "<run>") -> Run:
                 "a ranking may list an id once",
             )
             continue
-        scored.setdefault(qid, []).append(_Scored(docno, score, number))
-    problems.raise_if_any("run")
+        scored.setdefault(qid, []).append(_Scored(docno, score))
+    problems.raise_if_any()
     return {qid: _trec_order(entries) for qid, entries in scored.items()}
 
 

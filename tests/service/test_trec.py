@@ -42,7 +42,7 @@ def test_every_bad_run_line_is_reported_at_once() -> None:
     with pytest.raises(InvalidInput) as caught:
         parse_run(lines, source="r")
     message = caught.value.message
-    assert message.startswith("4 bad line(s) in run r")
+    assert message.startswith("4 problem(s) in run r")
     assert "r:1: score 'x' is not a number" in message
     assert "r:2: expected 6 fields" in message
     assert "r:3: score 'nan' is not finite" in message
@@ -55,7 +55,7 @@ def test_long_lists_of_problems_are_capped() -> None:
     with pytest.raises(InvalidInput) as caught:
         parse_run([f"q{i} Q0 d 1 bad t" for i in range(25)], source="r")
     lines = caught.value.message.splitlines()
-    assert lines[0] == "25 bad line(s) in run r"
+    assert lines[0] == "25 problem(s) in run r"
     assert lines[-1] == "... and 5 more"
     assert len(lines) == 1 + 20 + 1
 
