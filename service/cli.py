@@ -67,6 +67,85 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _summary_lines(url: str) -> list[str]:
+    """What a newcomer should look at after the demo, read back from ragmon itself."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with httpx.Client(base_url=url, timeout=10) as client:
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        recent = client.get("/api/v1/traces", params={"limit": 1}).json()["items"]
+
+    def total(name: str, sample_suffix: str = "_total", **match: str) -> float:
+        family = families.get(name)
+        if family is None:
+            return 0.0
+        return sum(
+            s.value for s in family.samples
+            if s.name.endswith(sample_suffix) and all(s.labels.get(k) == v for k, v in match.items())
+        )
+
+    lines = [
+        f"traces stored            {total('ragmon_traces'):.0f}",
+        f"regenerations            {total('ragmon_regenerations'):.0f}",
+        f"thumbs down              {total('ragmon_feedback', rating='down'):.0f}",
+        f"spend (USD)              {total('ragmon_cost_usd'):.4f}",
+        f"ingest rejections        {total('ragmon_ingest_rejected'):.0f}",
+        "",
+        f"metrics      {url}/metrics",
+        f"traces       {url}/api/v1/traces",
+        f"API docs     {url}/docs",
+    ]
+    if recent:
+        lines.append(f"one trace    {url}/api/v1/traces/{recent[0]['trace_id']}")
+    return lines
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """Start an embedded ragmon (unless --target names one), send demo traffic, show what ragmon saw."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from service import demo
+    from service.api import create_app
+
+    if args.target is not None:
+        return demo.main(args)
+    config = config_from_args(args)
+    logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(config), host=config.server.host, port=config.server.port,
+                       log_level="warning", access_log=False, lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            print("ragmon demo: the server did not start (is the port taken? try --port)", file=sys.stderr)
+            return 2
+        time.sleep(0.05)
+    url = f"http://{config.server.host}:{config.server.port}"
+    args.target = url
+    print(f"ragmon is running at {url} (data in {config.data_dir}); sending demo traffic...", file=sys.stderr)
+    code = demo.main(args)
+    time.sleep(config.assembler.grace_s + 4 * config.assembler.tick_s + 0.5)  # let the last traces land
+    print("\n".join(["", "what ragmon saw:", *_summary_lines(url)]))
+    if args.exit:
+        server.should_exit = True
+        thread.join(15)
+        return code
+    print("\nragmon keeps running; press Ctrl-C to stop.", file=sys.stderr)
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    except KeyboardInterrupt:
+        server.should_exit = True
+        thread.join(15)
+    return code
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     if args.markdown:
         print("| environment variable | type | default | meaning |")
@@ -97,10 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # pragma: no cover - demo is part of the package; guard for partial installs
         demo = None  # type: ignore[assignment]
     if demo is not None:
-        demo_parser = commands.add_parser("demo", help="start ragmon and send simulated RAG traffic to it")
+        demo_parser = commands.add_parser(
+            "demo", help="start ragmon and send simulated RAG traffic to it (or to --target)"
+        )
         _add_config_flags(demo_parser)
         demo.add_arguments(demo_parser)
-        demo_parser.set_defaults(run=demo.main)
+        demo_parser.add_argument(
+            "--exit", action="store_true", help="stop ragmon when the traffic is sent (default: keep serving)"
+        )
+        demo_parser.set_defaults(run=_cmd_demo, target=None, requests=300, rate=0.0)
 
     try:
         from service import eval_cli

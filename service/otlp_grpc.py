@@ -58,6 +58,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
             metrics.reject(exc.reason)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
         except RetryableError as exc:
+            metrics.reject(exc.reason)
             await context.abort(grpc.StatusCode.UNAVAILABLE, exc.message)
         answer = trace_service_pb2.ExportTraceServiceResponse()
         if decoded.rejected_spans:

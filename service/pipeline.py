@@ -76,7 +76,11 @@ class Pipeline:
         self.metrics = metrics or Metrics(config.metrics)
         self.prices = PriceTable.default().with_overrides(config.pricing.overrides)
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = Store(config.store_url, timeout_s=config.store.timeout_s)
+        self.store = Store(
+            config.store_url,
+            connect_timeout_s=config.store.timeout_s,
+            statement_timeout_s=config.store.timeout_s,
+        )
         self.sinks = PersistThenFanout(self.store, self.metrics)
         self.bus = MemoryBus(config.bus, traces_to=self.sinks, feedback_to=self.sinks, metrics=self.metrics)
         self.reask = ReaskDetector(config.regeneration, next=self.bus)
@@ -100,8 +104,8 @@ class Pipeline:
                   lambda: self.config.bus.capacity)
 
     def _check_room(self) -> None:
+        """Refuse new work while the bus is over capacity (the receiver counts the refusal)."""
         if not self.bus.has_room():
-            self.metrics.reject("queue_full")
             raise QueueFull(
                 f"ragmon is behind ({self.bus.depth} records queued); retry later",
                 retry_after_s=self.config.bus.retry_after_s,

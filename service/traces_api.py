@@ -42,20 +42,19 @@ async def list_traces(
     until: datetime | None = None,
     regeneration: bool | None = None,
     partial: bool | None = None,
-    feedback: Literal["up", "down"] | None = None,
+    feedback: Literal["up", "down", "regenerate"] | None = None,
+    release: str | None = None,
+    intent: str | None = None,
+    probe: bool | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     cursor: str | None = None,
 ) -> TraceListOut:
+    given = {
+        "app": app, "since": since, "until": until, "regeneration": regeneration, "partial": partial,
+        "has_feedback": feedback, "release": release, "intent": intent, "probe": probe,
+    }
+    filters: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     items, next_cursor = await asyncio.to_thread(
-        pipeline.store.list_traces,
-        tenant,
-        app=app,
-        since=since,
-        until=until,
-        regeneration=regeneration,
-        partial=partial,
-        has_feedback=feedback,
-        limit=limit,
-        cursor=cursor,
+        lambda: pipeline.store.list_traces(tenant, limit=limit, cursor=cursor, **filters)
     )
     return TraceListOut(items=items, next_cursor=next_cursor)

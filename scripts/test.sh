@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Run the whole test suite with the real components this machine has.
+#
+# Starts what is installed (PostgreSQL, ...) on loopback, exports where it
+# listens, runs pytest, and stops everything on exit. A component that is not
+# installed is not started, and the tests that need it skip with a message
+# naming it (CI installs all of them: .ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${VENV:-.venv}/bin
+export PATH="$PWD/$BIN:$PATH"
+
+PG_BASE=""
+cleanup() {
+  [[ -n "$PG_BASE" ]] && .ci/stop_postgres.sh "$PG_BASE" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+if [[ -z "${DATABASE_URL:-}" ]] && find /usr/lib/postgresql -maxdepth 3 -name pg_ctl 2>/dev/null | grep -q .; then
+  PG_BASE=$(mktemp -d /tmp/ragmon-pg.XXXXXX)
+  chmod 755 "$PG_BASE"
+  DATABASE_URL=$(PGPORT=${PGPORT:-25432} .ci/start_postgres.sh "$PG_BASE")
+  export DATABASE_URL
+  echo "PostgreSQL for tests: $DATABASE_URL"
+fi
+
+set +e
+python -m pytest -q -p no:cacheprovider "$@"
+rc=$?
+set -e
+[[ $rc -eq 5 ]] && rc=0   # no tests collected is not a failure of the suite
+exit $rc

@@ -1,0 +1,88 @@
+"""A real ragmon server (uvicorn + gRPC) in a background thread, on free loopback ports."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from service.api import create_app
+from service.config import RagmonConfig, load_config
+from service.pipeline import Pipeline
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class LiveServer:
+    url: str
+    grpc_target: str
+    config: RagmonConfig
+    server: uvicorn.Server
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def pipeline(self) -> Pipeline:
+        pipeline: Pipeline = self.server.config.app.state.pipeline  # type: ignore[attr-defined]
+        return pipeline
+
+    def call(self, coro: Any, timeout: float = 30) -> Any:
+        """Run a coroutine on the server's loop (to reach the pipeline from a test)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def flush(self, timeout: float = 30) -> None:
+        """Emit open traces and wait until everything queued is stored and counted."""
+        if not self.call(self.pipeline.flush(timeout), timeout + 5):
+            raise TimeoutError("pipeline did not drain")
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.server.config.app.state.metrics.registry.get_sample_value(name, labels)  # type: ignore[attr-defined]
+        return float(value or 0.0)
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=10, **kwargs)
+
+
+@contextmanager
+def live_server(data_dir: Path, **overrides: Any) -> Iterator[LiveServer]:
+    http_port, grpc_port = free_port(), free_port()
+    settings: dict[str, Any] = {
+        "data_dir": str(data_dir),
+        "server": {"host": "127.0.0.1", "port": http_port, "grpc_port": grpc_port},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            settings[key] = {**settings.get(key, {}), **value}
+        else:
+            settings[key] = value
+    config = load_config(environ={}, overrides=settings)
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=http_port, log_level="warning", lifespan="on"))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("ragmon test server did not start")
+        time.sleep(0.02)
+    try:
+        yield LiveServer(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", config, server, loop)
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        loop.close()
