@@ -38,8 +38,8 @@ OTLP/JSON is read as the OTLP specification writes it: lowerCamelCase field
 names, trace and span ids as hex (not base64), enums as integers, 64-bit
 integers as strings or numbers, `doubleValue` also as "NaN"/"Infinity",
 `bytesValue` as base64, and unknown fields ignored. The JSON tree is walked
-directly, which is about 4x faster than `json_format.Parse` and reads hex ids
-correctly (measured in the tests' benchmark note in the module report).
+directly: `json_format.Parse` would read the hex ids as base64, and on a
+200-span request it alone took ~6x as long as all of `decode_json`.
 
 Each span's `size_bytes` is a cheap estimate of its Python memory (string
 lengths plus a constant per attribute and per element), computed while the
@@ -59,9 +59,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import numpy as np
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from service.errors import DecodeError
@@ -89,6 +90,9 @@ _HEX32 = re.compile(r"[0-9a-fA-F]{32}")
 _HEX16 = re.compile(r"[0-9a-fA-F]{16}")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
+_WIRE_DOUBLE_ITEM = 11
+_VECTOR_TYPES = frozenset({float, int})
+_FLOAT_ONLY = frozenset({float})
 _SPECIAL_DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -230,6 +234,11 @@ def _as_number(value: AttrValue) -> float:
 def _check_vector(key: str, value: AttrValue) -> list[AttrValue]:
     if not isinstance(value, list) or not value:
         raise _Invalid(RejectReason.INVALID_ATTRIBUTE, f"{key} is not a non-empty list of numbers")
+    # Fast path for the usual all-float vector: C-level type scan and sum; a finite sum
+    # means no NaN or infinity. Anything else takes the exact per-element path below.
+    types = set(map(type, value))
+    if types <= _VECTOR_TYPES and math.isfinite(sum(value)):  # type: ignore[arg-type]
+        return value if types == _FLOAT_ONLY else [float(item) for item in value]  # type: ignore[arg-type]
     vector: list[AttrValue] = []
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int | float):
@@ -294,12 +303,34 @@ def _pb_value(value: AnyValue) -> AttrValue:
     if which == "bool_value":
         return value.bool_value
     if which == "array_value":
-        return [_pb_value(item) for item in value.array_value.values]
+        return _pb_array(value.array_value)
     if which == "kvlist_value":
         return {kv.key: _pb_value(kv.value) for kv in value.kvlist_value.values}
     if which == "bytes_value":
         return value.bytes_value
     return None
+
+
+def _pb_array(array: ArrayValue) -> list[AttrValue]:
+    """An ArrayValue's items; all-double arrays (embedding vectors) are read straight from the wire.
+
+    Touching each of 1,536 AnyValue messages from Python costs about 2 us apiece.
+    An all-double array has a fixed wire layout, 11 bytes per item (tag 0x0a, length 9,
+    tag 0x21, 8 little-endian bytes), so numpy can slice the doubles out in one step.
+    """
+    raw = array.SerializeToString()
+    n, rest = divmod(len(raw), _WIRE_DOUBLE_ITEM)
+    if (
+        n
+        and not rest
+        and raw[0::11] == b"\x0a" * n
+        and raw[1::11] == b"\x09" * n
+        and raw[2::11] == b"\x21" * n
+    ):
+        items = np.frombuffer(raw, dtype=np.uint8).reshape(n, _WIRE_DOUBLE_ITEM)[:, 3:]
+        doubles: list[AttrValue] = np.ascontiguousarray(items).view("<f8").ravel().tolist()
+        return doubles
+    return [_pb_value(item) for item in array.values]
 
 
 def _pb_pairs(attributes: Iterable[KeyValue]) -> Iterable[tuple[str, AttrValue]]:
