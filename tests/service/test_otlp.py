@@ -552,3 +552,44 @@ def test_decoding_does_not_mutate_the_parsed_request(
     before = copy.deepcopy(request)
     decode_request(request, TENANT)
     assert request == before
+
+
+def test_protobuf_arrays_decode_exactly_on_and_off_the_double_fast_path() -> None:
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.name, span.trace_id, span.span_id = "arrays", bytes.fromhex(TRACE), bytes.fromhex(ROOT)
+    span.start_time_unix_nano, span.end_time_unix_nano = 1, 2
+    doubles = [0.0, -0.0, 1.5, -2.25e-300, 1e300]
+    cases: dict[str, list[Any]] = {
+        VECTOR_KEY: doubles,
+        "ints": [1, -2, 2**62],
+        "mixed": [0.5, "x", True],
+        "empty": [],
+    }
+    for key, values in cases.items():
+        kv = span.attributes.add()
+        kv.key = key
+        array = kv.value.array_value
+        for item in values:
+            element = array.values.add()
+            if isinstance(item, bool):
+                element.bool_value = item
+            elif isinstance(item, float):
+                element.double_value = item
+            elif isinstance(item, int):
+                element.int_value = item
+            else:
+                element.string_value = item
+    batch = decode_request(request, TENANT)
+    (decoded,) = batch.spans
+    assert batch.rejections == {}
+    assert decoded.attributes[VECTOR_KEY] == doubles
+    assert decoded.attributes["ints"] == [1, -2, 2**62]
+    assert decoded.attributes["mixed"] == [0.5, "x", True]
+    assert decoded.attributes["empty"] == []
+    assert all(type(v) is int for v in decoded.attributes["ints"])
+    kv = span.attributes[0]
+    kv.key = "plain.doubles"
+    (again,) = decode_request(request, TENANT).spans
+    assert again.attributes["plain.doubles"] == doubles
+    assert math.copysign(1.0, again.attributes["plain.doubles"][1]) == -1.0
