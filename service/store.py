@@ -1,0 +1,614 @@
+"""`Store`: ragmon's persistence layer, and `StoreSink`, the pipeline stage that feeds it.
+
+One code path for SQLite (a file in WAL mode, the embedded default) and
+PostgreSQL (`postgresql+psycopg://...`), written in SQLAlchemy Core. Table
+shapes and the record ↔ row converters live in `service.tables`.
+
+Guarantees every method keeps:
+
+* Idempotent writes: a trace is stored once per (tenant, trace_id) and a
+  feedback event once per (tenant, event_id) (`INSERT ... ON CONFLICT DO
+  NOTHING`); the first delivered version wins. Each batch is one transaction:
+  all of it is written, or none.
+* Tenant isolation: every read filters by the tenant it is given.
+* Bounded waits: connecting, waiting for a lock and running a statement are
+  each limited by the timeouts given to `Store`.
+* Errors: SQLAlchemy exceptions are caught only in this module. A database
+  that cannot be reached, times out or fails for reasons a retry may cure
+  raises `StoreUnavailable`; data the database refuses (an integer out of
+  range, a constraint) raises `InvalidInput`, a `PermanentError`.
+
+Regeneration from feedback: a `regenerate` feedback event marks the trace it
+names as a regeneration with source "feedback". The row itself is updated in
+the transaction that stores the second of the two (feedback after trace: the
+feedback insert updates the row; trace after feedback: the trace insert does).
+Because two concurrent transactions can each miss the other, reads also OR the
+row flag with "a regenerate feedback exists", so what a reader sees never
+depends on arrival order. A flag the app set itself ("attribute", "reask") is
+never overwritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import functools
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypedDict, Unpack
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import StaticPool
+
+from service.consumer import TraceConsumer
+from service.errors import InvalidInput, StoreUnavailable
+from service.model import Feedback, FeedbackKind, RagTrace
+from service.tables import (
+    SCHEMA_VERSION,
+    feedback,
+    feedback_row,
+    metadata,
+    schema_version,
+    storable_text,
+    to_utc,
+    trace_context,
+    trace_contexts,
+    trace_record,
+    trace_row,
+    traces,
+)
+
+__all__ = ["MAX_PAGE_SIZE", "Store", "StoreSink", "TraceFilters", "decode_cursor", "encode_cursor"]
+
+MAX_PAGE_SIZE = 1000
+_FEEDBACK_KINDS: frozenset[str] = frozenset({"up", "down", "regenerate"})
+# Marks a connection whose transaction will write: on SQLite it takes the
+# write lock at BEGIN, so a later read-then-write cannot deadlock on upgrade.
+_WRITES = "ragmon_writes"
+
+
+class TraceFilters(TypedDict, total=False):
+    """Filters shared by `Store.list_traces` and `Store.count_traces`; all are ANDed.
+
+    `since` is inclusive and `until` exclusive, on the trace start time.
+    `regeneration` counts regenerate feedback as well as the row flag.
+    `has_feedback`: True any feedback, False none, or a feedback kind.
+    `probe`: True only golden-set probe traffic, False only real traffic.
+    """
+
+    app: str
+    release: str
+    intent: str
+    session_id: str
+    since: datetime
+    until: datetime
+    regeneration: bool
+    partial: bool
+    has_feedback: bool | FeedbackKind
+    probe: bool
+
+
+def encode_cursor(start_time: datetime, trace_id: str) -> str:
+    """The opaque page cursor that resumes a listing after (start_time, trace_id)."""
+    raw = json.dumps([to_utc(start_time).isoformat(), trace_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The (start_time, trace_id) inside a cursor; raises `InvalidInput` for a malformed one."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        start, trace_id = json.loads(raw)
+        if not isinstance(start, str) or not isinstance(trace_id, str):
+            raise TypeError("cursor fields are not strings")
+        return to_utc(datetime.fromisoformat(start)), trace_id
+    except (binascii.Error, UnicodeDecodeError, ValueError, TypeError) as exc:
+        raise InvalidInput(f"malformed page cursor: {cursor[:64]!r}") from exc
+
+
+def _regenerate_feedback() -> sa.Exists:
+    """EXISTS a `regenerate` feedback event for the current `traces` row."""
+    return sa.exists().where(
+        feedback.c.tenant == traces.c.tenant,
+        feedback.c.trace_id == traces.c.trace_id,
+        feedback.c.kind == "regenerate",
+    )
+
+
+def _keys_in(
+    tenant: sa.Column[str], key: sa.Column[str], keys: Iterable[tuple[str, str]]
+) -> sa.ColumnElement[bool]:
+    """`(tenant, key) IN keys`, spelled as per-tenant `key IN (...)`.
+
+    SQLite answers a row-value IN list with a full table scan; this form
+    uses the primary key (or index) on both databases.
+    """
+    by_tenant: dict[str, list[str]] = {}
+    for t, k in keys:
+        by_tenant.setdefault(t, []).append(k)
+    return sa.or_(*(sa.and_(tenant == t, key.in_(sorted(ks))) for t, ks in sorted(by_tenant.items())))
+
+
+def _trace_conditions(tenant: str, filters: TraceFilters) -> list[sa.ColumnElement[bool]]:
+    unknown = set(filters) - set(TraceFilters.__annotations__)
+    if unknown:
+        raise TypeError(f"unknown trace filters: {sorted(unknown)}")
+    c = traces.c
+    where: list[sa.ColumnElement[bool]] = [c.tenant == tenant]
+    for name in ("app", "release", "intent", "session_id"):
+        if name in filters:
+            where.append(c[name] == filters[name])
+    if "since" in filters:
+        where.append(c.start_time >= filters["since"])
+    if "until" in filters:
+        where.append(c.start_time < filters["until"])
+    if "regeneration" in filters:
+        flagged = sa.or_(c.is_regeneration == sa.true(), _regenerate_feedback())
+        where.append(flagged if filters["regeneration"] else sa.not_(flagged))
+    if "partial" in filters:
+        where.append(c.partial == filters["partial"])
+    if "probe" in filters:
+        where.append(c.probe_run_id.is_not(None) if filters["probe"] else c.probe_run_id.is_(None))
+    if "has_feedback" in filters:
+        wanted = filters["has_feedback"]
+        any_feedback = sa.exists().where(feedback.c.tenant == c.tenant, feedback.c.trace_id == c.trace_id)
+        if wanted is True:
+            where.append(any_feedback)
+        elif wanted is False:
+            where.append(sa.not_(any_feedback))
+        elif wanted in _FEEDBACK_KINDS:
+            where.append(any_feedback.where(feedback.c.kind == wanted))
+        else:
+            raise ValueError(f"has_feedback must be a bool or one of {sorted(_FEEDBACK_KINDS)}")
+    return where
+
+
+class Store:
+    """The trace and feedback store on SQLite or PostgreSQL; thread-safe, blocking.
+
+    `url` is a SQLAlchemy URL: `sqlite:///path.db` (the file is created; its
+    directory must exist), `sqlite://` for a private in-memory database, or
+    `postgresql+psycopg://user@host:port/db` (`postgresql://` is read as
+    psycopg; server settings may come in its `options` query parameter).
+    Timeouts, in seconds: `connect_timeout_s` for opening a
+    connection (PostgreSQL; at least 2 s, libpq's floor), `pool_timeout_s` for
+    waiting on a free pooled connection, `statement_timeout_s` for one
+    statement and for waiting on a lock (PostgreSQL `statement_timeout` and
+    `lock_timeout`, SQLite busy timeout). Call `create_schema()` once before
+    use, `close()` at the end.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 5,
+        max_overflow: int = 5,
+        pool_timeout_s: float = 5.0,
+        connect_timeout_s: float = 5.0,
+        statement_timeout_s: float = 10.0,
+    ) -> None:
+        for name, value in (
+            ("pool_timeout_s", pool_timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
+            ("statement_timeout_s", statement_timeout_s),
+        ):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if pool_size < 1 or max_overflow < 0:
+            raise ValueError("pool_size must be at least 1 and max_overflow at least 0")
+        parsed = sa.make_url(url)
+        if parsed.drivername in ("postgresql", "postgres"):
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        self.url = parsed.render_as_string(hide_password=True)
+        self.pool_size = pool_size
+        self.max_overflow = max_overflow
+        self.pool_timeout_s = pool_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.statement_timeout_s = statement_timeout_s
+        self._closed = False
+        serializer = functools.partial(json.dumps, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        if parsed.get_backend_name() == "sqlite":
+            self._engine = self._sqlite_engine(parsed, serializer)
+        elif parsed.drivername == "postgresql+psycopg":
+            self._engine = self._postgres_engine(parsed, serializer)
+        else:
+            raise ValueError(f"unsupported store URL {self.url!r}: use sqlite:/// or postgresql+psycopg://")
+
+    def _sqlite_engine(self, url: sa.URL, serializer: Any) -> Engine:
+        busy_ms = max(1, round(self.statement_timeout_s * 1000))
+        in_memory = url.database in (None, "", ":memory:")
+        options: dict[str, Any] = (
+            {"poolclass": StaticPool}
+            if in_memory
+            else {
+                "pool_size": self.pool_size,
+                "max_overflow": self.max_overflow,
+                "pool_timeout": self.pool_timeout_s,
+            }
+        )
+        engine = sa.create_engine(
+            url,
+            connect_args={"timeout": self.statement_timeout_s, "check_same_thread": False},
+            json_serializer=serializer,
+            **options,
+        )
+
+        @sa.event.listens_for(engine, "connect")
+        def _configure(dbapi_connection: Any, _record: Any) -> None:
+            # pysqlite's own implicit BEGIN is switched off; `_begin` issues ours.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+            cursor.close()
+
+        @sa.event.listens_for(engine, "begin")
+        def _begin(connection: Connection) -> None:
+            writes = connection.get_execution_options().get(_WRITES, False)
+            connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
+
+        return engine
+
+    def _postgres_engine(self, url: sa.URL, serializer: Any) -> Engine:
+        timeout_ms = max(1, round(self.statement_timeout_s * 1000))
+        # Server options given in the URL (`?options=-csearch_path%3Dx`) are kept; ours come last and win.
+        given = url.query.get("options", "")
+        given = " ".join(given) if isinstance(given, tuple) else given
+        options = f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms} -c TimeZone=UTC"
+        return sa.create_engine(
+            url,
+            pool_size=self.pool_size,
+            max_overflow=self.max_overflow,
+            pool_timeout=self.pool_timeout_s,
+            # A restarted server leaves dead pooled connections; ping before use.
+            pool_pre_ping=True,
+            json_serializer=serializer,
+            connect_args={
+                "connect_timeout": max(2, math.ceil(self.connect_timeout_s)),
+                "options": f"{given} {options}".strip(),
+            },
+        )
+
+    @property
+    def dialect(self) -> str:
+        """`sqlite` or `postgresql`."""
+        return self._engine.dialect.name
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    @contextmanager
+    def _translated(self, action: str) -> Iterator[None]:
+        if self._closed:
+            raise StoreUnavailable(f"{action}: store {self.url} is closed")
+        try:
+            yield
+        except (sa_exc.IntegrityError, sa_exc.DataError) as exc:
+            raise InvalidInput(f"{action}: the database refused the data: {exc.orig}") from exc
+        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
+            cause = getattr(exc, "orig", None) or exc
+            raise StoreUnavailable(
+                f"{action}: store {self.url} unavailable: {type(cause).__name__}: {cause}"
+            ) from exc
+        except (sa_exc.StatementError, OverflowError) as exc:
+            # Raised while binding values, before the database saw them.
+            raise InvalidInput(f"{action}: value cannot be stored: {exc}") from exc
+
+    @contextmanager
+    def _write(self, action: str) -> Iterator[Connection]:
+        with self._translated(action), self._engine.connect() as conn:
+            conn.execution_options(**{_WRITES: True})
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def _read(self, action: str) -> Iterator[Connection]:
+        with self._translated(action), self._engine.connect() as conn:
+            yield conn
+
+    def _insert(self, table: sa.Table) -> Any:
+        """`INSERT ... ON CONFLICT (primary key) DO NOTHING` in this store's dialect."""
+        insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        return insert(table).on_conflict_do_nothing(index_elements=list(table.primary_key.columns))
+
+    def create_schema(self) -> None:
+        """Create missing tables and indexes and record `SCHEMA_VERSION`; safe to repeat.
+
+        Existing tables are left as they are: changing them is a migration's job.
+        """
+        with self._write("create schema") as conn:
+            metadata.create_all(conn, checkfirst=True)
+            conn.execute(
+                self._insert(schema_version),
+                [{"version": SCHEMA_VERSION, "applied_at": datetime.now(UTC)}],
+            )
+
+    def schema_version(self) -> int | None:
+        """The newest schema version recorded in the database; None before `create_schema`."""
+        with self._read("read schema version") as conn:
+            if not sa.inspect(conn).has_table(schema_version.name):
+                return None
+            version = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
+        return None if version is None else int(version)
+
+    def close(self) -> None:
+        """Close every pooled connection. Safe to call twice; later calls raise `StoreUnavailable`."""
+        if not self._closed:
+            self._closed = True
+            self._engine.dispose()
+
+    def insert_traces(self, batch: Sequence[RagTrace]) -> list[str]:
+        """Store a batch of traces in one transaction; return the ids that were new.
+
+        The result keeps batch order and holds one entry per (tenant, trace_id)
+        not stored before; a redelivered trace changes nothing and is left out,
+        so the same batch twice returns [] the second time.
+        """
+        if not batch:
+            return []
+        created_at = datetime.now(UTC)
+        pending: dict[tuple[str, str], RagTrace] = {}
+        for trace in batch:
+            pending.setdefault((storable_text(trace.tenant), trace.trace_id), trace)
+        # Concurrent batches that share ids wait on each other's rows; inserting
+        # in key order everywhere keeps that from becoming a deadlock on PostgreSQL.
+        rows = [trace_row(pending[k], created_at=created_at) for k in sorted(pending)]
+        key = (traces.c.tenant, traces.c.trace_id)
+        with self._write("insert traces") as conn:
+            inserted = conn.execute(self._insert(traces).returning(*key), rows)
+            new = {(tenant, trace_id) for tenant, trace_id in inserted}
+            if new:
+                conn.execute(
+                    self._insert(trace_contexts),
+                    [
+                        {"tenant": k[0], "trace_id": k[1], "context": trace_context(pending[k])}
+                        for k in sorted(new)
+                    ],
+                )
+                # Feedback that arrived first marks the new rows now.
+                conn.execute(
+                    sa.update(traces)
+                    .where(
+                        _keys_in(traces.c.tenant, traces.c.trace_id, new),
+                        traces.c.is_regeneration == sa.false(),
+                        _regenerate_feedback(),
+                    )
+                    .values(is_regeneration=True, regeneration_source="feedback")
+                )
+        return [trace_id for (tenant, trace_id) in pending if (tenant, trace_id) in new]
+
+    def insert_feedback(self, batch: Sequence[Feedback]) -> list[str]:
+        """Store a batch of feedback events in one transaction; return the new event ids.
+
+        Idempotent by (tenant, event_id). The trace need not exist yet. A new
+        `regenerate` event marks an existing trace as a regeneration.
+        """
+        if not batch:
+            return []
+        created_at = datetime.now(UTC)
+        pending: dict[tuple[str, str], Feedback] = {}
+        for event in batch:
+            pending.setdefault((storable_text(event.tenant), storable_text(event.event_id)), event)
+        rows = [feedback_row(pending[k], created_at=created_at) for k in sorted(pending)]  # see insert_traces
+        with self._write("insert feedback") as conn:
+            inserted = conn.execute(
+                self._insert(feedback).returning(
+                    feedback.c.tenant, feedback.c.event_id, feedback.c.trace_id, feedback.c.kind
+                ),
+                rows,
+            ).all()
+            regenerated = {(r.tenant, r.trace_id) for r in inserted if r.kind == "regenerate"}
+            if regenerated:
+                conn.execute(
+                    sa.update(traces)
+                    .where(
+                        _keys_in(traces.c.tenant, traces.c.trace_id, regenerated),
+                        traces.c.is_regeneration == sa.false(),
+                    )
+                    .values(is_regeneration=True, regeneration_source="feedback")
+                )
+        new = {(r.tenant, r.event_id) for r in inserted}
+        return [event_id for (tenant, event_id) in pending if (tenant, event_id) in new]
+
+    def get_trace(self, tenant: str, trace_id: str) -> dict[str, Any] | None:
+        """One trace as JSON-ready data (row, `context` and `feedback` oldest first), or None.
+
+        None when the tenant has no such trace, even if feedback for it exists.
+        """
+        where = (traces.c.tenant == tenant, traces.c.trace_id == trace_id)
+        with self._read("get trace") as conn:
+            row = conn.execute(sa.select(traces).where(*where)).mappings().first()
+            if row is None:
+                return None
+            context = conn.execute(
+                sa.select(trace_contexts.c.context).where(
+                    trace_contexts.c.tenant == tenant, trace_contexts.c.trace_id == trace_id
+                )
+            ).scalar_one_or_none()
+            events = (
+                conn.execute(
+                    sa.select(feedback)
+                    .where(feedback.c.tenant == tenant, feedback.c.trace_id == trace_id)
+                    .order_by(feedback.c.time, feedback.c.event_id)
+                )
+                .mappings()
+                .all()
+            )
+        return trace_record(
+            row,
+            regenerate_feedback=any(e["kind"] == "regenerate" for e in events),
+            context=context if context is not None else {},
+            feedback=events,
+        )
+
+    def list_traces(
+        self,
+        tenant: str,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        **filters: Unpack[TraceFilters],
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of a tenant's traces, newest first, and the cursor of the next page.
+
+        Ordered by (start_time, trace_id) descending and paged by keyset, so
+        rows with equal start times are neither repeated nor skipped across
+        pages. Items are compact records without context or feedback lists.
+        The next cursor is None on the last page. A malformed cursor raises
+        `InvalidInput`; a limit outside 1..`MAX_PAGE_SIZE`, `ValueError`.
+        """
+        if not 1 <= limit <= MAX_PAGE_SIZE:
+            raise ValueError(f"limit must be within 1..{MAX_PAGE_SIZE}, got {limit}")
+        where = _trace_conditions(tenant, filters)
+        if cursor is not None:
+            after_time, after_id = decode_cursor(cursor)
+            where.append(
+                sa.or_(
+                    traces.c.start_time < after_time,
+                    sa.and_(traces.c.start_time == after_time, traces.c.trace_id < after_id),
+                )
+            )
+        query = (
+            sa.select(traces, _regenerate_feedback().label("regenerate_feedback"))
+            .where(*where)
+            .order_by(traces.c.start_time.desc(), traces.c.trace_id.desc())
+            .limit(limit + 1)
+        )
+        with self._read("list traces") as conn:
+            rows = conn.execute(query).mappings().all()
+        page = rows[:limit]
+        items = [trace_record(r, regenerate_feedback=bool(r["regenerate_feedback"])) for r in page]
+        next_cursor = None
+        if len(rows) > limit:
+            last = page[-1]
+            next_cursor = encode_cursor(last["start_time"], last["trace_id"])
+        return items, next_cursor
+
+    def count_traces(self, tenant: str, **filters: Unpack[TraceFilters]) -> int:
+        """How many of a tenant's traces match the filters (the same ones as `list_traces`)."""
+        query = sa.select(sa.func.count()).select_from(traces).where(*_trace_conditions(tenant, filters))
+        with self._read("count traces") as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def delete_older_than(self, cutoff: datetime, *, chunk_size: int = 500) -> int:
+        """Delete data older than `cutoff` in all tenants; return how many traces went.
+
+        A trace goes when it started before the cutoff, together with its
+        context and all its feedback; feedback given before the cutoff goes
+        too, whether or not its trace exists. Work is done in transactions of
+        at most `chunk_size` traces (or feedback events), so locks stay short
+        and an interrupted run leaves whole traces, never half of one.
+        """
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+        deleted = 0
+        while True:
+            with self._write("delete old traces") as conn:
+                keys = [
+                    (k[0], k[1])
+                    for k in conn.execute(
+                        sa.select(traces.c.tenant, traces.c.trace_id)
+                        .where(traces.c.start_time < cutoff)
+                        .limit(chunk_size)
+                    )
+                ]
+                if keys:
+                    for table in (trace_contexts, feedback, traces):
+                        conn.execute(sa.delete(table).where(_keys_in(table.c.tenant, table.c.trace_id, keys)))
+            deleted += len(keys)
+            if len(keys) < chunk_size:
+                break
+        while True:
+            with self._write("delete old feedback") as conn:
+                keys = [
+                    (k[0], k[1])
+                    for k in conn.execute(
+                        sa.select(feedback.c.tenant, feedback.c.event_id)
+                        .where(feedback.c.time < cutoff)
+                        .limit(chunk_size)
+                    )
+                ]
+                if keys:
+                    conn.execute(
+                        sa.delete(feedback).where(_keys_in(feedback.c.tenant, feedback.c.event_id, keys))
+                    )
+            if len(keys) < chunk_size:
+                break
+        return deleted
+
+
+class StoreSink:
+    """The pipeline sink that writes traces and feedback to a `Store`.
+
+    Implements `TraceConsumer` and `FeedbackConsumer`. Inserts run in a worker
+    thread so the event loop never blocks on the database. Returning means
+    the whole batch is durable in the store; errors are those of `Store`
+    (`StoreUnavailable` is retryable; redelivery is harmless).
+
+    `store_traces` returns the trace ids that were new. When `new_traces` is
+    given, `consume_traces` hands it just the new traces (first occurrence in
+    the batch), so a downstream counter sees each trace once however often the
+    bus redelivers it. That hand-off happens after the commit: if it fails, a
+    redelivery will not repeat it (at most once downstream). The sink does not
+    own the store: `stop` leaves it open.
+    """
+
+    def __init__(self, store: Store, *, new_traces: TraceConsumer | None = None) -> None:
+        self.store = store
+        self.new_traces = new_traces
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def start(self) -> None:
+        """Nothing to start: the store connects lazily. Present for the pipeline's lifecycle."""
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Wait up to `timeout_s` for inserts in flight to finish. Safe twice and before start."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            pass
+
+    async def _in_thread(self, call: Any, batch: Sequence[Any]) -> list[str]:
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            result: list[str] = await asyncio.to_thread(call, batch)
+            return result
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def store_traces(self, batch: Sequence[RagTrace]) -> list[str]:
+        """Insert the batch; return the ids of traces not stored before."""
+        return await self._in_thread(self.store.insert_traces, batch)
+
+    async def store_feedback(self, batch: Sequence[Feedback]) -> list[str]:
+        """Insert the batch; return the event ids not stored before."""
+        return await self._in_thread(self.store.insert_feedback, batch)
+
+    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
+        new_ids = set(await self.store_traces(batch))
+        if self.new_traces is None or not new_ids:
+            return
+        new: list[RagTrace] = []
+        for trace in batch:
+            if trace.trace_id in new_ids:
+                new_ids.discard(trace.trace_id)
+                new.append(trace)
+        await self.new_traces.consume_traces(new)
+
+    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
+        await self.store_feedback(batch)

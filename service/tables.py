@@ -1,0 +1,372 @@
+"""The store's tables, and the mapping between records and their rows.
+
+One compact `traces` row per (tenant, trace_id) carries everything list
+queries filter or show; the bulky part of a trace (chunk contents, reranker
+lists, per-model usage) sits in `trace_contexts`, which only single-trace reads
+load. `feedback` rows are keyed by (tenant, event_id) and join traces by
+(tenant, trace_id) at read time, so feedback may arrive before its trace.
+
+The converters here are pure functions (no engine, no I/O) so the read API and
+the Kafka worker can reuse them:
+
+* `trace_row`, `trace_context`, `feedback_row`: record → row values;
+* `trace_record`, `feedback_record`: row → JSON-ready dict.
+
+Text is made storable the same way on every database: NUL characters become
+U+FFFD (PostgreSQL text cannot hold them) and unpaired surrogates become "?"
+(they cannot be encoded as UTF-8). Non-finite floats become None (JSON has no
+NaN). Datetimes are stored in UTC; a naive datetime is taken to be UTC.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect, RowMapping
+
+from service.model import Chunk, Feedback, RagTrace
+
+Row = RowMapping | Mapping[str, Any]
+"""A row as read (`RowMapping`) or as built by hand (a dict with the column names)."""
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Row",
+    "UtcDateTime",
+    "feedback",
+    "feedback_record",
+    "feedback_row",
+    "metadata",
+    "schema_version",
+    "storable_text",
+    "to_utc",
+    "trace_context",
+    "trace_contexts",
+    "trace_record",
+    "trace_row",
+    "traces",
+]
+
+SCHEMA_VERSION = 1
+"""The schema this code writes. Bump it with every change a migration must apply."""
+
+
+def to_utc(value: datetime) -> datetime:
+    """`value` as an aware UTC datetime; a naive value is taken to be UTC already."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+class UtcDateTime(sa.types.TypeDecorator[datetime]):
+    """A timestamp stored in UTC and always read back as an aware UTC datetime.
+
+    SQLite keeps datetimes as fixed-width naive strings, so values are written
+    as naive UTC there; that keeps string order equal to time order, which the
+    keyset pagination relies on. PostgreSQL gets `timestamptz`.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        utc = to_utc(value)
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else to_utc(value)
+
+
+metadata = sa.MetaData()
+
+schema_version = sa.Table(
+    "schema_version",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("applied_at", UtcDateTime, nullable=False),
+)
+
+# Free-text columns are unbounded Text: a length limit would turn one long app
+# name into a permanently failing batch on PostgreSQL.
+traces = sa.Table(
+    "traces",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("trace_id", sa.String(32), primary_key=True),
+    sa.Column("app", sa.Text, nullable=False),
+    sa.Column("release", sa.Text),
+    sa.Column("intent", sa.Text),
+    sa.Column("session_id", sa.Text),
+    sa.Column("user_hash", sa.Text),
+    sa.Column("start_time", UtcDateTime, nullable=False),
+    sa.Column("total_s", sa.Float),
+    sa.Column("embedding_s", sa.Float),
+    sa.Column("retrieval_s", sa.Float),
+    sa.Column("rerank_s", sa.Float),
+    sa.Column("generation_s", sa.Float),
+    sa.Column("ttft_s", sa.Float),
+    sa.Column("input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("output_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cost_usd", sa.Float),
+    sa.Column("unpriced", sa.Boolean, nullable=False),
+    sa.Column("query", sa.Text),
+    sa.Column("answer", sa.Text),
+    sa.Column("top1_score", sa.Float),
+    sa.Column("chunk_ids", sa.JSON, nullable=False),
+    sa.Column("chunk_scores", sa.JSON, nullable=False),
+    sa.Column("is_regeneration", sa.Boolean, nullable=False),
+    sa.Column("regeneration_source", sa.Text),
+    sa.Column("partial", sa.Boolean, nullable=False),
+    sa.Column("probe_run_id", sa.Text),
+    sa.Column("probe_question_id", sa.Text),
+    sa.Column("span_count", sa.Integer, nullable=False),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    # Keyset pagination walks (start_time, trace_id) backwards within a tenant.
+    sa.Index("ix_traces_tenant_time", "tenant", "start_time", "trace_id"),
+    sa.Index("ix_traces_tenant_app_time", "tenant", "app", "start_time"),
+    # Retention scans all tenants by age.
+    sa.Index("ix_traces_start_time", "start_time"),
+)
+
+trace_contexts = sa.Table(
+    "trace_contexts",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("trace_id", sa.String(32), primary_key=True),
+    sa.Column("context", sa.JSON, nullable=False),
+)
+
+feedback = sa.Table(
+    "feedback",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("event_id", sa.Text, primary_key=True),
+    sa.Column("trace_id", sa.String(32), nullable=False),
+    sa.Column("app", sa.Text),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("text", sa.Text),
+    sa.Column("time", UtcDateTime, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Index("ix_feedback_tenant_trace", "tenant", "trace_id"),
+    sa.Index("ix_feedback_time", "time"),
+)
+
+
+def storable_text(value: str) -> str:
+    """`value` with NUL turned into U+FFFD and unpaired surrogates into "?"."""
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
+def _text(value: str | None) -> str | None:
+    return None if value is None else storable_text(value)
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _jsonable(value: Any) -> Any:
+    """Metadata values made storable: text cleaned, non-finite floats dropped to None."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, float):
+        return _finite(value)
+    if isinstance(value, Mapping):
+        return {storable_text(str(k)): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _chunk(chunk: Chunk) -> dict[str, Any]:
+    return {
+        "id": storable_text(chunk.id),
+        "rank": chunk.rank,
+        "score": _finite(chunk.score),
+        "content": _text(chunk.content),
+        "metadata": None if chunk.metadata is None else _jsonable(chunk.metadata),
+    }
+
+
+def trace_row(trace: RagTrace, *, created_at: datetime) -> dict[str, Any]:
+    """The `traces` row for a trace: flat columns only, no chunk contents.
+
+    Chunk ids and scores are those of the retrieval list (before reranking),
+    in retriever order, matching `top1_score`.
+    """
+    timings = trace.timings
+    chunks = trace.retrieval.chunks
+    return {
+        "tenant": storable_text(trace.tenant),
+        "trace_id": trace.trace_id,
+        "app": storable_text(trace.app),
+        "release": _text(trace.release),
+        "intent": _text(trace.intent),
+        "session_id": _text(trace.session_id),
+        "user_hash": _text(trace.user_hash),
+        "start_time": trace.start_time,
+        "total_s": _finite(timings.total_s),
+        "embedding_s": _finite(timings.embedding_s),
+        "retrieval_s": _finite(timings.retrieval_s),
+        "rerank_s": _finite(timings.rerank_s),
+        "generation_s": _finite(timings.generation_s),
+        "ttft_s": _finite(timings.ttft_s),
+        "input_tokens": trace.input_tokens,
+        "output_tokens": trace.output_tokens,
+        "cost_usd": _finite(trace.cost_usd),
+        "unpriced": bool(trace.unpriced_models),
+        "query": _text(trace.query),
+        "answer": _text(trace.answer),
+        "top1_score": _finite(trace.retrieval.top1_score),
+        "chunk_ids": [storable_text(c.id) for c in chunks],
+        "chunk_scores": [_finite(c.score) for c in chunks],
+        "is_regeneration": trace.is_regeneration,
+        "regeneration_source": trace.regeneration_source,
+        "partial": trace.partial,
+        "probe_run_id": _text(trace.probe_run_id),
+        "probe_question_id": _text(trace.probe_question_id),
+        "span_count": trace.span_count,
+        "source": trace.source,
+        "created_at": created_at,
+    }
+
+
+def trace_context(trace: RagTrace) -> dict[str, Any]:
+    """The `trace_contexts` payload: what a single-trace view needs beyond the row.
+
+    The query vector itself is not kept, only its model and dimension.
+    """
+    retrieval = trace.retrieval
+    embedding = trace.query_embedding
+    return {
+        "retriever": _text(retrieval.retriever),
+        "k": retrieval.k,
+        "filter": _text(retrieval.filter),
+        "excluded_ids": [storable_text(i) for i in retrieval.excluded_ids],
+        "chunks": [_chunk(c) for c in retrieval.chunks],
+        "reranker_input": [_chunk(c) for c in retrieval.reranker_input],
+        "reranker_output": [_chunk(c) for c in retrieval.reranker_output],
+        "cited_chunk_ids": [storable_text(i) for i in trace.cited_chunk_ids],
+        "query_embedding": None
+        if embedding is None
+        else {"model": _text(embedding.model), "dim": embedding.dim},
+        "usage": [
+            {
+                "model": storable_text(u.model),
+                "kind": u.kind,
+                "input_tokens": u.input_tokens,
+                "output_tokens": u.output_tokens,
+                "cost_usd": _finite(u.cost_usd),
+                "cost_source": u.cost_source,
+            }
+            for u in trace.usage
+        ],
+    }
+
+
+def feedback_row(event: Feedback, *, created_at: datetime) -> dict[str, Any]:
+    """The `feedback` row for one feedback event."""
+    return {
+        "tenant": storable_text(event.tenant),
+        "event_id": storable_text(event.event_id),
+        "trace_id": event.trace_id,
+        "app": _text(event.app),
+        "kind": event.kind,
+        "reason": _text(event.reason),
+        "text": _text(event.text),
+        "time": event.time,
+        "created_at": created_at,
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else to_utc(value).isoformat()
+
+
+def feedback_record(row: Row) -> dict[str, Any]:
+    """A `feedback` row as JSON-ready data."""
+    return {
+        "event_id": row["event_id"],
+        "trace_id": row["trace_id"],
+        "app": row["app"],
+        "kind": row["kind"],
+        "reason": row["reason"],
+        "text": row["text"],
+        "time": _iso(row["time"]),
+    }
+
+
+def trace_record(
+    row: Row,
+    *,
+    regenerate_feedback: bool = False,
+    context: Mapping[str, Any] | None = None,
+    feedback: Sequence[Row] | None = None,
+) -> dict[str, Any]:
+    """A `traces` row as JSON-ready data, with its context and feedback when given.
+
+    `regenerate_feedback` says a `regenerate` feedback event names this trace;
+    it makes the trace a regeneration (source "feedback") even when the row
+    was written before the feedback arrived. The keys `context` and `feedback`
+    are present only when those were passed.
+    """
+    regeneration_source = row["regeneration_source"]
+    is_regeneration = bool(row["is_regeneration"])
+    if not is_regeneration and regenerate_feedback:
+        is_regeneration, regeneration_source = True, "feedback"
+    record: dict[str, Any] = {
+        "trace_id": row["trace_id"],
+        "tenant": row["tenant"],
+        "app": row["app"],
+        "release": row["release"],
+        "intent": row["intent"],
+        "session_id": row["session_id"],
+        "user_hash": row["user_hash"],
+        "start_time": _iso(row["start_time"]),
+        "query": row["query"],
+        "answer": row["answer"],
+        "timings": {
+            "total_s": row["total_s"],
+            "embedding_s": row["embedding_s"],
+            "retrieval_s": row["retrieval_s"],
+            "rerank_s": row["rerank_s"],
+            "generation_s": row["generation_s"],
+            "ttft_s": row["ttft_s"],
+        },
+        "input_tokens": row["input_tokens"],
+        "output_tokens": row["output_tokens"],
+        "cost_usd": row["cost_usd"],
+        "unpriced": bool(row["unpriced"]),
+        "top1_score": row["top1_score"],
+        "chunk_ids": list(row["chunk_ids"]),
+        "chunk_scores": list(row["chunk_scores"]),
+        "flags": {
+            "is_regeneration": is_regeneration,
+            "regeneration_source": regeneration_source,
+            "partial": bool(row["partial"]),
+            "probe_run_id": row["probe_run_id"],
+            "probe_question_id": row["probe_question_id"],
+        },
+        "span_count": row["span_count"],
+        "source": row["source"],
+        "created_at": _iso(row["created_at"]),
+    }
+    if context is not None:
+        record["context"] = dict(context)
+    if feedback is not None:
+        record["feedback"] = [feedback_record(f) for f in feedback]
+    return record
