@@ -340,6 +340,11 @@ class Store:
             version = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
         return None if version is None else int(version)
 
+    def ping(self) -> None:
+        """Return when the database answers a trivial query; raise `StoreUnavailable` otherwise."""
+        with self._read("ping") as conn:
+            conn.execute(sa.select(1)).scalar_one()
+
     def close(self) -> None:
         """Close every pooled connection. Safe to call twice; later calls raise `StoreUnavailable`."""
         if not self._closed:
@@ -449,6 +454,21 @@ class Store:
             context=context if context is not None else {},
             feedback=events,
         )
+
+    def trace_labels(self, keys: Iterable[tuple[str, str]]) -> dict[str, tuple[str, str | None]]:
+        """(app, intent) of the stored traces among `keys` ((tenant, trace_id) pairs), by trace id.
+
+        Keys with no stored trace are absent. For labelling feedback metrics
+        with the app and intent of the trace the feedback is about.
+        """
+        wanted = set(keys)
+        if not wanted:
+            return {}
+        query = sa.select(traces.c.trace_id, traces.c.app, traces.c.intent).where(
+            _keys_in(traces.c.tenant, traces.c.trace_id, wanted)
+        )
+        with self._read("read trace labels") as conn:
+            return {trace_id: (app, intent) for trace_id, app, intent in conn.execute(query)}
 
     def list_traces(
         self,

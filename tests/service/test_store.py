@@ -357,6 +357,14 @@ def test_regenerate_feedback_missed_by_the_row_still_counts_on_read(store: Store
     assert record is not None and record["flags"]["regeneration_source"] == "feedback"
 
 
+def test_trace_labels_name_app_and_intent_of_stored_traces_only(store: Store) -> None:
+    store.insert_traces([make_trace(1, app="chat", intent="billing"), make_trace(2, tenant="b", app="faq")])
+    keys = {("default", trace_id(1)), ("default", trace_id(2)), ("default", trace_id(3))}
+    assert store.trace_labels(keys) == {trace_id(1): ("chat", "billing")}
+    assert store.trace_labels({("b", trace_id(2))}) == {trace_id(2): ("faq", None)}
+    assert store.trace_labels(set()) == {}
+
+
 # --- tenants -----------------------------------------------------------------------------------------
 
 
@@ -574,6 +582,7 @@ def test_unreachable_database_raises_store_unavailable(store_url: str, tmp_path:
     store = Store(url, connect_timeout_s=2.0, pool_timeout_s=2.0)
     try:
         for call in (
+            store.ping,
             store.create_schema,
             lambda: store.insert_traces([make_trace(1)]),
             lambda: store.insert_feedback([make_feedback("e", 1)]),
@@ -655,10 +664,13 @@ def test_values_the_database_refuses_raise_a_permanent_error(store: Store, raw: 
 def test_a_closed_store_refuses_work_and_closes_twice(store_url: str) -> None:
     store = Store(store_url)
     store.create_schema()
+    store.ping()
     store.close()
     store.close()
     with pytest.raises(StoreUnavailable):
         store.insert_traces([make_trace(1)])
+    with pytest.raises(StoreUnavailable):
+        store.ping()
 
 
 @pytest.mark.parametrize(
