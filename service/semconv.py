@@ -50,6 +50,7 @@ built from a score that is not a number.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
 import math
@@ -470,10 +471,14 @@ def _find_text(
     return None
 
 
-def _payload_text(value: AttrValue, role: str) -> str | None:
+def _payload_text(value: AttrValue, role: str, *, is_json: bool = False) -> str | None:
+    """The question or answer in a payload; `is_json` also unquotes a JSON string ('"text"')."""
     keys, containers = (
         (_QUERY_KEYS, _QUERY_CONTAINERS) if role == "user" else (_ANSWER_KEYS, _ANSWER_CONTAINERS)
     )
+    if is_json and isinstance(value, str) and value.strip().startswith('"'):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)
     return _find_text(_parse_json(value), keys, containers, role)
 
 
@@ -482,7 +487,8 @@ def _io_text(attributes: Attributes, value_key: str, mime_key: str, role: str) -
     value = attributes.get(value_key)
     if isinstance(value, str) and attributes.get(mime_key) == OpenInferenceMimeTypeValues.TEXT.value:
         return value if value.strip() else None
-    return _payload_text(value, role)
+    is_json = attributes.get(mime_key) == OpenInferenceMimeTypeValues.JSON.value
+    return _payload_text(value, role, is_json=is_json)
 
 
 def _messages(span: Span, direction: Literal["input", "output"]) -> list[dict[str, Any]]:
@@ -535,7 +541,7 @@ def _span_question(span: Span) -> str | None:
         return str(prompts[-1]["prompt.text"])
     text = _io_text(attributes, SpanAttributes.INPUT_VALUE, SpanAttributes.INPUT_MIME_TYPE, "user")
     for key in (_Traceloop.ENTITY_INPUT, _GenAI.RETRIEVAL_QUERY_TEXT):
-        text = text or _payload_text(attributes.get(key), "user")
+        text = text or _payload_text(attributes.get(key), "user", is_json=key == _Traceloop.ENTITY_INPUT)
     return text
 
 
@@ -548,7 +554,7 @@ def _span_answer(span: Span) -> str | None:
     if choices and isinstance(choices[0].get("completion.text"), str):
         return str(choices[0]["completion.text"])
     text = _io_text(attributes, SpanAttributes.OUTPUT_VALUE, SpanAttributes.OUTPUT_MIME_TYPE, "assistant")
-    return text or _payload_text(attributes.get(_Traceloop.ENTITY_OUTPUT), "assistant")
+    return text or _payload_text(attributes.get(_Traceloop.ENTITY_OUTPUT), "assistant", is_json=True)
 
 
 # ---------------------------------------------------------------- documents
