@@ -271,7 +271,7 @@ def test_equal_probabilities_give_the_plain_mean() -> None:
     assert est.n_judged == 200
     assert est.n_effective == pytest.approx(200)
     assert est.sum_weights == pytest.approx(2000)
-    assert est.lower is not None and est.upper is not None
+    assert est.lower is not None and est.upper is not None and est.estimate is not None
     assert est.lower < est.estimate < est.upper
 
 
