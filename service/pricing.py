@@ -30,7 +30,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 __all__ = ["ModelPrice", "PriceTable", "model_name_candidates"]
@@ -115,7 +115,7 @@ class PriceTable:
     @classmethod
     def default(cls, overrides: Mapping[str, ModelPrice | Sequence[float]] | None = None) -> PriceTable:
         """The shipped table, with `overrides` (config's `pricing.overrides`) applied on top."""
-        raw: dict[str, Any] = json.loads(resources.files("service").joinpath(_TABLE_FILE).read_text("utf-8"))
+        raw: dict[str, Any] = json.loads((Path(__file__).parent / _TABLE_FILE).read_text("utf-8"))
         table = cls(raw["models"], as_of=raw.get("as_of"))
         return table.with_overrides(overrides) if overrides else table
 

@@ -37,6 +37,10 @@ facts as `intent` (or `route`), `release`, `regenerate`, `probe_run_id` and
 metadata, metadata over tags, and `ragmon.release`/metadata/tag over the
 resource's `service.version`.
 
+The app is the resource's `service.name`; when the SDK default
+(`unknown_service:...`) was left in place, Phoenix's `openinference.project.name`
+(what `phoenix.otel.register(project_name=...)` sets), else "unknown".
+
 Stage roll-ups avoid double counting when instrumentations nest (a LangChain
 LLM span around the OpenAI SDK's LLM span): a stage's time sums only the
 outermost spans of that stage, and token usage is taken from a span only when
@@ -59,6 +63,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from openinference.semconv.resource import ResourceAttributes
 from openinference.semconv.trace import (
     DocumentAttributes,
     EmbeddingAttributes,
@@ -163,6 +168,7 @@ class _Traceloop:
 _FIRST_TOKEN_EVENT = "First Token Stream Event"  # openinference-instrumentation-openai, streaming calls
 _SERVICE_NAME = "service.name"
 _SERVICE_VERSION = "service.version"
+_SDK_DEFAULT_SERVICE = "unknown_service"
 _ENDUSER_ID = "enduser.id"
 _MAX_CLOCK_SKEW = timedelta(minutes=5)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -845,6 +851,15 @@ def _filter_text(value: AttrValue) -> str | None:
     return None
 
 
+def _app_name(resource: Attributes) -> str:
+    """`service.name`; Phoenix's project name when the SDK default (`unknown_service...`) was left."""
+    service = resource.get(_SERVICE_NAME)
+    if isinstance(service, str) and service and not service.startswith(_SDK_DEFAULT_SERVICE):
+        return service
+    project = resource.get(ResourceAttributes.PROJECT_NAME)
+    return project if isinstance(project, str) and project else "unknown"
+
+
 def _dedupe(chunks: Iterable[Chunk]) -> tuple[Chunk, ...]:
     seen: set[str] = set()
     kept: list[Chunk] = []
@@ -986,7 +1001,7 @@ def build_trace(
 
     # identity and signals
     resource = (root or by_start[0]).resource
-    app = resource.get(_SERVICE_NAME)
+    app = _app_name(resource)
     release = (
         _first(ordered, lambda s: _text(s.attributes, RagmonAttributes.RELEASE))
         or _meta_text(meta, "release")
@@ -1018,7 +1033,7 @@ def build_trace(
     return RagTrace(
         trace_id=by_start[0].trace_id,
         tenant=by_start[0].tenant,
-        app=app if isinstance(app, str) and app else "unknown",
+        app=app,
         release=release,
         intent=intent or None,
         session_id=_first(

@@ -812,3 +812,16 @@ def test_sdk_spans_through_the_decoder_build_the_same_trace(
     assert trace.usage[0].cost_usd == pytest.approx(PRICES.cost("gpt-4.1-mini", 100, 10))
     assert trace.timings.ttft_s is not None and 0 <= trace.timings.ttft_s <= (trace.timings.generation_s or 0)
     assert trace.timings.total_s is not None and trace.timings.total_s >= (trace.timings.generation_s or 0)
+
+
+@pytest.mark.parametrize(
+    ("resource", "app"),
+    [
+        ({"service.name": "shop", "openinference.project.name": "proj"}, "shop"),
+        ({"service.name": "unknown_service:python", "openinference.project.name": "proj"}, "proj"),
+        ({"service.name": "unknown_service:python"}, "unknown"),
+        ({}, "unknown"),
+    ],
+)
+def test_app_is_service_name_else_phoenix_project(resource: dict[str, Any], app: str) -> None:
+    assert build([span(1, None, 0, 1, resource=resource)]).app == app
