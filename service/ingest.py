@@ -89,12 +89,13 @@ async def export_traces(request: Request, tenant: TenantDep, pipeline: PipelineD
         pipeline.metrics.reject(reason, count)
     await pipeline.accept_spans(decoded.spans, receiver="otlp_http")
     answer = trace_service_pb2.ExportTraceServiceResponse()
-    if decoded.rejected_spans:
+    # OTLP allows a message with zero rejected spans as a warning (e.g. dropped attribute values)
+    if decoded.rejected_spans or decoded.error_message:
         answer.partial_success.rejected_spans = decoded.rejected_spans
         answer.partial_success.error_message = decoded.error_message
     if media_type == JSON:
         payload: dict[str, Any] = {}
-        if decoded.rejected_spans:
+        if decoded.rejected_spans or decoded.error_message:
             payload["partialSuccess"] = {
                 "rejectedSpans": str(decoded.rejected_spans),
                 "errorMessage": decoded.error_message,

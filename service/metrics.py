@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from service.config import MetricsConfig
 from service.model import Feedback, RagTrace
+from service.otlp import RejectReason
 
 OTHER = "other"
 NONE = "none"
@@ -41,6 +42,11 @@ SCORE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 
 TOKEN_KINDS = ("input", "output")
 RATINGS = ("up", "down")
 REGENERATION_SOURCES = ("attribute", "feedback", "reask")
+# Whole-request refusals; per-span reasons come from `otlp.RejectReason`.
+REQUEST_REJECT_REASONS = (
+    "decode_error", "invalid_input", "too_large", "unsupported_media_type", "unauthenticated", "forbidden",
+    "bad_api_key", "queue_full",
+)
 
 
 class BoundedLabel:
@@ -177,8 +183,7 @@ class Metrics:
         r.register(self.state)
         for stage in STAGES:
             self.stage_duration.labels(app=NONE, stage=stage)
-        for reason in ("decode_error", "invalid_input", "too_large", "unsupported_media_type",
-                       "unauthenticated", "forbidden", "queue_full"):
+        for reason in REQUEST_REJECT_REASONS + tuple(RejectReason):
             self.ingest_rejected.labels(reason=reason)
 
     def count_traces(self, batch: Sequence[RagTrace]) -> None:

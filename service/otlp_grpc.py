@@ -61,7 +61,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
             metrics.reject(exc.reason)
             await context.abort(grpc.StatusCode.UNAVAILABLE, exc.message)
         answer = trace_service_pb2.ExportTraceServiceResponse()
-        if decoded.rejected_spans:
+        if decoded.rejected_spans or decoded.error_message:
             answer.partial_success.rejected_spans = decoded.rejected_spans
             answer.partial_success.error_message = decoded.error_message
         return answer
