@@ -226,24 +226,20 @@ def population() -> Population:
     return build_population(10_000, seed=7)
 
 
-def test_weighted_estimate_covers_truth_while_plain_mean_does_not(
-    population: Population, record_property: Callable[[str, object], None]
-) -> None:
+def test_weighted_estimate_covers_truth_while_plain_mean_does_not(population: Population) -> None:
     run = run_coverage(population, seeds=80)
-    record_property("coverage", run.report())
+    print(run.report())  # shown with pytest -rP
     check_coverage(run)
 
 
-def test_budget_skips_are_reweighted_within_their_cell(
-    population: Population, record_property: Callable[[str, object], None]
-) -> None:
+def test_budget_skips_are_reweighted_within_their_cell(population: Population) -> None:
     # The late thumbs-down arrive in a burst after the traces, when the bucket is
     # nearly empty: the budget thins the thumbs-down cell more than the others.
     def budget(clock: Callable[[], float]) -> JudgeBudget:
         return JudgeBudget(BudgetConfig(calls_per_minute=3.0, burst_calls=20.0), clock=clock)
 
     run = run_coverage(population, seeds=30, budget=budget)
-    record_property("coverage_with_budget", run.report())
+    print(run.report())  # shown with pytest -rP
     _, upper = wilson(run.covered, run.seeds, 0.99)
     assert upper >= 0.93, run.report()
     errors, ignored = np.array(run.errors), np.array(run.unadjusted_errors)
@@ -252,9 +248,9 @@ def test_budget_skips_are_reweighted_within_their_cell(
 
 
 @pytest.mark.slow
-def test_coverage_on_100k_traces(record_property: Callable[[str, object], None]) -> None:
+def test_coverage_on_100k_traces() -> None:
     run = run_coverage(build_population(100_000, seed=11), seeds=200)
-    record_property("coverage_100k", run.report())
+    print(run.report())  # shown with pytest -rP
     check_coverage(run)
 
 
