@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import threading
@@ -44,7 +45,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.ingest.payload import Batches
-from bench.ingest.servers import Phoenix, Ragmon, Server
+from bench.ingest.servers import REPO, Phoenix, Ragmon, Server
 
 HEADERS = {"Content-Type": "application/x-protobuf"}
 
@@ -230,6 +231,17 @@ TABLE_HEAD = (
 )
 
 
+def _revision() -> str:
+    """The commit the working tree is on, and whether service/ has uncommitted changes (what really ran)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "service")
+    return git("rev-parse", "--short", "HEAD") + (" + uncommitted changes in service/" if dirty else "")
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
@@ -258,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print("command: python bench/ingest/run.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     print(f"machine: {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB")
-    out: dict[str, object] = {"argv": sys.argv[1:]}
+    print(f"ragmon: {_revision()}")
+    out: dict[str, object] = {"argv": sys.argv[1:], "revision": _revision()}
     results: list[LoadResult] = []
     ratios: dict[str, float | None] = {}
     long_rss: dict[str, float | None] = {}
