@@ -223,7 +223,6 @@ class Store:
             raise ValueError(f"unsupported store URL {self.url!r}: use sqlite:/// or postgresql+psycopg://")
 
     def _sqlite_engine(self, url: sa.URL, serializer: Any) -> Engine:
-        busy_ms = max(1, round(self.statement_timeout_s * 1000))
         in_memory = url.database in (None, "", ":memory:")
         options: dict[str, Any] = (
             {"poolclass": StaticPool}
@@ -236,6 +235,7 @@ class Store:
         )
         engine = sa.create_engine(
             url,
+            # `timeout` is SQLite's busy timeout: how long a writer waits for the lock.
             connect_args={"timeout": self.statement_timeout_s, "check_same_thread": False},
             json_serializer=serializer,
             **options,
@@ -248,7 +248,6 @@ class Store:
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             cursor.close()
 
         @sa.event.listens_for(engine, "begin")
@@ -272,6 +271,8 @@ class Store:
             # A restarted server leaves dead pooled connections; ping before use.
             pool_pre_ping=True,
             json_serializer=serializer,
+            # psycopg re-parses every long multi-row INSERT; positional markers parse faster than named ones.
+            paramstyle="format",
             connect_args={
                 "connect_timeout": max(2, math.ceil(self.connect_timeout_s)),
                 "options": f"{given} {options}".strip(),

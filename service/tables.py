@@ -30,9 +30,6 @@ from sqlalchemy.engine import Dialect, RowMapping
 
 from service.model import Chunk, Feedback, RagTrace
 
-Row = RowMapping | Mapping[str, Any]
-"""A row as read (`RowMapping`) or as built by hand (a dict with the column names)."""
-
 __all__ = [
     "SCHEMA_VERSION",
     "Row",
@@ -53,6 +50,9 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 """The schema this code writes. Bump it with every change a migration must apply."""
+
+Row = RowMapping | Mapping[str, Any]
+"""A row as read (`RowMapping`) or as built by hand (a dict with the column names)."""
 
 
 def to_utc(value: datetime) -> datetime:
