@@ -51,6 +51,8 @@ from typing import Literal, get_args
 import numpy as np
 from scipy.stats import norm
 
+from sampler.queue import QueueRecord
+
 __all__ = [
     "GROUPINGS",
     "OUTCOMES",
@@ -87,6 +89,33 @@ class JudgedSample:
     release: str | None = None
     intent: str | None = None
     trace_time: datetime | None = None
+
+    @classmethod
+    def from_record(
+        cls, record: QueueRecord, outcome: Outcome | None = None, score: float | None = None
+    ) -> JudgedSample:
+        """The sample for a queue record. A `skipped` or `failed` record gives its own outcome;
+        a `done` one needs the judgment's outcome (`scored` with its score, or `no_claims`).
+        Raises ValueError for items not judged yet (pending, leased) or a mismatched outcome."""
+        if record.state in ("skipped", "failed"):
+            if outcome not in (None, record.state):
+                raise ValueError(f"a {record.state} record cannot have outcome {outcome!r}")
+            outcome = record.state
+        elif record.state != "done":
+            raise ValueError(f"record {record.key} is {record.state}, not judged yet")
+        elif outcome not in ("scored", "no_claims"):
+            raise ValueError(f"a done record needs outcome 'scored' or 'no_claims', got {outcome!r}")
+        item = record.item
+        return cls(
+            inclusion_probability=item.inclusion_probability,
+            outcome=outcome,
+            score=score,
+            stratum=item.stratum,
+            app=item.app,
+            release=item.release,
+            intent=item.intent,
+            trace_time=item.trace_time,
+        )
 
     def __post_init__(self) -> None:
         p = self.inclusion_probability

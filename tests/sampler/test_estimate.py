@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import norm
+from sqlalchemy import create_engine
 
 from sampler.budget import BudgetConfig, JudgeBudget
 from sampler.estimate import FaithfulnessEstimate, JudgedSample, estimate_by, hajek
 from sampler.policy import SamplerConfig, StrataRates, TraceSampler, TraceSummary
-from sampler.queue import JudgeItem
+from sampler.queue import JudgeItem, SqlJudgeQueue, create_tables
 from service.model import Chunk, Feedback, RagTrace, Retrieval
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
@@ -248,8 +251,9 @@ def test_budget_skips_are_reweighted_within_their_cell(population: Population) -
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_coverage_on_100k_traces() -> None:
-    run = run_coverage(build_population(100_000, seed=11), seeds=200)
+    run = run_coverage(build_population(100_000, seed=11), seeds=100)
     print(run.report())  # shown with pytest -rP
     check_coverage(run)
 
@@ -386,3 +390,42 @@ def test_bad_arguments_are_rejected() -> None:
         estimate_by([], "tenant", now=T0, window=timedelta(hours=1))  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         estimate_by([], "app", now=T0.replace(tzinfo=None), window=timedelta(hours=1))
+
+
+def test_samples_from_queue_records(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'q.db'}")
+    create_tables(engine)
+    queue = SqlJudgeQueue(engine, max_attempts=1)
+    sampler = TraceSampler(SamplerConfig(rates=StrataRates(base=1.0)), judge_version="v1")
+    summaries = [
+        TraceSummary(trace_id=f"{i:032x}", tenant="default", app="shop", start_time=T0, release="r1")
+        for i in range(4)
+    ]
+    items = sampler.select(summaries)
+    items[3] = dataclasses.replace(items[3], skip_reason="budget_usd")
+    queue.enqueue(items)
+    done, no_claims, failed = queue.claim(3, lease_s=30, worker="w")
+    queue.complete(done.key)
+    queue.complete(no_claims.key)
+    queue.fail(failed.key, worker="w", reason="HTTP 500")
+    records = {r.key: r for r in queue.records(since=T0)}
+    samples = [
+        JudgedSample.from_record(records[done.key], "scored", 0.75),
+        JudgedSample.from_record(records[no_claims.key], "no_claims"),
+        JudgedSample.from_record(records[failed.key]),
+        JudgedSample.from_record(records[items[3].key]),
+    ]
+    assert [s.outcome for s in samples] == ["scored", "no_claims", "failed", "skipped"]
+    assert (
+        samples[0].release == "r1" and samples[0].trace_time == T0 and samples[0].inclusion_probability == 1.0
+    )
+    with pytest.raises(ValueError):
+        JudgedSample.from_record(records[done.key])  # a done record needs the judgment's outcome
+    with pytest.raises(ValueError):
+        JudgedSample.from_record(records[failed.key], "scored", 1.0)
+    queue.enqueue([dataclasses.replace(items[0], trace_id=f"{9:032x}")])
+    with pytest.raises(ValueError):
+        JudgedSample.from_record(queue.records(since=T0)[-1], "scored", 1.0)  # still pending
+    est = hajek(samples)
+    assert (est.n_judged, est.n_no_claims, est.n_failed, est.n_skipped) == (1, 1, 1, 1)
+    engine.dispose()
