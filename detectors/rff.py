@@ -101,7 +101,7 @@ class RffMmdDrift(FittedDetector):
         del window
         labels = permutation_labels(n, n + m, self.permutations, np.random.default_rng(self.seed))
         # mean_x - mean_y = (1/n + 1/m) Zᵀa - (1/m) Zᵀ1 for a 0/1 label vector a marking the reference side.
-        sums = (pooled.T @ labels).astype(np.float64)
+        sums = (pooled.T @ labels.T).astype(np.float64)
         totals = pooled.sum(axis=0, dtype=np.float64)[:, None]
         differences = sums * (1.0 / n + 1.0 / m) - totals / m
         statistics = np.einsum("ij,ij->j", differences, differences)

@@ -63,10 +63,10 @@ class Plan:
 
 QUICK = Plan(
     sizes=(500, 2000, 10000),
-    shifts=(0.05, 0.10),
-    null_reps={500: 100, 2000: 60, 10000: 30},
-    shift_reps={500: 20, 2000: 20, 10000: 10},
-    peer_mmd_reps={500: 3, 2000: 1},
+    shifts=(0.10,),
+    null_reps={500: 40, 2000: 20, 10000: 10},
+    shift_reps={500: 10, 2000: 10, 10000: 5},
+    peer_mmd_reps={500: 2, 2000: 1},
     peer_ks=True,
     peer_time_10k=False,
     explain_reps=3,
@@ -156,7 +156,9 @@ def peers() -> dict[str, Test]:
     return {"alibi MMDDrift": alibi_mmd, "alibi KSDrift": alibi_ks}
 
 
-def run_embedding(name: str, vectors: npt.NDArray[np.float32], queries: Queries, plan: Plan, out: list[str]) -> None:
+def run_embedding(
+    name: str, vectors: npt.NDArray[np.float32], queries: Queries, plan: Plan, out: list[str]
+) -> None:
     pool = pools(queries)
     peer_tests = peers()
     tallies: dict[tuple[str, str, float, int], Tally] = defaultdict(Tally)
@@ -190,7 +192,9 @@ def run_embedding(name: str, vectors: npt.NDArray[np.float32], queries: Queries,
         rng = np.random.default_rng([10000, 0, 7])
         ref_idx, cur_idx = draw(rng, pool, 10000, "mix", 0.10)
         print("  timing alibi MMDDrift once at n=10,000 ...", file=sys.stderr, flush=True)
-        drifted, measured = measure(lambda: peer_tests["alibi MMDDrift"](vectors[ref_idx], vectors[cur_idx], 0))
+        drifted, measured = measure(
+            lambda: peer_tests["alibi MMDDrift"](vectors[ref_idx], vectors[cur_idx], 0)
+        )
         tallies[("alibi MMDDrift", "mix", 0.10, 10000)].add(drifted, measured)
     report(name, tallies, plan, out)
 
@@ -221,10 +225,16 @@ def report(name: str, tallies: dict[tuple[str, str, float, int], Tally], plan: P
             for s in ("mix", "new_topic", "oos"):
                 for p in plan.shifts:
                     tally = tallies.get((test, s, p, n))
-                    cells.append(f"{tally.alarms / tally.trials:.2f} ({tally.trials})" if tally and tally.trials else "–")
+                    cells.append(
+                        f"{tally.alarms / tally.trials:.2f} ({tally.trials})"
+                        if tally and tally.trials
+                        else "–"
+                    )
             if any(cell != "–" for cell in cells):
                 out.append(f"| {test} | {n:,} | " + " | ".join(cells) + " |")
-    out.append("\nTime and peak memory per test (fit + score, median over all windows of that size; RSS growth):\n")
+    out.append(
+        "\nTime and peak memory per test (fit + score, median over all windows of that size; RSS growth):\n"
+    )
     out.append("| test | n | median s | max s | median peak MB | max peak MB | calls |")
     out.append("|---|---|---|---|---|---|---|")
     per_size: dict[tuple[str, int], Tally] = defaultdict(Tally)
@@ -285,11 +295,20 @@ def run_explain(vectors: npt.NDArray[np.float32], queries: Queries, plan: Plan, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="few repetitions, 5 and 10 %% shifts (default)")
-    mode.add_argument("--full", action="store_true", help="the recorded run: >= 300 no-shift splits per setting")
-    parser.add_argument("--embedder", choices=("minilm", "hashing", "both"), default="both")
+    mode.add_argument("--quick", action="store_true", help="few repetitions, 10 %% shifts only (default)")
+    mode.add_argument(
+        "--full", action="store_true", help="the recorded run: >= 300 no-shift splits per setting"
+    )
+    parser.add_argument(
+        "--embedder",
+        choices=("minilm", "hashing", "both"),
+        default=None,
+        help="default: both with --full, hashing with --quick",
+    )
     parser.add_argument("--write", action="store_true", help="rewrite the drift section of bench/RESULTS.md")
     args = parser.parse_args(argv)
     folder = data_dir()
@@ -297,12 +316,16 @@ def main(argv: list[str] | None = None) -> int:
         print("skipped: clinc150 not found under ../shared/data (set RAGMON_SHARED_DATA)", file=sys.stderr)
         return 0
     plan = FULL if args.full else QUICK
+    if args.embedder is None:
+        args.embedder = "both" if args.full else "hashing"
     queries = load_queries(folder)
     out: list[str] = []
     command = "python bench/drift/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
     out.append(f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, 2 cores; alpha = {ALPHA}).")
     hashing, hashing_rate = embed_hashing(queries.texts)
-    out.append(f"\nBuilt-in hashing embedder throughput: {hashing_rate:,.0f} queries/s (one core, cold cache).")
+    out.append(
+        f"\nBuilt-in hashing embedder throughput: {hashing_rate:,.0f} queries/s (one core, cold cache)."
+    )
     embeddings: list[tuple[str, npt.NDArray[np.float32]]] = []
     if args.embedder in ("minilm", "both"):
         minilm = embed_minilm(queries.texts)
@@ -327,7 +350,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_results(text: str) -> None:
     section = f"{START}\n## Drift detection (bench/drift)\n\n{text}\n{END}"
-    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nEach section is written by its benchmark.\n"
+    current = (
+        RESULTS.read_text()
+        if RESULTS.exists()
+        else "# Benchmark results\n\nEach section is written by its benchmark.\n"
+    )
     if START in current and END in current:
         before, rest = current.split(START, 1)
         _, after = rest.split(END, 1)
