@@ -164,6 +164,8 @@ def storable_text(value: str) -> str:
     """`value` with NUL turned into U+FFFD and unpaired surrogates into "?"."""
     if "\x00" in value:
         value = value.replace("\x00", "\ufffd")
+    if value.isascii():  # O(1) in CPython, and most text is ASCII
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
