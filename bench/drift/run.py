@@ -24,11 +24,11 @@ import argparse
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -177,14 +177,15 @@ def run_embedding(
                 if "alibi KSDrift" in peer_tests and plan.peer_ks:
                     tests["alibi KSDrift"] = peer_tests["alibi KSDrift"]
                 key_share = share if scenario != "none" else 0.0
-                if "alibi MMDDrift" in peer_tests and rep < plan.peer_mmd_reps.get(n, 0):
-                    if scenario == "none" or share == 0.10:
-                        tests["alibi MMDDrift"] = peer_tests["alibi MMDDrift"]
+                peer_window = scenario == "none" or share == 0.10
+                if "alibi MMDDrift" in peer_tests and rep < plan.peer_mmd_reps.get(n, 0) and peer_window:
+                    tests["alibi MMDDrift"] = peer_tests["alibi MMDDrift"]
                 for test_name, test in tests.items():
-                    drifted, measured = measure(lambda t=test: t(reference, current, rep))  # type: ignore[misc]
+                    drifted, measured = measure(partial(test, reference, current, rep))
                     tallies[(test_name, scenario, key_share, n)].add(drifted, measured)
+            elapsed = time.perf_counter() - started
             print(
-                f"  [{name}] n={n} {scenario} {share:.0%}: {reps} reps in {time.perf_counter() - started:.1f}s",
+                f"  [{name}] n={n} {scenario} {share:.0%}: {reps} reps in {elapsed:.1f}s",
                 file=sys.stderr,
                 flush=True,
             )
@@ -197,9 +198,36 @@ def run_embedding(
         )
         tallies[("alibi MMDDrift", "mix", 0.10, 10000)].add(drifted, measured)
     report(name, tallies, plan, out)
+    score_only(vectors, pool, plan, out)
 
 
-def _median(values: list[float]) -> float:
+def score_only(
+    vectors: npt.NDArray[np.float32], pool: dict[str, npt.NDArray[np.intp]], plan: Plan, out: list[str]
+) -> None:
+    """Time and memory of `score` alone (the reference fitted beforehand, as when it is pinned once)."""
+    out.append("\nScore only (reference fitted once beforehand; 5 windows, 10 % mix):\n")
+    out.append("| test | n | median s | max s | max peak MB |")
+    out.append("|---|---|---|---|---|")
+    for n in plan.sizes:
+        detectors: list[tuple[str, type[MmdDrift] | type[RffMmdDrift]]] = []
+        if n <= 2500:
+            detectors.append(("ragmon MMD", MmdDrift))
+        detectors.append(("ragmon RFF-MMD", RffMmdDrift))
+        for label, factory in detectors:
+            rng = np.random.default_rng([n, 99])
+            ref_idx, _ = draw(rng, pool, n, "mix", 0.10)
+            detector = factory(alpha=ALPHA).fit(Reference("bench", vectors[ref_idx], T0, T0))
+            runs = []
+            for rep in range(5):
+                _, cur_idx = draw(np.random.default_rng([n, 99, rep]), pool, n, "mix", 0.10)
+                window = Window(vectors[cur_idx], T0, T0)
+                runs.append(measure(partial(detector.score, window))[1])
+            times = [run.seconds for run in runs]
+            peak = max(run.peak_bytes for run in runs) / 1e6
+            out.append(f"| {label} | {n:,} | {_median(times):.3f} | {max(times):.3f} | {peak:.0f} |")
+
+
+def _median(values: Sequence[float]) -> float:
     return float(np.median(values)) if values else float("nan")
 
 
@@ -243,9 +271,10 @@ def report(name: str, tallies: dict[tuple[str, str, float, int], Tally], plan: P
         merged.times.extend(tally.times)
         merged.peaks.extend(tally.peaks)
     for (test, n), tally in sorted(per_size.items()):
+        peaks_mb = [p / 1e6 for p in tally.peaks]
         out.append(
             f"| {test} | {n:,} | {_median(tally.times):.3f} | {max(tally.times):.3f} | "
-            f"{_median([p / 1e6 for p in tally.peaks]):.0f} | {max(tally.peaks) / 1e6:.0f} | {len(tally.times)} |"
+            f"{_median(peaks_mb):.0f} | {max(peaks_mb):.0f} | {len(tally.times)} |"
         )
     ratios = []
     for n in plan.sizes:
@@ -283,9 +312,9 @@ def run_explain(vectors: npt.NDArray[np.float32], queries: Queries, plan: Plan, 
         hits += int(top.significant and purity >= 0.6)
         example = example or top
     out.append(
-        f"\nExplanation (new topic at 10 %, n = 2,000): the top group is significant and at least 60 % of its "
-        f"examples come from the held-out domain in {rate(hits, plan.explain_reps)}; mean example purity "
-        f"{np.mean(purities) if purities else float('nan'):.2f}."
+        "\nExplanation (new topic at 10 %, n = 2,000): the top group is significant and at least 60 % "
+        f"of its examples come from the held-out domain in {rate(hits, plan.explain_reps)}; "
+        f"mean example purity {np.mean(purities) if purities else float('nan'):.2f}."
     )
     if example is not None:
         out.append(
