@@ -20,6 +20,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from sampler.budget import BudgetConfig
+from sampler.policy import SamplerConfig
+from service.judge import JudgeConfig
+
 SAMPLE_API_KEY = "ragmon-sample-key-change-me"
 
 
@@ -90,6 +94,23 @@ class MetricsConfig(_Section):
         description="intent label values exported as such; others become 'other' (empty: first max_intents seen)",
     )
     max_intents: int = Field(20, gt=0, description="distinct intent label values when `intents` is empty")
+    max_releases: int = Field(20, gt=0, description="distinct release label values before the rest are 'other'")
+
+
+class JudgingConfig(_Section):
+    enabled: bool = Field(True, description="sample traces into the judge queue and run judge workers")
+    workers: int = Field(1, ge=0, description="judge worker loops in this process (0: enqueue only)")
+    concurrency: int = Field(16, gt=0, description="judgments in flight per worker")
+    batch_size: int = Field(32, gt=0, description="items a worker claims at once")
+    lease_s: float = Field(120.0, gt=0, description="a claimed item returns to the queue after this long")
+    poll_s: float = Field(0.5, gt=0, description="idle wait between empty claims")
+    max_attempts: int = Field(5, gt=0, description="attempts before an item ends 'failed'")
+    flag_threshold: float = Field(0.5, ge=0, le=1, description="flag answers with faithfulness under this")
+    estimated_cost_usd: float = Field(
+        0.0005, ge=0, description="expected USD per judgment, charged against the daily budget"
+    )
+    estimate_window_s: float = Field(86400.0, gt=0, description="rolling window of the faithfulness estimate")
+    estimate_every_s: float = Field(30.0, gt=0, description="how often the estimate gauges are recomputed")
 
 
 class PricingConfig(_Section):
@@ -113,6 +134,10 @@ class RagmonConfig(_Section):
     regeneration: RegenerationConfig = RegenerationConfig()
     metrics: MetricsConfig = MetricsConfig()
     pricing: PricingConfig = PricingConfig()
+    judging: JudgingConfig = JudgingConfig()
+    judge: JudgeConfig = JudgeConfig()
+    sampler: SamplerConfig = SamplerConfig()
+    budget: BudgetConfig = BudgetConfig()
 
     @field_validator("log_level")
     @classmethod

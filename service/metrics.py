@@ -103,6 +103,7 @@ class Metrics:
         self.app_label = BoundedLabel(config.max_apps)
         self.model_label = BoundedLabel(config.max_models)
         self.intent_label = BoundedLabel(config.max_intents, config.intents)
+        self.release_label = BoundedLabel(config.max_releases)
         r = self.registry
 
         self.traces = Counter("ragmon_traces", "RAG traces received and stored, by app", ["app"], registry=r)
@@ -179,12 +180,78 @@ class Metrics:
         self.sink_last_success = Gauge(
             "ragmon_sink_last_success_timestamp_seconds", "when a sink last accepted a batch", ["sink"], registry=r
         )
+        self._declare_judge_metrics()
         self.state = _StateCollector()
         r.register(self.state)
         for stage in STAGES:
             self.stage_duration.labels(app=NONE, stage=stage)
         for reason in REQUEST_REJECT_REASONS + tuple(RejectReason):
             self.ingest_rejected.labels(reason=reason)
+
+    def _declare_judge_metrics(self) -> None:
+        r = self.registry
+        self.judge_sampled = Counter(
+            "ragmon_judge_sampled", "traces the sampler put in the judge queue, by deciding stratum", ["stratum"],
+            registry=r,
+        )
+        self.judge_skipped = Counter(
+            "ragmon_judge_skipped", "traces selected for judging that the budget refused (kept, visible)",
+            ["reason"], registry=r,
+        )
+        self.judge_requests = Counter(
+            "ragmon_judge_requests", "calls made to the judge model (retries included)", ["judge"], registry=r
+        )
+        self.judge_completed = Counter(
+            "ragmon_judge_completed", "judgments stored (any outcome), once per trace and judge version",
+            ["judge"], registry=r,
+        )
+        self.judge_failures = Counter(
+            "ragmon_judge_failures", "judge attempts or judgments that failed, by reason", ["reason"], registry=r
+        )
+        self.judge_verdicts = Counter(
+            "ragmon_judge_verdicts", "judgments by verdict: faithful, unfaithful, no_claims, failed",
+            ["app", "verdict", "judge"], registry=r,
+        )
+        self.judge_diagnoses = Counter(
+            "ragmon_judge_diagnoses",
+            "judged traces by diagnosis (ok, retrieval_failure, generation_failure, ...)", ["app", "diagnosis"],
+            registry=r,
+        )
+        self.judge_cost = Counter("ragmon_judge_cost_usd", "judge spend in USD", ["judge"], registry=r)
+        self.judge_tokens = Counter("ragmon_judge_tokens", "judge model tokens", ["judge", "kind"], registry=r)
+        self.judge_calls_without_usage = Counter(
+            "ragmon_judge_calls_without_usage", "judge replies whose provider reported no token usage", ["judge"],
+            registry=r,
+        )
+        self.judge_duration = Histogram(
+            "ragmon_judge_duration_seconds", "wall time of one judgment, retries and backoff included", ["judge"],
+            buckets=DURATION_BUCKETS, registry=r,
+        )
+        self.judge_last_success = Gauge(
+            "ragmon_judge_last_success_timestamp_seconds", "when the judge last stored a judgment", registry=r
+        )
+        self.review_flags = Counter(
+            "ragmon_review_flags", "traces flagged for review, by reason", ["app", "reason"], registry=r
+        )
+        estimate_labels = ["app", "release", "intent"]
+        self.faithfulness_estimate = Gauge(
+            "ragmon_faithfulness_estimate",
+            "Hajek (inverse-probability weighted) faithfulness over the rolling window; release/intent 'all' "
+            "for the app-wide estimate",
+            estimate_labels, registry=r,
+        )
+        self.faithfulness_lower = Gauge(
+            "ragmon_faithfulness_estimate_lower", "lower bound of the 95% interval of the faithfulness estimate",
+            estimate_labels, registry=r,
+        )
+        self.faithfulness_upper = Gauge(
+            "ragmon_faithfulness_estimate_upper", "upper bound of the 95% interval of the faithfulness estimate",
+            estimate_labels, registry=r,
+        )
+        self.faithfulness_sample_size = Gauge(
+            "ragmon_faithfulness_sample_size", "scored judgments behind the faithfulness estimate",
+            estimate_labels, registry=r,
+        )
 
     def count_traces(self, batch: Sequence[RagTrace]) -> None:
         """Count a batch of NEW traces (the caller guarantees each trace id is counted once)."""

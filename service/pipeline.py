@@ -1,9 +1,10 @@
 """`Pipeline`: the one place that knows the topology and wires receivers → processors → sinks.
 
-    receivers ──spans──▶ SpanAssembler ──▶ ReaskDetector ──▶ bus ──▶ PersistThenFanout
-    JSON API ──traces──────────────────────▲                          ├─ store (dedup by trace id)
-    feedback ─────────────────────────────────────────────────▶ bus ──┤
-                                                                      └─ metrics, then later stages
+    receivers ──spans──▶ SpanAssembler ──▶ ReaskDetector ──▶ bus ──▶ StoreSink (dedup by trace id)
+    JSON API ──traces──────────────────────▲                            │ new traces and feedback only
+    feedback ─────────────────────────────────────────────────▶ bus ────┴─▶ Fanout ─┬─ MetricsSink
+                                                                                     └─ JudgeQueueSink
+    judge queue ──▶ JudgeWorker(s) ──▶ judgments + flags;  FaithfulnessEstimator ──▶ gauges
 
 `start()` starts the sinks first, then the bus, then the assembler (receivers
 are started by the API once this returns); `stop()` runs the other way round
@@ -17,55 +18,62 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from sampler import JudgeBudget, SqlJudgeQueue, TraceSampler, create_tables
 from service.assemble import SpanAssembler
 from service.bus import MemoryBus
 from service.config import RagmonConfig
-from service.consumer import TraceConsumer
 from service.errors import QueueFull
+from service.judge import build_judge
+from service.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
+from service.judgment_store import JudgmentStore
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 from service.pricing import PriceTable
 from service.regeneration import ReaskDetector
 from service.semconv import build_trace
 from service.spans import Span
-from service.store import Store
+from service.store import Store, StoreSink
 
 log = logging.getLogger(__name__)
 
 _RETENTION_EVERY_S = 3600.0
 
 
-class PersistThenFanout:
-    """Sink node: store the batch, then hand only the traces that were new to metrics and later stages.
+class MetricsSink:
+    """Sink: counts NEW traces and feedback (the store in front of it drops redeliveries)."""
 
-    This is where idempotency by trace id is enforced for everything
-    downstream: a redelivered trace is stored once and counted once.
-    """
-
-    def __init__(self, store: Store, metrics: Metrics, downstream: Sequence[TraceConsumer] = ()) -> None:
-        self.store = store
+    def __init__(self, metrics: Metrics, store: Store) -> None:
         self.metrics = metrics
-        self.downstream = list(downstream)
+        self.store = store
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
-        new_ids = set(await asyncio.to_thread(self.store.insert_traces, batch))
-        fresh = [t for t in batch if t.trace_id in new_ids]
-        if not fresh:
-            return
-        self.metrics.count_traces(fresh)
-        for consumer in self.downstream:
-            await consumer.consume_traces(fresh)
+        self.metrics.count_traces(batch)
 
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
-        new_ids = set(await asyncio.to_thread(self.store.insert_feedback, batch))
-        fresh = [f for f in batch if f.event_id in new_ids]
-        if not fresh:
-            return
-        labels = await asyncio.to_thread(self.store.trace_labels, {(f.tenant, f.trace_id) for f in fresh})
-        self.metrics.count_feedback(fresh, labels)
+        labels = await asyncio.to_thread(self.store.trace_labels, {(f.tenant, f.trace_id) for f in batch})
+        self.metrics.count_feedback(batch, labels)
+
+
+class Fanout:
+    """One batch to several sinks, in order; a sink's error stops the fan-out and goes to the bus."""
+
+    def __init__(self, sinks: Sequence[Any]) -> None:
+        self.sinks = list(sinks)
+
+    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
+        for sink in self.sinks:
+            await sink.consume_traces(batch)
+
+    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
+        for sink in self.sinks:
+            await sink.consume_feedback(batch)
 
 
 class Pipeline:
@@ -81,7 +89,26 @@ class Pipeline:
             connect_timeout_s=config.store.timeout_s,
             statement_timeout_s=config.store.timeout_s,
         )
-        self.sinks = PersistThenFanout(self.store, self.metrics)
+        self.judgments = JudgmentStore(self.store.engine)
+        self.judge_queue = SqlJudgeQueue(self.store.engine, max_attempts=config.judging.max_attempts)
+        self.judge = build_judge(config.judge, cost_fn=self.prices.cost)
+        self.sampler = TraceSampler(
+            config.sampler,
+            judge_version=self.judge.version,
+            budget=JudgeBudget(config.budget),
+            judgment_cost_usd=config.judging.estimated_cost_usd,
+        )
+        downstream: list[Any] = [MetricsSink(self.metrics, self.store)]
+        if config.judging.enabled:
+            downstream.append(JudgeQueueSink(self.sampler, self.judge_queue, self.store, self.metrics))
+        self.judge_workers = [
+            JudgeWorker(config.judging, self.judge, self.judge_queue, self.store, self.judgments, self.metrics,
+                        worker_id=f"{socket.gethostname()}-{os.getpid()}-{n}")
+            for n in range(config.judging.workers if config.judging.enabled else 0)
+        ]
+        self.estimator = FaithfulnessEstimator(config.judging, self.judge_queue, self.judgments, self.metrics)
+        fanout = Fanout(downstream)
+        self.sinks = StoreSink(self.store, new_traces=fanout, new_feedback=fanout)
         self.bus = MemoryBus(config.bus, traces_to=self.sinks, feedback_to=self.sinks, metrics=self.metrics)
         self.reask = ReaskDetector(config.regeneration, next=self.bus)
         self.assembler = SpanAssembler(
@@ -102,6 +129,25 @@ class Pipeline:
         state.add("ragmon_bus_queue_depth", "records waiting in the bus", lambda: self.bus.depth)
         state.add("ragmon_bus_capacity", "records the bus holds before ingest answers 503",
                   lambda: self.config.bus.capacity)
+        state.add("ragmon_judge_queue_depth", "judge queue items waiting or leased",
+                  lambda: self._queue_stats().depth)
+        state.add("ragmon_judge_queue_oldest_age_seconds", "age of the oldest waiting or leased judge item",
+                  self._queue_oldest_age)
+        state.add("ragmon_judge_queue_failed", "judge queue items that ended failed (visible, never dropped)",
+                  lambda: self._queue_stats().failed)
+        self._stats_cache: tuple[float, Any] = (0.0, None)
+
+    def _queue_stats(self) -> Any:
+        # one query per scrape, not one per gauge
+        at, stats = self._stats_cache
+        if stats is None or time.monotonic() - at > 1.0:
+            stats = self.judge_queue.stats()
+            self._stats_cache = (time.monotonic(), stats)
+        return stats
+
+    def _queue_oldest_age(self) -> float:
+        oldest = self._queue_stats().oldest_enqueued_at
+        return 0.0 if oldest is None else max(0.0, (datetime.now(UTC) - oldest).total_seconds())
 
     def _check_room(self) -> None:
         """Refuse new work while the bus is over capacity (the receiver counts the refusal)."""
@@ -137,6 +183,11 @@ class Pipeline:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.store.create_schema)
+        await asyncio.to_thread(self.judgments.create_schema)
+        await asyncio.to_thread(create_tables, self.store.engine)
+        for worker in self.judge_workers:
+            await worker.start()
+        await self.estimator.start()
         await self.bus.start()
         await self.assembler.start()
         self._retention_task = asyncio.create_task(self._retention(), name="retention")
@@ -150,6 +201,9 @@ class Pipeline:
             self._retention_task = None
         await self.assembler.stop()
         await self.bus.stop()
+        await self.estimator.stop()
+        for worker in self.judge_workers:
+            await worker.stop()
         await asyncio.to_thread(self.store.close)
 
     async def ready(self) -> tuple[bool, str]:

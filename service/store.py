@@ -47,7 +47,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from service.consumer import TraceConsumer
+from service.consumer import FeedbackConsumer, TraceConsumer
 from service.errors import InvalidInput, StoreUnavailable
 from service.model import Feedback, FeedbackKind, RagTrace
 from service.tables import (
@@ -321,6 +321,11 @@ class Store:
         insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
         return insert(table).on_conflict_do_nothing(index_elements=list(table.primary_key.columns))
 
+    @property
+    def engine(self) -> Engine:
+        """The engine, for stores of other record kinds that share this database (judge queue, judgments)."""
+        return self._engine
+
     def create_schema(self) -> None:
         """Create missing tables and indexes and record `SCHEMA_VERSION`; safe to repeat.
 
@@ -456,6 +461,31 @@ class Store:
             feedback=events,
         )
 
+    def feedback_for(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[Feedback]]:
+        """(tenant, trace_id) -> the feedback stored for it, oldest first; keys without feedback are absent."""
+        wanted = list(dict.fromkeys(keys))
+        found: dict[tuple[str, str], list[Feedback]] = {}
+        if not wanted:
+            return found
+        f = feedback.c
+        with self._read("read feedback") as conn:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                rows = conn.execute(
+                    sa.select(feedback)
+                    .where(sa.tuple_(f.tenant, f.trace_id).in_(chunk))
+                    .order_by(f.time, f.event_id)
+                ).mappings().all()
+                for row in rows:
+                    found.setdefault((row["tenant"], row["trace_id"]), []).append(
+                        Feedback(
+                            event_id=row["event_id"], trace_id=row["trace_id"], tenant=row["tenant"],
+                            app=row["app"], kind=row["kind"], reason=row["reason"], text=row["text"],
+                            time=to_utc(row["time"]),
+                        )
+                    )
+        return found
+
     def trace_labels(self, keys: Iterable[tuple[str, str]]) -> dict[str, tuple[str, str | None]]:
         """(app, intent) of the stored traces among `keys` ((tenant, trace_id) pairs), by trace id.
 
@@ -578,14 +608,21 @@ class StoreSink:
     `store_traces` returns the trace ids that were new. When `new_traces` is
     given, `consume_traces` hands it just the new traces (first occurrence in
     the batch), so a downstream counter sees each trace once however often the
-    bus redelivers it. That hand-off happens after the commit: if it fails, a
+    bus redelivers it; `new_feedback` gets the new feedback events likewise. That hand-off happens after the commit: if it fails, a
     redelivery will not repeat it (at most once downstream). The sink does not
     own the store: `stop` leaves it open.
     """
 
-    def __init__(self, store: Store, *, new_traces: TraceConsumer | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        new_traces: TraceConsumer | None = None,
+        new_feedback: FeedbackConsumer | None = None,
+    ) -> None:
         self.store = store
         self.new_traces = new_traces
+        self.new_feedback = new_feedback
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -632,4 +669,12 @@ class StoreSink:
         await self.new_traces.consume_traces(new)
 
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
-        await self.store_feedback(batch)
+        new_ids = set(await self.store_feedback(batch))
+        if self.new_feedback is None or not new_ids:
+            return
+        new: list[Feedback] = []
+        for event in batch:
+            if event.event_id in new_ids:
+                new_ids.discard(event.event_id)
+                new.append(event)
+        await self.new_feedback.consume_feedback(new)

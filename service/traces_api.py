@@ -13,7 +13,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Path, Query
 from pydantic import BaseModel
 
+from sampler import ItemKey
 from service.deps import PipelineDep, TenantDep
+from service.judging import summary_from_record
 
 router = APIRouter(prefix="/api/v1", tags=["traces"])
 
@@ -30,7 +32,38 @@ async def get_trace(
     record = await asyncio.to_thread(pipeline.store.get_trace, tenant, trace_id.lower())
     if record is None:
         raise HTTPException(404, f"no trace {trace_id} for this tenant")
+    judgments, flags = await asyncio.to_thread(pipeline.judgments.for_trace, tenant, record["trace_id"])
+    record["judgments"] = judgments
+    record["review_flags"] = flags
+    record["sampling"] = await asyncio.to_thread(sampling_view, pipeline, record)
     return record
+
+
+def sampling_view(pipeline: PipelineDep, record: dict[str, Any]) -> dict[str, Any]:
+    """The sampling decision for a stored trace: the queue's record if it was selected, else the decision.
+
+    The decision is a pure function of the trace (and its feedback), so it can
+    be recomputed for traces that were never queued.
+    """
+    decision = pipeline.sampler.decide(summary_from_record(record))
+    view: dict[str, Any] = {
+        "selected": decision.selected,
+        "stratum": decision.stratum,
+        "strata": list(decision.strata),
+        "inclusion_probability": decision.inclusion_probability,
+        "judge_version": pipeline.sampler.judge_version,
+    }
+    queued = pipeline.judge_queue.get(ItemKey(record["tenant"], record["trace_id"], pipeline.sampler.judge_version))
+    if queued is not None:
+        view.update(
+            stratum=queued.item.stratum,
+            inclusion_probability=queued.item.inclusion_probability,
+            queue_state=queued.state,
+            attempts=queued.attempts,
+            last_error=queued.last_error,
+            skip_reason=queued.item.skip_reason,
+        )
+    return view
 
 
 @router.get("/traces", response_model=TraceListOut, summary="Recent traces, newest first")

@@ -1,0 +1,357 @@
+"""Judging in the running service: the sink that samples traces into the judge queue, and the worker.
+
+    new traces ──▶ JudgeQueueSink ──sampler──▶ SqlJudgeQueue ──claim──▶ JudgeWorker ──▶ judge
+    new feedback ─▶ (thumbs-down raises a trace's inclusion probability)          │
+                                                        JudgmentStore ◀──────────┘ (+ flags, metrics)
+
+Delivery is at least once: a worker claims items with a lease, judges,
+stores the judgment keyed by (tenant, trace_id, judge_version) and only then
+completes the item. A worker that dies mid-batch loses its leases, which
+expire and return the items; a judgment stored twice is stored once. When
+the judge endpoint is unavailable the item goes back to the queue with the
+endpoint's retry delay; after `max_attempts` it ends `failed`, visible in the
+queue and counted, never silently gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sampler import JudgedSample, SqlJudgeQueue, TraceSampler, TraceSummary, estimate_by
+from sampler.queue import QueueRecord
+from service.config import JudgingConfig
+from service.errors import JudgeUnavailable, StoreUnavailable
+from service.judgment import Judge, Judgment
+from service.judgment_store import JudgmentStore
+from service.metrics import Metrics
+from service.model import Chunk, Feedback, QueryEmbedding, RagTrace, Retrieval, Timings
+from service.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def rag_trace_from_record(record: dict[str, Any]) -> RagTrace:
+    """Rebuild the `RagTrace` a judge needs from a stored record (query, answer, context, identity).
+
+    The query vector is not stored, so `query_embedding` carries only its model
+    and no vector; everything the judge reads is there.
+    """
+    context = record.get("context") or {}
+
+    def chunks(key: str) -> tuple[Chunk, ...]:
+        return tuple(
+            Chunk(id=c["id"], rank=c.get("rank", i), score=c.get("score"), content=c.get("content"),
+                  metadata=c.get("metadata"))
+            for i, c in enumerate(context.get(key) or [])
+        )
+
+    flags = record.get("flags", {})
+    embedding = context.get("query_embedding")
+    return RagTrace(
+        trace_id=record["trace_id"],
+        tenant=record["tenant"],
+        app=record["app"],
+        release=record.get("release"),
+        intent=record.get("intent"),
+        session_id=record.get("session_id"),
+        user_hash=record.get("user_hash"),
+        start_time=datetime.fromisoformat(record["start_time"]),
+        query=record.get("query"),
+        query_embedding=None if not embedding else QueryEmbedding(model=embedding.get("model"), vector=(0.0,)),
+        retrieval=Retrieval(
+            retriever=context.get("retriever"),
+            k=context.get("k"),
+            chunks=chunks("chunks"),
+            filter=context.get("filter"),
+            excluded_ids=tuple(context.get("excluded_ids") or ()),
+            reranker_input=chunks("reranker_input"),
+            reranker_output=chunks("reranker_output"),
+        ),
+        answer=record.get("answer"),
+        cited_chunk_ids=tuple(context.get("cited_chunk_ids") or ()),
+        timings=Timings(**record.get("timings", {})),
+        is_regeneration=bool(flags.get("is_regeneration")),
+        regeneration_source=flags.get("regeneration_source"),
+        probe_run_id=flags.get("probe_run_id"),
+        probe_question_id=flags.get("probe_question_id"),
+        partial=bool(flags.get("partial")),
+        span_count=record.get("span_count", 0),
+        source=record.get("source", "otlp"),
+    )
+
+
+def summary_from_record(record: dict[str, Any]) -> TraceSummary:
+    """The sampler's view of a stored trace, with the feedback stored with it."""
+    flags = record.get("flags", {})
+    feedback = record.get("feedback") or []
+    return TraceSummary(
+        trace_id=record["trace_id"],
+        tenant=record["tenant"],
+        app=record["app"],
+        start_time=datetime.fromisoformat(record["start_time"]),
+        release=record.get("release"),
+        intent=record.get("intent"),
+        top1_score=record.get("top1_score"),
+        is_regeneration=bool(flags.get("is_regeneration")),
+        is_probe=bool(flags.get("probe_run_id") or flags.get("probe_question_id")),
+        thumbs_down=any(f.get("kind") == "down" for f in feedback),
+        text_chars=len(record.get("query") or "") + len(record.get("answer") or ""),
+    )
+
+
+class JudgeQueueSink:
+    """Sink: decides which new traces are judged and enqueues them; reconsiders on thumbs-down feedback."""
+
+    def __init__(self, sampler: TraceSampler, queue: SqlJudgeQueue, store: Store, metrics: Metrics) -> None:
+        self.sampler = sampler
+        self.queue = queue
+        self.store = store
+        self.metrics = metrics
+
+    def _enqueue(self, items: Sequence[Any]) -> None:
+        if not items:
+            return
+        self.queue.enqueue(items)
+        for item in items:
+            if item.skip_reason is None:
+                self.metrics.judge_sampled.labels(stratum=item.stratum).inc()
+            else:
+                self.metrics.judge_skipped.labels(reason=item.skip_reason).inc()
+
+    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
+        # Feedback that arrived before its trace: the summary must include it, or a
+        # thumbs-down that came first would never raise the inclusion probability.
+        early = await asyncio.to_thread(self.store.feedback_for, [(t.tenant, t.trace_id) for t in batch])
+        summaries = [TraceSummary.of(t, early.get((t.tenant, t.trace_id), ())) for t in batch]
+        items = self.sampler.select(summaries)
+        await asyncio.to_thread(self._enqueue, items)
+
+    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
+        relevant = [f for f in batch if f.kind in ("down", "regenerate")]
+        if not relevant:
+            return
+
+        def reconsider() -> None:
+            items = []
+            for event in relevant:
+                record = self.store.get_trace(event.tenant, event.trace_id)
+                if record is None:
+                    continue  # the trace is not stored yet: consume_traces will see this feedback
+                # the stored record already includes this event; the sampler wants the trace as decided
+                item = self.sampler.on_feedback(event, _without(summary_from_record(record), event))
+                if item is not None:
+                    items.append(item)
+            self._enqueue(items)
+
+        await asyncio.to_thread(reconsider)
+
+
+def _without(summary: TraceSummary, event: Feedback) -> TraceSummary:
+    """The summary as it was before `event` (the stored record already includes it)."""
+    if event.kind == "down":
+        return replace(summary, thumbs_down=False)
+    return summary
+
+
+class JudgeWorker:
+    """Claims queued traces, judges them, stores judgments and flags, completes the items."""
+
+    def __init__(
+        self,
+        config: JudgingConfig,
+        judge: Judge,
+        queue: SqlJudgeQueue,
+        store: Store,
+        judgments: JudgmentStore,
+        metrics: Metrics,
+        worker_id: str,
+    ) -> None:
+        self.config = config
+        self.judge = judge
+        self.queue = queue
+        self.store = store
+        self.judgments = judgments
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self._task: asyncio.Task[None] | None = None
+        self._pause_until = 0.0
+
+    async def run_once(self) -> int:
+        """Claim one batch and judge it; returns how many items were claimed."""
+        records = await asyncio.to_thread(
+            self.queue.claim, self.config.batch_size, self.config.lease_s, self.worker_id
+        )
+        if not records:
+            return 0
+        gate = asyncio.Semaphore(self.config.concurrency)
+
+        async def one(record: QueueRecord) -> None:
+            async with gate:
+                await self._process(record)
+
+        await asyncio.gather(*(one(r) for r in records))
+        return len(records)
+
+    async def _process(self, record: QueueRecord) -> None:
+        key = record.key
+        if time.monotonic() < self._pause_until:
+            await asyncio.to_thread(self.queue.release, key, worker=self.worker_id)
+            return
+        stored = await asyncio.to_thread(self.store.get_trace, key.tenant, key.trace_id)
+        if stored is None:
+            await asyncio.to_thread(
+                self.queue.fail, key, worker=self.worker_id, reason="trace_missing", permanent=True
+            )
+            self.metrics.judge_failures.labels(reason="trace_missing").inc()
+            return
+        trace = rag_trace_from_record(stored)
+        try:
+            judgment = await self.judge.judge(trace)
+        except JudgeUnavailable as exc:
+            self.metrics.judge_failures.labels(reason=exc.reason).inc()
+            self._pause_until = time.monotonic() + exc.retry_after_s
+            await asyncio.to_thread(
+                self.queue.fail, key, worker=self.worker_id, reason=exc.reason, retry_after_s=exc.retry_after_s
+            )
+            return
+        judgment = judgment.model_copy(update={"app": trace.app, "tenant": trace.tenant})
+        new, new_flags = await asyncio.to_thread(self.judgments.save, judgment, self.config.flag_threshold)
+        if new:
+            self._count(judgment, record)
+        for flag in new_flags:
+            self.metrics.review_flags.labels(app=self.metrics.app_label(flag.app), reason=flag.reason).inc()
+        await asyncio.to_thread(self.queue.complete, key)
+
+    def _count(self, judgment: Judgment, record: QueueRecord) -> None:
+        m = self.metrics
+        app = m.app_label(judgment.app)
+        if judgment.outcome == "failed":
+            verdict = "failed"
+            m.judge_failures.labels(reason=judgment.failure_reason or "unknown").inc()
+        elif judgment.outcome == "no_claims":
+            verdict = "no_claims"
+        else:
+            verdict = "unfaithful" if judgment.unsupported else "faithful"
+        m.judge_verdicts.labels(app=app, verdict=verdict, judge=judgment.judge).inc()
+        if judgment.diagnosis is not None:
+            m.judge_diagnoses.labels(app=app, diagnosis=judgment.diagnosis).inc()
+        m.judge_requests.labels(judge=judgment.judge).inc(len(judgment.calls))
+        m.judge_tokens.labels(judge=judgment.judge, kind="input").inc(judgment.prompt_tokens)
+        m.judge_tokens.labels(judge=judgment.judge, kind="output").inc(judgment.completion_tokens)
+        m.judge_calls_without_usage.labels(judge=judgment.judge).inc(judgment.calls_without_usage)
+        if judgment.cost_usd is not None:
+            m.judge_cost.labels(judge=judgment.judge).inc(judgment.cost_usd)
+        m.judge_duration.labels(judge=judgment.judge).observe(judgment.latency_s)
+        m.judge_completed.labels(judge=judgment.judge).inc()
+        m.judge_last_success.set(time.time())
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                claimed = await self.run_once()
+            except StoreUnavailable as exc:
+                log.warning("judge worker: store unavailable (%s); retrying", exc)
+                claimed = 0
+            except Exception:
+                log.exception("judge worker batch failed; retrying")
+                claimed = 0
+            wait = max(self._pause_until - time.monotonic(), 0.0)
+            if not claimed:
+                wait = max(wait, self.config.poll_s)
+            if wait:
+                await asyncio.sleep(wait)
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"judge-worker-{self.worker_id}")
+
+    async def stop(self) -> None:
+        """Stop claiming; items leased and not finished return when their lease expires. Safe twice."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+
+class FaithfulnessEstimator:
+    """Recomputes the Hájek faithfulness estimates over the rolling window and exports them as gauges."""
+
+    def __init__(self, config: JudgingConfig, queue: SqlJudgeQueue, judgments: JudgmentStore, metrics: Metrics):
+        self.config = config
+        self.queue = queue
+        self.judgments = judgments
+        self.metrics = metrics
+        self._task: asyncio.Task[None] | None = None
+        self.latest: dict[tuple[str, ...], Any] = {}
+
+    def compute(self, now: datetime | None = None) -> dict[str, dict[tuple[str, ...], Any]]:
+        """Estimates per grouping: {"app": {(app,): est}, "app_release": ..., "app_intent": ...}."""
+        now = now or datetime.now(UTC)
+        window = timedelta(seconds=self.config.estimate_window_s)
+        records = [r for r in self.queue.records(since=now - window) if r.state in ("done", "failed", "skipped")]
+        outcomes = self.judgments.outcomes(r.key for r in records if r.state == "done")
+        samples = []
+        for record in records:
+            if record.state != "done":
+                samples.append(JudgedSample.from_record(record))
+                continue
+            found = outcomes.get((record.key.tenant, record.key.trace_id, record.key.judge_version))
+            if found is None:
+                continue  # completed by a worker whose judgment write was lost: not a sample
+            outcome, score = found
+            if outcome == "failed":
+                # a judgment recorded as failed (not retryable) counts with the queue's failures
+                samples.append(JudgedSample.from_record(replace(record, state="failed")))
+            else:
+                samples.append(JudgedSample.from_record(record, outcome, score if outcome == "scored" else None))  # type: ignore[arg-type]
+        return {
+            grouping: estimate_by(samples, grouping, now=now, window=window)  # type: ignore[arg-type]
+            for grouping in ("app", "app_release", "app_intent")
+        }
+
+    def export(self) -> None:
+        results = self.compute()
+        m = self.metrics
+        for grouping, estimates in results.items():
+            for key, est in estimates.items():
+                app = m.app_label(key[0])
+                release = m.release_label(key[1]) if grouping == "app_release" else "all"
+                intent = m.intent_label(key[1]) if grouping == "app_intent" else "all"
+                labels = {"app": app, "release": release, "intent": intent}
+                if est.estimate is not None:
+                    m.faithfulness_estimate.labels(**labels).set(est.estimate)
+                    m.faithfulness_lower.labels(**labels).set(est.lower)
+                    m.faithfulness_upper.labels(**labels).set(est.upper)
+                m.faithfulness_sample_size.labels(**labels).set(est.n_judged)
+        self.latest = results.get("app", {})
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.export)
+            except Exception:
+                log.exception("faithfulness estimate failed; retrying")
+            await asyncio.sleep(self.config.estimate_every_s)
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="faithfulness-estimator")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+

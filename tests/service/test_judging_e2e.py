@@ -1,0 +1,178 @@
+"""Judging in the running service: sampling into the durable queue, the judge worker, faults, restarts.
+
+The invariant under every fault: each enqueued trace ends judged or in a
+visible failed state; none disappears; none is judged twice for one judge version.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fake_openai import FakeOpenAI, Reply
+from tests.live_server import LiveServer, live_server
+
+FAITHFUL = json.dumps({
+    "claims": ["Refunds are possible within 30 days."], "supported": [0], "unsupported": [],
+    "outcome": "scored", "failure_mode": "none", "context_sufficient": True, "rationale": "stated in policy-1",
+})
+UNFAITHFUL = json.dumps({
+    "claims": ["Refunds are possible within 30 days.", "Shipping is free."], "supported": [0], "unsupported": [1],
+    "outcome": "scored", "failure_mode": "fabrication", "context_sufficient": True, "rationale": "no shipping info",
+})
+BROKEN_PARTITION = json.dumps({
+    "claims": ["a", "b"], "supported": [0], "unsupported": [0],
+    "outcome": "scored", "failure_mode": "none", "context_sufficient": True, "rationale": "x",
+})
+
+
+def traces(n: int, offset: int = 0, app: str = "judge-app") -> list[dict[str, Any]]:
+    return [
+        {
+            "trace_id": f"{0xFEED0000 + offset + i:032x}", "app": app, "query": f"What is the refund window {i}?",
+            "answer": "Refunds are possible within 30 days.",
+            "retrieval": {"chunks": [{"id": "policy-1", "score": 0.9,
+                                      "content": "Refunds are possible within 30 days of delivery."}]},
+        }
+        for i in range(n)
+    ]
+
+
+def send(server: LiveServer, records: list[dict[str, Any]]) -> None:
+    with server.client() as client:
+        response = client.post("/api/v1/traces", json={"traces": records})
+        assert response.status_code == 200, response.text
+    server.flush()
+
+
+def wait_until(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+def queue_states(server: LiveServer) -> dict[str, int]:
+    stats = server.pipeline.judge_queue.stats()
+    return {"pending": stats.pending, "leased": stats.leased, "done": stats.done, "failed": stats.failed,
+            "skipped": stats.skipped}
+
+
+def judge_settings(fake: FakeOpenAI | None, **judging: Any) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "assembler": {"grace_s": 0.05},
+        "sampler": {"rates": {"base": 1.0}},
+        "judging": {"poll_s": 0.05, "estimate_every_s": 0.2, **judging},
+        "budget": {"calls_per_minute": 100000, "usd_per_day": 1000},
+    }
+    if fake is not None:
+        settings["judge"] = {"base_url": fake.base_url, "api_key": "test", "model": "gpt-4o-mini",
+                             "backoff_base_s": 0.01, "backoff_max_s": 0.05, "timeout_s": 2}
+    return settings
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+def test_heuristic_judge_by_default_labels_everything_and_estimates(tmp_path: Path) -> None:
+    with live_server(tmp_path, **judge_settings(None)) as server:
+        send(server, traces(12))
+        wait_until(lambda: queue_states(server)["done"] == 12)
+        verdicts = sum(
+            server.metric("ragmon_judge_verdicts_total", app="judge-app", verdict=v, judge="heuristic")
+            for v in ("faithful", "unfaithful", "no_claims", "failed")
+        )
+        assert verdicts == 12
+        wait_until(lambda: server.metric("ragmon_faithfulness_sample_size", app="judge-app", release="all",
+                                         intent="all") == 12)
+        estimate = server.metric("ragmon_faithfulness_estimate", app="judge-app", release="all", intent="all")
+        lower = server.metric("ragmon_faithfulness_estimate_lower", app="judge-app", release="all", intent="all")
+        upper = server.metric("ragmon_faithfulness_estimate_upper", app="judge-app", release="all", intent="all")
+        assert 0 <= lower <= estimate <= upper <= 1
+        with server.client() as client:
+            record = client.get(f"/api/v1/traces/{traces(1)[0]['trace_id']}").json()
+        assert record["judgments"][0]["judge"] == "heuristic"
+        assert record["sampling"]["stratum"] == "base" and record["sampling"]["inclusion_probability"] == 1.0
+        assert record["sampling"]["queue_state"] == "done"
+
+
+def test_llm_judge_verdicts_flags_and_trace_view(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(Reply(content=FAITHFUL), Reply(content=UNFAITHFUL))
+    with live_server(tmp_path, **judge_settings(fake_openai, concurrency=1, batch_size=1)) as server:
+        send(server, traces(2))
+        wait_until(lambda: queue_states(server)["done"] == 2)
+        assert server.metric("ragmon_judge_verdicts_total", app="judge-app", verdict="faithful", judge="llm") == 1
+        assert server.metric("ragmon_judge_verdicts_total", app="judge-app", verdict="unfaithful", judge="llm") == 1
+        assert server.metric("ragmon_judge_cost_usd_total", judge="llm") > 0
+        assert server.metric("ragmon_review_flags_total", app="judge-app", reason="unfaithful") == 1
+        with server.client() as client:
+            second = client.get(f"/api/v1/traces/{traces(2)[1]['trace_id']}").json()
+        judgment = second["judgments"][0]
+        assert judgment["faithfulness"] == 0.5 and judgment["diagnosis"] == "generation_failure"
+        assert {f["reason"] for f in second["review_flags"]} == {"unfaithful"}
+    # the prompt carried the untrusted text only as data
+    bodies = [r["body"] for r in fake_openai.requests()]
+    assert len(bodies) == 2 and all(b["temperature"] == 0 for b in bodies)
+
+
+def test_faults_end_judged_or_visibly_failed_never_twice(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(
+        Reply(status=429, headers={"retry-after": "0"}), Reply(status=429, headers={"retry-after": "0"}),
+        Reply(status=500), Reply(raw_body="this is not json"), Reply(content=BROKEN_PARTITION),
+    )
+    fake_openai.set_default(Reply(content=FAITHFUL))
+    with live_server(tmp_path, **judge_settings(fake_openai, concurrency=2)) as server:
+        send(server, traces(8))
+        wait_until(lambda: queue_states(server)["done"] + queue_states(server)["failed"] == 8)
+        states = queue_states(server)
+        completed = server.metric("ragmon_judge_completed_total", judge="llm")
+        assert states["pending"] == states["leased"] == 0
+        assert completed == states["done"] == 8  # each trace judged exactly once
+        failures = sum(server.metric("ragmon_judge_failures_total", reason=r)
+                       for r in ("rate_limited", "server_error", "malformed", "partition_violation"))
+        assert failures >= 1  # the faults were seen and counted, and retried to success
+
+
+def test_restart_mid_queue_loses_nothing(tmp_path: Path) -> None:
+    with live_server(tmp_path, **judge_settings(None, workers=0)) as first:
+        send(first, traces(10))
+        assert queue_states(first)["pending"] == 10  # enqueued, nobody judging
+    with live_server(tmp_path, **judge_settings(None)) as second:
+        wait_until(lambda: queue_states(second)["done"] == 10)
+        assert second.metric("ragmon_judge_completed_total", judge="heuristic") == 10
+
+
+def test_late_thumbs_down_enqueues_the_trace(tmp_path: Path) -> None:
+    settings = judge_settings(None, workers=0)
+    settings["sampler"] = {"rates": {"base": 0.0, "thumbs_down": 1.0}}
+    with live_server(tmp_path, **settings) as server:
+        records = traces(3)
+        send(server, records)
+        assert queue_states(server)["pending"] == 0
+        with server.client() as client:
+            client.post("/api/v1/feedback", json={"trace_id": records[1]["trace_id"], "kind": "down"})
+        server.flush()
+        wait_until(lambda: queue_states(server)["pending"] == 1)
+        with server.client() as client:
+            view = client.get(f"/api/v1/traces/{records[1]['trace_id']}").json()["sampling"]
+        assert view["stratum"] == "thumbs_down" and view["queue_state"] == "pending"
+        assert server.metric("ragmon_judge_sampled_total", stratum="thumbs_down") == 1
+
+
+def test_budget_refusals_are_counted_and_visible(tmp_path: Path) -> None:
+    settings = judge_settings(None, workers=0)
+    settings["budget"] = {"calls_per_minute": 1, "burst_calls": 2, "usd_per_day": 1000}
+    with live_server(tmp_path, **settings) as server:
+        send(server, traces(5))
+        states = queue_states(server)
+        assert states["pending"] == 2 and states["skipped"] == 3
+        assert server.metric("ragmon_judge_skipped_total", reason="budget_calls") == 3
