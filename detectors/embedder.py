@@ -34,6 +34,59 @@ __all__ = ["HashingEmbedder"]
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 
+STOP_WORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "can",
+        "could",
+        "do",
+        "does",
+        "for",
+        "from",
+        "have",
+        "how",
+        "i",
+        "if",
+        "in",
+        "is",
+        "it",
+        "me",
+        "my",
+        "of",
+        "on",
+        "or",
+        "please",
+        "should",
+        "so",
+        "that",
+        "the",
+        "there",
+        "this",
+        "to",
+        "was",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+    ]
+)
+"""Function words that say nothing about a query's topic; they are down-weighted, not dropped."""
+
 
 class HashingEmbedder:
     """Offline query embedder by signed feature hashing; see the module docstring for why."""
@@ -44,6 +97,8 @@ class HashingEmbedder:
         char_ngrams: tuple[int, int] = (3, 5),
         char_weight: float = 0.5,
         bigram_weight: float = 0.7,
+        stop_weight: float = 0.2,
+        stop_words: frozenset[str] = STOP_WORDS,
         cache_size: int = 200_000,
     ) -> None:
         if dim < 2:
@@ -51,7 +106,7 @@ class HashingEmbedder:
         low, high = char_ngrams
         if not 1 <= low <= high:
             raise ValueError(f"char_ngrams must satisfy 1 <= low <= high, got {char_ngrams}")
-        if char_weight < 0 or bigram_weight < 0:
+        if char_weight < 0 or bigram_weight < 0 or stop_weight < 0:
             raise ValueError("weights must be non-negative")
         if cache_size < 0:
             raise ValueError("cache_size must be non-negative")
@@ -59,6 +114,8 @@ class HashingEmbedder:
         self.char_ngrams = char_ngrams
         self.char_weight = char_weight
         self.bigram_weight = bigram_weight
+        self.stop_weight = stop_weight
+        self.stop_words = stop_words
         self.cache_size = cache_size
         # Queries reuse a small vocabulary of words, so hashing each once pays off; the cache is bounded.
         self._words = lru_cache(maxsize=cache_size)(self._word_entries)
@@ -66,7 +123,15 @@ class HashingEmbedder:
     @property
     def model_name(self) -> str:
         low, high = self.char_ngrams
-        return f"ragmon-hashing-v1-d{self.dim}-c{low}{high}-w{self.char_weight:g}-b{self.bigram_weight:g}"
+        stop = (
+            ""
+            if self.stop_words == STOP_WORDS
+            else f"-x{zlib.crc32(' '.join(sorted(self.stop_words)).encode()):08x}"
+        )
+        return (
+            f"ragmon-hashing-v1-d{self.dim}-c{low}{high}-w{self.char_weight:g}-b{self.bigram_weight:g}"
+            f"-s{self.stop_weight:g}{stop}"
+        )
 
     def _hash_slot(self, feature: str) -> tuple[int, float]:
         digest = zlib.crc32(feature.encode("utf-8"))
@@ -76,19 +141,21 @@ class HashingEmbedder:
     def _word_entries(self, word: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
         """Slots and signed weights of a word and its character n-grams."""
         slot = self._hash_slot
+        # Function words would otherwise dominate short queries and hide their topic.
+        scale = self.stop_weight if word in self.stop_words else 1.0
         index, sign = slot("w:" + word)
-        slots, weights = [index], [sign]
+        slots, weights = [index], [sign * scale]
         padded = f"<{word}>"
         low, high = self.char_ngrams
         for size in range(low, high + 1):
             for start in range(len(padded) - size + 1):
                 index, sign = slot("c:" + padded[start : start + size])
                 slots.append(index)
-                weights.append(sign * self.char_weight)
+                weights.append(sign * self.char_weight * scale)
         return tuple(slots), tuple(weights)
 
     def features(self, text: str) -> dict[str, float]:
-        """The weighted features of one text: words, adjacent word pairs and character n-grams of words."""
+        """The features of one text before hashing and stop-word weighting: words, pairs, character n-grams."""
         words = _WORD.findall(text.lower())
         counts: defaultdict[str, float] = defaultdict(float)
         low, high = self.char_ngrams
@@ -131,7 +198,8 @@ class HashingEmbedder:
                 index, sign = self._hash_slot(f"b:{first} {second}")
                 rows.append(row)
                 slots.append(index)
-                weights.append(sign * self.bigram_weight)
+                both_stop = first in self.stop_words and second in self.stop_words
+                weights.append(sign * self.bigram_weight * (self.stop_weight if both_stop else 1.0))
         vectors = np.zeros((len(texts), self.dim), dtype=np.float32)
         np.add.at(vectors, (np.asarray(rows, dtype=np.intp), np.asarray(slots, dtype=np.intp)), weights)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)

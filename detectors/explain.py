@@ -11,12 +11,14 @@ the queries themselves, and no LLM is involved.
 Guarantees: deterministic given `seed`; clustering runs on at most
 `max_points` points (seeded subsample) and every point is then assigned to its
 nearest centre, so the cost is bounded whatever the window size. Groups are
-sorted by how much their share grew; `significant` marks an adjusted p-value
-at or below `alpha`.
+sorted by adjusted p-value (most surely over-represented first), then by how
+much their share grew; `significant` marks an adjusted p-value at or below
+`alpha`.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections import Counter
@@ -82,8 +84,12 @@ def _terms(texts: Sequence[str], background: Counter[str], n_background: int, li
         counts.update(set(_WORD.findall(text.lower())))
     if not texts:
         return ()
-    # Document frequency in the group minus in the whole window: words shared by everything score ~0.
-    lift = {word: count / len(texts) - background[word] / n_background for word, count in counts.items()}
+    # How much more often the group uses a word than the whole window does, weighted by how often the
+    # group uses it: words common everywhere ("what", "the") score about zero.
+    lift = {}
+    for word, count in counts.items():
+        inside, overall = count / len(texts), (background[word] + 1) / (n_background + 1)
+        lift[word] = inside * math.log(inside / overall)
     ranked = sorted(lift.items(), key=lambda item: (-item[1], item[0]))
     return tuple(word for word, score in ranked[:limit] if score > 0)
 
@@ -104,14 +110,14 @@ def explain_query_drift(
     window: npt.ArrayLike,
     window_texts: Sequence[str],
     *,
-    groups: int = 12,
+    groups: int = 40,
     examples: int = 5,
     terms: int = 5,
     alpha: float = 0.05,
     max_points: int = 4000,
     seed: int = 0,
 ) -> list[QueryGroup]:
-    """The groups of window queries whose share grew against the reference, largest growth first.
+    """The groups of window queries whose share grew against the reference, most significant first.
 
     Raises ValueError when the shapes disagree, `window_texts` does not have
     one text per window row, or `groups` is below 2.
@@ -138,7 +144,8 @@ def explain_query_drift(
         if pooled.shape[0] <= max_points
         else pooled[rng.choice(pooled.shape[0], max_points, replace=False)]
     )
-    k = min(groups, sample.shape[0])
+    # Fine clusters keep a small new topic from being merged into a large old one; at least ~20 points each.
+    k = max(2, min(groups, sample.shape[0] // 20))
     with warnings.catch_warnings():
         # An empty cluster only means fewer groups; it is not a problem worth a warning.
         warnings.simplefilter("ignore", UserWarning)
@@ -184,5 +191,5 @@ def explain_query_drift(
                 examples=tuple(window_texts[int(i)] for i in closest),
             )
         )
-    result.sort(key=lambda group: (-group.share_change, group.p_value))
+    result.sort(key=lambda group: (group.p_value, -group.share_change))
     return result

@@ -20,13 +20,17 @@ def test_vectors_are_unit_length_float32_rows() -> None:
 
 def test_same_topic_is_closer_than_other_topic() -> None:
     embedder = HashingEmbedder()
-    a, b, c = embedder.embed(["what is my account balance", "show the balance of my account", "play some jazz music"])
+    a, b, c = embedder.embed(
+        ["what is my account balance", "show the balance of my account", "play some jazz music"]
+    )
     assert a @ b > a @ c + 0.2
 
 
 def test_typos_stay_close_thanks_to_character_ngrams() -> None:
     embedder = HashingEmbedder()
-    a, b, c = embedder.embed(["transfer money to savings", "transfr mony to savngs", "weather tomorrow in oslo"])
+    a, b, c = embedder.embed(
+        ["transfer money to savings", "transfr mony to savngs", "weather tomorrow in oslo"]
+    )
     assert a @ b > 0.25
     assert a @ b > 4 * abs(a @ c)
 

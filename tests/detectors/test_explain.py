@@ -31,12 +31,12 @@ def test_planted_new_topic_is_the_top_group() -> None:
     assert found >= 9
 
 
-def test_groups_are_sorted_by_growth_and_only_growing() -> None:
+def test_groups_are_sorted_by_significance_and_only_growing() -> None:
     reference, window, texts = _planted(0)
     groups = explain_query_drift(reference, window, texts, groups=8)
-    changes = [group.share_change for group in groups]
-    assert changes == sorted(changes, reverse=True)
-    assert all(change > 0 for change in changes)
+    p_values = [group.p_value for group in groups]
+    assert p_values == sorted(p_values)
+    assert all(group.share_change > 0 for group in groups)
     assert groups[0].to_json()["examples"] == list(groups[0].examples)
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -24,7 +25,7 @@ def test_smaller_window_gives_wider_band() -> None:
     band = RegenerationBand(alpha=0.01)
     _warm(band)
     widths = [band.band(n)[1] - band.band(n)[0] for n in (20, 50, 200, 1000, 5000)]
-    assert all(wide > narrow for wide, narrow in zip(widths, widths[1:], strict=False))
+    assert all(wide > narrow for wide, narrow in itertools.pairwise(widths))
     lower, upper = band.band(1000)
     assert lower < band.baseline_rate < upper
 

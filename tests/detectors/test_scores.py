@@ -34,7 +34,11 @@ def test_empty_share_uses_exact_test_at_small_counts() -> None:
     reference[:2] = True
     window = np.zeros(50, dtype=bool)
     window[:6] = True
-    result = EmptyRetrievalDrift(alternative="greater").fit(Reference("r", reference, T, T)).score(Window(window, T, T))
+    result = (
+        EmptyRetrievalDrift(alternative="greater")
+        .fit(Reference("r", reference, T, T))
+        .score(Window(window, T, T))
+    )
     assert result.drifted
     assert result.details["share_window"] == pytest.approx(0.12)
     calm = EmptyRetrievalDrift().fit(Reference("r", reference, T, T)).score(Window(window[6:], T, T))
