@@ -155,7 +155,7 @@ class HashingEmbedder:
         return tuple(slots), tuple(weights)
 
     def features(self, text: str) -> dict[str, float]:
-        """The features of one text before hashing and stop-word weighting: words, pairs, character n-grams."""
+        """The features of one text before hashing and stop-word weighting (words, pairs, n-grams)."""
         words = _WORD.findall(text.lower())
         counts: defaultdict[str, float] = defaultdict(float)
         low, high = self.char_ngrams
