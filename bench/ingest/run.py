@@ -275,90 +275,103 @@ def main(argv: list[str] | None = None) -> int:
     results: list[LoadResult] = []
     ratios: dict[str, float | None] = {}
     long_rss: dict[str, float | None] = {}
-    with tempfile.TemporaryDirectory(prefix="ragmon-bench-") as tmp:
-        root = Path(tmp)
-        batches = Batches(seed=1, traces_per_request=per_request)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ragmon-bench-") as tmp:
+            root = Path(tmp)
+            batches = Batches(seed=1, traces_per_request=per_request)
 
-        def closed(server: Server, traces: int, bodies: Iterator[bytes], result: LoadResult) -> PersistWatch:
-            return run_phase(
-                server,
-                result,
-                lambda: closed_loop(server.url, bodies, args.concurrency, result),
-                args.persist_timeout,
-                [10_000] if traces > 10_000 else [],
+            def closed(
+                server: Server, traces: int, bodies: Iterator[bytes], result: LoadResult
+            ) -> PersistWatch:
+                return run_phase(
+                    server,
+                    result,
+                    lambda: closed_loop(server.url, bodies, args.concurrency, result),
+                    args.persist_timeout,
+                    [10_000] if traces > 10_000 else [],
+                )
+
+            print(f"ragmon: {args.traces:,} traces, closed loop x{args.concurrency} ...", flush=True)
+            ragmon = LoadResult(server="ragmon", traces=args.traces)
+            with Ragmon(root / "ragmon", root) as server:
+                closed(server, args.traces, iter(list(batches.bodies(args.traces // per_request))), ragmon)
+            results.append(ragmon)
+            phoenix = None
+            if not args.skip_phoenix:
+                print(
+                    f"phoenix: {args.phoenix_traces:,} traces, closed loop x{args.concurrency} ...",
+                    flush=True,
+                )
+                phoenix = LoadResult(server="phoenix", traces=args.phoenix_traces)
+                with Phoenix(root / "phoenix", root, args.phoenix) as server:
+                    bodies = iter(list(batches.bodies(args.phoenix_traces // per_request)))
+                    closed(server, args.phoenix_traces, bodies, phoenix)
+                results.append(phoenix)
+                out["ratios"] = ratios = {
+                    "accepted_per_s": _ratio(ragmon.accepted_per_s, phoenix.accepted_per_s),
+                    "persisted_per_s": _ratio(ragmon.persisted_per_s, phoenix.persisted_per_s),
+                    "p50_latency": _ratio(ragmon.latency_ms(50), phoenix.latency_ms(50)),
+                    "p99_latency": _ratio(ragmon.latency_ms(99), phoenix.latency_ms(99)),
+                    "peak_rss": _ratio(ragmon.peak_rss_bytes, phoenix.peak_rss_bytes),
+                    "cpu_per_trace": _ratio(ragmon.cpu_ms_per_trace, phoenix.cpu_ms_per_trace),
+                }
+
+            rate = (ragmon.persisted_per_s or ragmon.accepted_per_s) * args.open_fraction
+            n_open = max(1, round(args.open_seconds * rate / per_request))
+            print(
+                f"ragmon: open loop at {rate:,.0f} traces/s ({args.open_fraction:.0%}), {n_open} requests ..."
             )
+            opened = LoadResult(server=f"ragmon open loop {rate:,.0f}/s", traces=n_open * per_request)
+            open_bodies = list(Batches(seed=2, traces_per_request=per_request).bodies(n_open))
+            with Ragmon(root / "ragmon-open", root) as server:
+                run_phase(
+                    server,
+                    opened,
+                    lambda: open_loop(server.url, open_bodies, per_request / rate, opened),
+                    args.persist_timeout,
+                )
+            results.append(opened)
+            out["open_loop_target_per_s"] = rate
 
-        print(f"ragmon: {args.traces:,} traces, closed loop x{args.concurrency} ...", flush=True)
-        ragmon = LoadResult(server="ragmon", traces=args.traces)
-        with Ragmon(root / "ragmon", root) as server:
-            closed(server, args.traces, iter(list(batches.bodies(args.traces // per_request))), ragmon)
-        results.append(ragmon)
-        phoenix = None
-        if not args.skip_phoenix:
-            print(f"phoenix: {args.phoenix_traces:,} traces, closed loop x{args.concurrency} ...", flush=True)
-            phoenix = LoadResult(server="phoenix", traces=args.phoenix_traces)
-            with Phoenix(root / "phoenix", root, args.phoenix) as server:
-                bodies = iter(list(batches.bodies(args.phoenix_traces // per_request)))
-                closed(server, args.phoenix_traces, bodies, phoenix)
-            results.append(phoenix)
-            out["ratios"] = ratios = {
-                "accepted_per_s": _ratio(ragmon.accepted_per_s, phoenix.accepted_per_s),
-                "persisted_per_s": _ratio(ragmon.persisted_per_s, phoenix.persisted_per_s),
-                "p50_latency": _ratio(ragmon.latency_ms(50), phoenix.latency_ms(50)),
-                "p99_latency": _ratio(ragmon.latency_ms(99), phoenix.latency_ms(99)),
-                "peak_rss": _ratio(ragmon.peak_rss_bytes, phoenix.peak_rss_bytes),
-                "cpu_per_trace": _ratio(ragmon.cpu_ms_per_trace, phoenix.cpu_ms_per_trace),
-            }
+            if args.long:
+                print(f"ragmon: long run, {args.long_traces:,} traces ...", flush=True)
+                long = LoadResult(server="ragmon long", traces=args.long_traces)
+                long_bodies = Batches(seed=3, traces_per_request=per_request).bodies(
+                    args.long_traces // per_request
+                )
+                with Ragmon(root / "ragmon-long", root) as server:
+                    watch = closed(server, args.long_traces, long_bodies, long)
+                    at_10k = watch.reached.get(10_000, (0.0, 0))
+                    sampler = server.rss
+                    peak_after = sampler.peak_since(at_10k[0]) if sampler and at_10k[0] else 0
+                results.append(long)
+                out["long"] = long_rss = {
+                    "rss_at_10k_bytes": at_10k[1],
+                    "rss_at_end_bytes": watch.reached.get(args.long_traces, (0.0, 0))[1],
+                    "peak_rss_after_10k_bytes": peak_after,
+                    "growth": peak_after / at_10k[1] if at_10k[1] else None,
+                }
 
-        rate = (ragmon.persisted_per_s or ragmon.accepted_per_s) * args.open_fraction
-        n_open = max(1, round(args.open_seconds * rate / per_request))
-        print(f"ragmon: open loop at {rate:,.0f} traces/s ({args.open_fraction:.0%}), {n_open} requests ...")
-        opened = LoadResult(server=f"ragmon open loop {rate:,.0f}/s", traces=n_open * per_request)
-        open_bodies = list(Batches(seed=2, traces_per_request=per_request).bodies(n_open))
-        with Ragmon(root / "ragmon-open", root) as server:
-            run_phase(
-                server,
-                opened,
-                lambda: open_loop(server.url, open_bodies, per_request / rate, opened),
-                args.persist_timeout,
+    finally:
+        # report whatever finished, also when a later phase failed
+        print("\n" + TABLE_HEAD)
+        for r in results:
+            print(_row(r))
+        if ratios:
+            print(
+                "\nragmon / phoenix: "
+                + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None)
             )
-        results.append(opened)
-        out["open_loop_target_per_s"] = rate
-
-        if args.long:
-            print(f"ragmon: long run, {args.long_traces:,} traces ...", flush=True)
-            long = LoadResult(server="ragmon long", traces=args.long_traces)
-            long_bodies = Batches(seed=3, traces_per_request=per_request).bodies(
-                args.long_traces // per_request
+        if long_rss:
+            print(
+                f"\nragmon RSS after 10k traces {_mb(long_rss['rss_at_10k_bytes'] or 0)}, "
+                f"after {args.long_traces:,} {_mb(long_rss['rss_at_end_bytes'] or 0)}, "
+                f"peak after 10k {_mb(long_rss['peak_rss_after_10k_bytes'] or 0)} "
+                f"({long_rss['growth'] or float('nan'):.2f}x the 10k value)"
             )
-            with Ragmon(root / "ragmon-long", root) as server:
-                watch = closed(server, args.long_traces, long_bodies, long)
-                at_10k = watch.reached.get(10_000, (0.0, 0))
-                sampler = server.rss
-                peak_after = sampler.peak_since(at_10k[0]) if sampler and at_10k[0] else 0
-            results.append(long)
-            out["long"] = long_rss = {
-                "rss_at_10k_bytes": at_10k[1],
-                "rss_at_end_bytes": watch.reached.get(args.long_traces, (0.0, 0))[1],
-                "peak_rss_after_10k_bytes": peak_after,
-                "growth": peak_after / at_10k[1] if at_10k[1] else None,
-            }
-
-    print("\n" + TABLE_HEAD)
-    for r in results:
-        print(_row(r))
-    if phoenix is not None:
-        print("\nragmon / phoenix: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None))
-    if long_rss:
-        print(
-            f"\nragmon RSS after 10k traces {_mb(long_rss['rss_at_10k_bytes'] or 0)}, "
-            f"after {args.long_traces:,} {_mb(long_rss['rss_at_end_bytes'] or 0)}, "
-            f"peak after 10k {_mb(long_rss['peak_rss_after_10k_bytes'] or 0)} "
-            f"({long_rss['growth'] or float('nan'):.2f}x the 10k value)"
-        )
-    out["results"] = [r.summary() for r in results]
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2, default=str))
+        out["results"] = [r.summary() for r in results]
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=2, default=str))
     return 0
 
 

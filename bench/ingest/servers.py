@@ -146,7 +146,8 @@ class Server:
         deadline = t0 + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
+                tail = self.log_path.read_text(errors="replace").splitlines()[-15:]
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n" + "\n".join(tail))
             try:
                 if httpx.get(self.url + self.health_path, timeout=2).status_code == 200:
                     break
