@@ -19,6 +19,9 @@ Phoenix must be installed in its own venv (default /tmp/bench-phoenix):
     python3 -m venv /tmp/bench-phoenix && /tmp/bench-phoenix/bin/pip install arize-phoenix
 
     python bench/ingest/run.py [--traces 20000] [--phoenix-traces 2000] [--long] [--json out.json]
+
+To measure a commit while the working tree changes under you:
+    git archive HEAD | tar -x -C /tmp/ragmon-src && python bench/ingest/run.py --ragmon-src /tmp/ragmon-src
 """
 
 from __future__ import annotations
@@ -231,8 +234,10 @@ TABLE_HEAD = (
 )
 
 
-def _revision() -> str:
+def _revision(source: Path | None) -> str:
     """The commit the working tree is on, and whether service/ has uncommitted changes (what really ran)."""
+    if source is not None:
+        return f"source tree {source}"
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
@@ -258,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--long-traces", type=int, default=200_000)
     add("--persist-timeout", type=float, default=900.0, help="seconds to wait for persistence, per phase")
     add("--phoenix", type=Path, default=Path("/tmp/bench-phoenix/bin/phoenix"), help="Phoenix executable")
+    add("--ragmon-src", type=Path, help="run ragmon from this source tree (e.g. a `git archive` of a commit)")
     add("--skip-phoenix", action="store_true", help="measure ragmon only (no ratios)")
     add("--json", type=Path, help="write every result here as JSON")
     args = parser.parse_args(argv)
@@ -270,8 +276,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print("command: python bench/ingest/run.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     print(f"machine: {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB")
-    print(f"ragmon: {_revision()}")
-    out: dict[str, object] = {"argv": sys.argv[1:], "revision": _revision()}
+    revision = _revision(args.ragmon_src)
+    print(f"ragmon: {revision}")
+    out: dict[str, object] = {"argv": sys.argv[1:], "revision": revision}
     results: list[LoadResult] = []
     ratios: dict[str, float | None] = {}
     long_rss: dict[str, float | None] = {}
@@ -293,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"ragmon: {args.traces:,} traces, closed loop x{args.concurrency} ...", flush=True)
             ragmon = LoadResult(server="ragmon", traces=args.traces)
-            with Ragmon(root / "ragmon", root) as server:
+            with Ragmon(root / "ragmon", root, args.ragmon_src) as server:
                 closed(server, args.traces, iter(list(batches.bodies(args.traces // per_request))), ragmon)
             results.append(ragmon)
             phoenix = None
@@ -323,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             opened = LoadResult(server=f"ragmon open loop {rate:,.0f}/s", traces=n_open * per_request)
             open_bodies = list(Batches(seed=2, traces_per_request=per_request).bodies(n_open))
-            with Ragmon(root / "ragmon-open", root) as server:
+            with Ragmon(root / "ragmon-open", root, args.ragmon_src) as server:
                 run_phase(
                     server,
                     opened,
@@ -339,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                 long_bodies = Batches(seed=3, traces_per_request=per_request).bodies(
                     args.long_traces // per_request
                 )
-                with Ragmon(root / "ragmon-long", root) as server:
+                with Ragmon(root / "ragmon-long", root, args.ragmon_src) as server:
                     watch = closed(server, args.long_traces, long_bodies, long)
                     at_10k = watch.reached.get(10_000, (0.0, 0))
                     sampler = server.rss

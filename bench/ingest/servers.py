@@ -108,6 +108,7 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.rss: RssSampler | None = None
         self.startup_s = 0.0
+        self.cwd = REPO
 
     @property
     def url(self) -> str:
@@ -180,19 +181,23 @@ class Server:
 
 
 class Ragmon(Server):
+    """`ragmon serve` from `source` (a checkout or an exported commit; default: this working tree)."""
+
     name = "ragmon"
 
+    def __init__(self, workdir: Path, log_dir: Path, source: Path | None = None) -> None:
+        super().__init__(workdir, log_dir)
+        self.source = source
+
     def command(self) -> tuple[list[str], dict[str, str]]:
-        argv = [
-            str(Path(sys.executable).parent / "ragmon"),
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
+        argv = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         argv += ["--grpc-port", "0", "--data-dir", str(self.workdir)]
-        return argv, {"RAGMON_LOG_LEVEL": "warning"}
+        env = {"RAGMON_LOG_LEVEL": "warning"}
+        if self.source is not None:
+            # the source tree comes first on sys.path, ahead of the editable install
+            self.cwd = self.source
+            env["PYTHONPATH"] = str(self.source)
+        return argv, env
 
     def persisted(self) -> int:
         return self._count(self.workdir / "ragmon.db", "SELECT count(*) FROM traces")
