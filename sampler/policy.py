@@ -60,10 +60,12 @@ class StrataRates(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     base: float = Field(default=0.02, ge=0.0, le=1.0, description="every trace, at random")
-    thumbs_down: float = Field(default=1.0, ge=0.0, le=1.0)
-    regeneration: float = Field(default=0.25, ge=0.0, le=1.0)
-    drift_outlier: float = Field(default=0.5, ge=0.0, le=1.0)
-    low_retrieval: float = Field(default=0.25, ge=0.0, le=1.0)
+    thumbs_down: float = Field(default=1.0, ge=0.0, le=1.0, description="traces a user rated down")
+    regeneration: float = Field(default=0.25, ge=0.0, le=1.0, description="regenerated answers")
+    drift_outlier: float = Field(default=0.5, ge=0.0, le=1.0, description="queries the drift side marks as outliers")
+    low_retrieval: float = Field(
+        default=0.25, ge=0.0, le=1.0, description="top-1 retrieval score under low_retrieval_threshold"
+    )
     probe: float = Field(default=1.0, ge=0.0, le=1.0, description="golden-set probe traffic")
 
     def of(self, stratum: Stratum) -> float:
@@ -75,7 +77,9 @@ class SamplerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    salt: str = Field(default="ragmon-sampler-1", min_length=1)
+    salt: str = Field(
+        default="ragmon-sampler-1", min_length=1, description="changing it re-draws which traces are sampled"
+    )
     rates: StrataRates = StrataRates()
     low_retrieval_threshold: float = Field(
         default=0.3, description="a trace whose top-1 retrieval score is below this is in low_retrieval"

@@ -151,7 +151,8 @@ def _cmd_config(args: argparse.Namespace) -> int:
         print("| environment variable | type | default | meaning |")
         print("|---|---|---|---|")
         for name, type_name, default, description in describe_settings():
-            print(f"| `{name}` | {type_name} | `{default}` | {description} |")
+            cells = [f"`{name}`", type_name, f"`{default}`", description]
+            print("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         return 0
     config = config_from_args(args)
     print(config.model_dump_json(indent=2))

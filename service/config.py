@@ -239,7 +239,8 @@ def describe_settings() -> list[tuple[str, str, str, str]]:
                 walk(annotation, f"{prefix}{name.upper()}__")
                 continue
             default = field.get_default(call_default_factory=True)
-            type_name = getattr(annotation, "__name__", str(annotation)).replace("typing.", "")
+            type_name = str(annotation) if getattr(annotation, "__args__", None) else annotation.__name__
+            type_name = type_name.replace("typing.", "").replace("pydantic.types.", "").replace("|", "or")
             rows.append((f"{prefix}{name.upper()}", type_name, json.dumps(default, default=str), field.description or ""))
 
     walk(RagmonConfig, "RAGMON_")

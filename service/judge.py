@@ -78,24 +78,28 @@ class JudgeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    base_url: str | None = None
-    api_key: SecretStr | None = None
-    model: str = Field(default_factory=_default_model, min_length=1)
+    base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint; else $OPENAI_BASE_URL")
+    api_key: SecretStr | None = Field(default=None, description="endpoint key; else $OPENAI_API_KEY; never logged")
+    model: str = Field(
+        default_factory=_default_model, min_length=1, description="judge model; else $RAGMON_JUDGE_MODEL"
+    )
     timeout_s: float = Field(default=30.0, gt=0, description="whole request, per call")
-    connect_timeout_s: float = Field(default=5.0, gt=0)
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP/TLS connect timeout per call")
     max_attempts: int = Field(default=4, ge=1, description="calls per judgment while the endpoint fails")
     max_invalid_replies: int = Field(default=2, ge=1, description="invalid replies before a recorded failure")
-    backoff_base_s: float = Field(default=0.5, gt=0)
-    backoff_max_s: float = Field(default=20.0, gt=0)
+    backoff_base_s: float = Field(default=0.5, gt=0, description="first retry delay (jittered, doubling)")
+    backoff_max_s: float = Field(default=20.0, gt=0, description="longest retry delay")
     max_retry_after_s: float = Field(
         default=60.0, ge=0, description="a longer Retry-After ends the judgment at once instead of sleeping"
     )
-    max_completion_tokens: int = Field(default=1024, ge=16)
+    max_completion_tokens: int = Field(default=1024, ge=16, description="cap on the judge reply length")
     max_context_chars: int = Field(
         default=16_000, ge=1, description="context beyond this is cut, last chunks first"
     )
-    max_connections: int = Field(default=100, ge=1)
-    when_unavailable: Literal["raise", "record"] = "raise"
+    max_connections: int = Field(default=100, ge=1, description="HTTP connection pool size")
+    when_unavailable: Literal["raise", "record"] = Field(
+        default="raise", description="endpoint down: keep the item queued (raise) or record a failure"
+    )
 
     def endpoint_configured(self, environ: Mapping[str, str] | None = None) -> bool:
         """Whether an endpoint is configured here or in the environment (else the offline judge runs)."""
