@@ -72,7 +72,7 @@ COMPARE = Plan(
     peer_time_10k=False,
     explain_reps=10,
 )
-"""The built-in embedder with the full plan's tests but fewer windows: how its power compares with MiniLM's."""
+"""The built-in embedder: the same tests on fewer windows, to compare its power with MiniLM's."""
 SMOKE = Plan(
     sizes=(500,),
     shifts=(0.10,),
