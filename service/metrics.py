@@ -181,6 +181,7 @@ class Metrics:
             "ragmon_sink_last_success_timestamp_seconds", "when a sink last accepted a batch", ["sink"], registry=r
         )
         self._declare_judge_metrics()
+        self._declare_drift_metrics()
         self.state = _StateCollector()
         r.register(self.state)
         for stage in STAGES:
@@ -251,6 +252,52 @@ class Metrics:
         self.faithfulness_sample_size = Gauge(
             "ragmon_faithfulness_sample_size", "scored judgments behind the faithfulness estimate",
             estimate_labels, registry=r,
+        )
+
+    def _declare_drift_metrics(self) -> None:
+        """Drift results (one series per app and detector; detector names are a closed set in code)."""
+        r = self.registry
+        labels = ["app", "detector"]
+        self.drift_score = Gauge(
+            "ragmon_drift_score", "the detector's test statistic on the latest window (e.g. MMD^2, KS D)", labels,
+            registry=r,
+        )
+        self.drift_p_value = Gauge(
+            "ragmon_drift_p_value", "p-value of the latest drift test (NaN for threshold-only detectors)", labels,
+            registry=r,
+        )
+        self.drift_threshold = Gauge(
+            "ragmon_drift_alpha", "false-alarm rate (alpha) the detector was run at", labels, registry=r
+        )
+        self.drift_detected = Gauge(
+            "ragmon_drift_detected", "1 when the latest run (after hysteresis) says drift, else 0", labels,
+            registry=r,
+        )
+        self.drift_window_size = Gauge(
+            "ragmon_drift_window_size", "observations in the current window of the latest run", labels, registry=r
+        )
+        self.drift_runs = Counter(
+            "ragmon_drift_runs", "drift detector runs, by outcome (ok, drift, insufficient_data, error)",
+            ["app", "detector", "outcome"], registry=r,
+        )
+        self.drift_last_run = Gauge(
+            "ragmon_drift_last_run_timestamp_seconds", "when a drift detector last ran", ["detector"], registry=r
+        )
+        self.embedding_model_changes = Counter(
+            "ragmon_embedding_model_changes",
+            "a new query-embedding model name or vector dimension appeared in traces", ["app"], registry=r,
+        )
+        self.regeneration_rate = Gauge(
+            "ragmon_regeneration_rate_ratio", "regeneration rate of the latest window", ["app", "intent"],
+            registry=r,
+        )
+        self.regeneration_band_lower = Gauge(
+            "ragmon_regeneration_band_lower_ratio", "lower control limit of the regeneration rate for this window",
+            ["app", "intent"], registry=r,
+        )
+        self.regeneration_band_upper = Gauge(
+            "ragmon_regeneration_band_upper_ratio", "upper control limit of the regeneration rate for this window",
+            ["app", "intent"], registry=r,
         )
 
     def count_traces(self, batch: Sequence[RagTrace]) -> None:
