@@ -36,10 +36,14 @@ class _Section(BaseModel):
 
 
 class ServerConfig(_Section):
-    host: str = Field("127.0.0.1", description="HTTP listen address (OTLP/HTTP, JSON API, review page, /metrics)")
+    host: str = Field(
+        "127.0.0.1", description="HTTP listen address (OTLP/HTTP, JSON API, review page, /metrics)"
+    )
     port: int = Field(4318, ge=0, le=65535, description="HTTP port; 4318 is the OTLP/HTTP default")
     grpc_port: int = Field(4317, ge=0, le=65535, description="OTLP/gRPC port; 0 disables the gRPC receiver")
-    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest accepted request body (after gzip)")
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="largest accepted request body (after gzip)"
+    )
 
 
 class AuthConfig(_Section):
@@ -61,10 +65,71 @@ class AssemblerConfig(_Section):
 
 
 class BusConfig(_Section):
-    kind: Literal["memory"] = Field("memory", description="memory (embedded); kafka comes with distributed mode")
-    capacity: int = Field(50_000, gt=0, description="traces held in the in-process bus before ingest answers 503")
+    kind: Literal["memory", "kafka"] = Field(
+        "memory",
+        description="memory (embedded) or kafka (ingest publishes; `ragmon worker` runs the sinks)",
+    )
+    capacity: int = Field(
+        50_000, gt=0, description="traces held in the in-process bus before ingest answers 503"
+    )
     batch_size: int = Field(500, gt=0, description="largest batch handed to a sink")
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 503 when the bus is full")
+
+
+class KafkaConfig(_Section):
+    """Distributed mode (`bus.kind: kafka`): topics, groups, client timeouts and the ingest-side buffer."""
+
+    bootstrap_servers: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1:9092"], description="Kafka brokers, host:port"
+    )
+    traces_topic: str = Field("ragmon.traces", description="topic of traces (JSON), keyed by trace id")
+    feedback_topic: str = Field(
+        "ragmon.feedback", description="topic of feedback events (JSON), keyed by trace id"
+    )
+    partitions: int = Field(6, gt=0, description="partitions per topic when ragmon creates the topics")
+    replication_factor: int = Field(1, gt=0, description="replication factor when ragmon creates the topics")
+    create_topics: bool = Field(True, description="create missing topics at start (needs the broker's ACL)")
+    sinks_group: str = Field("ragmon-sinks", description="consumer group of the `sinks` workers")
+    client_id: str = Field("ragmon", description="client id prefix sent to the broker")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="broker security protocol"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="SASL mechanism when the protocol is SASL_*"
+    )
+    sasl_username: str | None = Field(None, description="SASL user")
+    sasl_password: str | None = Field(
+        None, description="SASL password (prefer the env var RAGMON_KAFKA__SASL_PASSWORD)"
+    )
+    ssl_cafile: str | None = Field(None, description="CA bundle for SSL / SASL_SSL")
+    request_timeout_s: float = Field(15.0, gt=0, description="broker request timeout")
+    delivery_timeout_s: float = Field(
+        30.0, gt=0, description="a produce not acknowledged (acks=all) within this is failed and retried"
+    )
+    max_block_s: float = Field(5.0, gt=0, description="longest a produce call waits for broker metadata")
+    linger_ms: int = Field(5, ge=0, description="producer batching delay")
+    session_timeout_s: float = Field(
+        10.0, ge=1, description="consumer group session timeout (real Kafka accepts >= 6)"
+    )
+    heartbeat_interval_s: float = Field(3.0, gt=0, description="consumer heartbeat; < 1/3 of the session")
+    max_poll_interval_s: float = Field(300.0, gt=0, description="longest a worker may spend on one batch")
+    poll_timeout_s: float = Field(0.5, gt=0, description="how long one consumer poll waits for records")
+    max_poll_records: int = Field(500, gt=0, description="largest batch a worker takes from the broker")
+    buffer_records: int = Field(
+        20_000,
+        gt=0,
+        description="records ingest holds while the broker is slow or down, before it answers 503",
+    )
+    retry_after_s: float = Field(2.0, gt=0, description="Retry-After sent with 503 while the buffer is full")
+
+
+class WorkerConfig(_Section):
+    host: str = Field("127.0.0.1", description="`ragmon worker` listen address for /metrics and /healthz")
+    port: int = Field(9400, ge=0, le=65535, description="`ragmon worker` port for /metrics and /healthz")
+    roles: list[Literal["sinks", "judge", "drift"]] = Field(
+        default_factory=lambda: ["sinks", "judge", "drift"],
+        description="what a `ragmon worker` runs unless --role is given",
+    )
 
 
 class StoreConfig(_Section):
@@ -81,20 +146,27 @@ class RegenerationConfig(_Section):
         300.0, ge=0, description="a re-ask in the same session within this many seconds is a regeneration"
     )
     similarity: float = Field(
-        0.8, gt=0, le=1, description="word-set Jaccard similarity at or above which two queries are near-identical"
+        0.8,
+        gt=0,
+        le=1,
+        description="word-set Jaccard similarity at or above which two queries are near-identical",
     )
     max_sessions: int = Field(100_000, gt=0, description="sessions remembered for re-ask detection (LRU)")
 
 
 class MetricsConfig(_Section):
     max_apps: int = Field(20, gt=0, description="distinct app label values before the rest become 'other'")
-    max_models: int = Field(20, gt=0, description="distinct model label values before the rest become 'other'")
+    max_models: int = Field(
+        20, gt=0, description="distinct model label values before the rest become 'other'"
+    )
     intents: list[str] = Field(
         default_factory=list,
-        description="intent label values exported as such; others become 'other' (empty: first max_intents seen)",
+        description="intent values exported as such, others as 'other' (empty: the first max_intents seen)",
     )
     max_intents: int = Field(20, gt=0, description="distinct intent label values when `intents` is empty")
-    max_releases: int = Field(20, gt=0, description="distinct release label values before the rest are 'other'")
+    max_releases: int = Field(
+        20, gt=0, description="distinct release label values before the rest are 'other'"
+    )
 
 
 class JudgingConfig(_Section):
@@ -116,7 +188,7 @@ class JudgingConfig(_Section):
 class PricingConfig(_Section):
     overrides: dict[str, tuple[float, float]] = Field(
         default_factory=dict,
-        description="model -> [USD per 1M input tokens, USD per 1M output tokens]; wins over the shipped table",
+        description="model -> [USD per 1M input tokens, USD per 1M output tokens]; beats the shipped table",
     )
 
 
@@ -130,6 +202,8 @@ class RagmonConfig(_Section):
     auth: AuthConfig = AuthConfig()
     assembler: AssemblerConfig = AssemblerConfig()
     bus: BusConfig = BusConfig()
+    kafka: KafkaConfig = KafkaConfig()
+    worker: WorkerConfig = WorkerConfig()
     store: StoreConfig = StoreConfig()
     regeneration: RegenerationConfig = RegenerationConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -159,7 +233,9 @@ def _read_file(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}") from exc
+        raise ConfigError(
+            f"config file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}"
+        ) from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -241,7 +317,14 @@ def describe_settings() -> list[tuple[str, str, str, str]]:
             default = field.get_default(call_default_factory=True)
             type_name = str(annotation) if getattr(annotation, "__args__", None) else annotation.__name__
             type_name = type_name.replace("typing.", "").replace("pydantic.types.", "").replace("|", "or")
-            rows.append((f"{prefix}{name.upper()}", type_name, json.dumps(default, default=str), field.description or ""))
+            rows.append(
+                (
+                    f"{prefix}{name.upper()}",
+                    type_name,
+                    json.dumps(default, default=str),
+                    field.description or "",
+                )
+            )
 
     walk(RagmonConfig, "RAGMON_")
     return rows
