@@ -18,7 +18,7 @@ traces the store reported as new, so a redelivered batch changes no counter.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -44,8 +44,14 @@ RATINGS = ("up", "down")
 REGENERATION_SOURCES = ("attribute", "feedback", "reask")
 # Whole-request refusals; per-span reasons come from `otlp.RejectReason`.
 REQUEST_REJECT_REASONS = (
-    "decode_error", "invalid_input", "too_large", "unsupported_media_type", "unauthenticated", "forbidden",
-    "bad_api_key", "queue_full",
+    "decode_error",
+    "invalid_input",
+    "too_large",
+    "unsupported_media_type",
+    "unauthenticated",
+    "forbidden",
+    "bad_api_key",
+    "queue_full",
 )
 
 
@@ -121,12 +127,21 @@ class Metrics:
             registry=r,
         )
         self.ttft = Histogram(
-            "ragmon_ttft_seconds", "time to first token of the answer", ["app"], buckets=DURATION_BUCKETS, registry=r
+            "ragmon_ttft_seconds",
+            "time to first token of the answer",
+            ["app"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
         )
-        self.tokens = Counter("ragmon_tokens", "LLM tokens, by model and kind", ["app", "model", "kind"], registry=r)
+        self.tokens = Counter(
+            "ragmon_tokens", "LLM tokens, by model and kind", ["app", "model", "kind"], registry=r
+        )
         self.cost = Counter("ragmon_cost_usd", "spend in USD, by model", ["app", "model"], registry=r)
         self.trace_cost = Histogram(
-            "ragmon_trace_cost_usd", "cost of one trace in USD (priced calls only)", ["app"], buckets=COST_BUCKETS,
+            "ragmon_trace_cost_usd",
+            "cost of one trace in USD (priced calls only)",
+            ["app"],
+            buckets=COST_BUCKETS,
             registry=r,
         )
         self.unpriced_calls = Counter(
@@ -136,15 +151,24 @@ class Metrics:
             registry=r,
         )
         self.retrieved_chunks = Histogram(
-            "ragmon_retrieved_chunks", "chunks returned by retrieval per trace", ["app"], buckets=CHUNK_COUNT_BUCKETS,
+            "ragmon_retrieved_chunks",
+            "chunks returned by retrieval per trace",
+            ["app"],
+            buckets=CHUNK_COUNT_BUCKETS,
             registry=r,
         )
         self.top1_score = Histogram(
-            "ragmon_retrieval_top1_score", "score of the top-ranked retrieved chunk", ["app"], buckets=SCORE_BUCKETS,
+            "ragmon_retrieval_top1_score",
+            "score of the top-ranked retrieved chunk",
+            ["app"],
+            buckets=SCORE_BUCKETS,
             registry=r,
         )
         self.empty_retrievals = Counter(
-            "ragmon_empty_retrievals", "traces with a retrieval step that returned no chunk", ["app"], registry=r
+            "ragmon_empty_retrievals",
+            "traces with a retrieval step that returned no chunk",
+            ["app"],
+            registry=r,
         )
         self.regenerations = Counter(
             "ragmon_regenerations",
@@ -153,19 +177,24 @@ class Metrics:
             registry=r,
         )
         self.requests_by_intent = Counter(
-            "ragmon_intent_traces", "traces by app and intent (denominator of the regeneration rate)",
-            ["app", "intent"], registry=r,
+            "ragmon_intent_traces",
+            "traces by app and intent (denominator of the regeneration rate)",
+            ["app", "intent"],
+            registry=r,
         )
         self.feedback = Counter("ragmon_feedback", "user ratings received", ["app", "rating"], registry=r)
         self.ingest_rejected = Counter(
-            "ragmon_ingest_rejected", "spans, traces, feedback or requests refused at ingest, by reason", ["reason"],
+            "ragmon_ingest_rejected",
+            "spans, traces, feedback or requests refused at ingest, by reason",
+            ["reason"],
             registry=r,
         )
         self.spans_received = Counter(
             "ragmon_spans_received", "spans accepted by a receiver", ["receiver"], registry=r
         )
         self.late_spans = Counter(
-            "ragmon_late_spans", "spans that arrived after their trace was already assembled and handed on",
+            "ragmon_late_spans",
+            "spans that arrived after their trace was already assembled and handed on",
             registry=r,
         )
         self.assembled = Counter(
@@ -175,13 +204,20 @@ class Metrics:
             "ragmon_assembly_failures", "span groups that could not be turned into a trace", registry=r
         )
         self.sink_failures = Counter(
-            "ragmon_sink_failures", "batches a sink refused, by sink and kind of error", ["sink", "kind"], registry=r
+            "ragmon_sink_failures",
+            "batches a sink refused, by sink and kind of error",
+            ["sink", "kind"],
+            registry=r,
         )
         self.sink_last_success = Gauge(
-            "ragmon_sink_last_success_timestamp_seconds", "when a sink last accepted a batch", ["sink"], registry=r
+            "ragmon_sink_last_success_timestamp_seconds",
+            "when a sink last accepted a batch",
+            ["sink"],
+            registry=r,
         )
         self._declare_judge_metrics()
         self._declare_drift_metrics()
+        self._declare_kafka_metrics()
         self.state = _StateCollector()
         r.register(self.state)
         for stage in STAGES:
@@ -192,41 +228,60 @@ class Metrics:
     def _declare_judge_metrics(self) -> None:
         r = self.registry
         self.judge_sampled = Counter(
-            "ragmon_judge_sampled", "traces the sampler put in the judge queue, by deciding stratum", ["stratum"],
+            "ragmon_judge_sampled",
+            "traces the sampler put in the judge queue, by deciding stratum",
+            ["stratum"],
             registry=r,
         )
         self.judge_skipped = Counter(
-            "ragmon_judge_skipped", "traces selected for judging that the budget refused (kept, visible)",
-            ["reason"], registry=r,
+            "ragmon_judge_skipped",
+            "traces selected for judging that the budget refused (kept, visible)",
+            ["reason"],
+            registry=r,
         )
         self.judge_requests = Counter(
             "ragmon_judge_requests", "calls made to the judge model (retries included)", ["judge"], registry=r
         )
         self.judge_completed = Counter(
-            "ragmon_judge_completed", "judgments stored (any outcome), once per trace and judge version",
-            ["judge"], registry=r,
+            "ragmon_judge_completed",
+            "judgments stored (any outcome), once per trace and judge version",
+            ["judge"],
+            registry=r,
         )
         self.judge_failures = Counter(
-            "ragmon_judge_failures", "judge attempts or judgments that failed, by reason", ["reason"], registry=r
+            "ragmon_judge_failures",
+            "judge attempts or judgments that failed, by reason",
+            ["reason"],
+            registry=r,
         )
         self.judge_verdicts = Counter(
-            "ragmon_judge_verdicts", "judgments by verdict: faithful, unfaithful, no_claims, failed",
-            ["app", "verdict", "judge"], registry=r,
+            "ragmon_judge_verdicts",
+            "judgments by verdict: faithful, unfaithful, no_claims, failed",
+            ["app", "verdict", "judge"],
+            registry=r,
         )
         self.judge_diagnoses = Counter(
             "ragmon_judge_diagnoses",
-            "judged traces by diagnosis (ok, retrieval_failure, generation_failure, ...)", ["app", "diagnosis"],
+            "judged traces by diagnosis (ok, retrieval_failure, generation_failure, ...)",
+            ["app", "diagnosis"],
             registry=r,
         )
         self.judge_cost = Counter("ragmon_judge_cost_usd", "judge spend in USD", ["judge"], registry=r)
-        self.judge_tokens = Counter("ragmon_judge_tokens", "judge model tokens", ["judge", "kind"], registry=r)
+        self.judge_tokens = Counter(
+            "ragmon_judge_tokens", "judge model tokens", ["judge", "kind"], registry=r
+        )
         self.judge_calls_without_usage = Counter(
-            "ragmon_judge_calls_without_usage", "judge replies whose provider reported no token usage", ["judge"],
+            "ragmon_judge_calls_without_usage",
+            "judge replies whose provider reported no token usage",
+            ["judge"],
             registry=r,
         )
         self.judge_duration = Histogram(
-            "ragmon_judge_duration_seconds", "wall time of one judgment, retries and backoff included", ["judge"],
-            buckets=DURATION_BUCKETS, registry=r,
+            "ragmon_judge_duration_seconds",
+            "wall time of one judgment, retries and backoff included",
+            ["judge"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
         )
         self.judge_last_success = Gauge(
             "ragmon_judge_last_success_timestamp_seconds", "when the judge last stored a judgment", registry=r
@@ -239,19 +294,26 @@ class Metrics:
             "ragmon_faithfulness_estimate",
             "Hajek (inverse-probability weighted) faithfulness over the rolling window; release/intent 'all' "
             "for the app-wide estimate",
-            estimate_labels, registry=r,
+            estimate_labels,
+            registry=r,
         )
         self.faithfulness_lower = Gauge(
-            "ragmon_faithfulness_estimate_lower", "lower bound of the 95% interval of the faithfulness estimate",
-            estimate_labels, registry=r,
+            "ragmon_faithfulness_estimate_lower",
+            "lower bound of the 95% interval of the faithfulness estimate",
+            estimate_labels,
+            registry=r,
         )
         self.faithfulness_upper = Gauge(
-            "ragmon_faithfulness_estimate_upper", "upper bound of the 95% interval of the faithfulness estimate",
-            estimate_labels, registry=r,
+            "ragmon_faithfulness_estimate_upper",
+            "upper bound of the 95% interval of the faithfulness estimate",
+            estimate_labels,
+            registry=r,
         )
         self.faithfulness_sample_size = Gauge(
-            "ragmon_faithfulness_sample_size", "scored judgments behind the faithfulness estimate",
-            estimate_labels, registry=r,
+            "ragmon_faithfulness_sample_size",
+            "scored judgments behind the faithfulness estimate",
+            estimate_labels,
+            registry=r,
         )
 
     def _declare_drift_metrics(self) -> None:
@@ -259,45 +321,107 @@ class Metrics:
         r = self.registry
         labels = ["app", "detector"]
         self.drift_score = Gauge(
-            "ragmon_drift_score", "the detector's test statistic on the latest window (e.g. MMD^2, KS D)", labels,
+            "ragmon_drift_score",
+            "the detector's test statistic on the latest window (e.g. MMD^2, KS D)",
+            labels,
             registry=r,
         )
         self.drift_p_value = Gauge(
-            "ragmon_drift_p_value", "p-value of the latest drift test (NaN for threshold-only detectors)", labels,
+            "ragmon_drift_p_value",
+            "p-value of the latest drift test (NaN for threshold-only detectors)",
+            labels,
             registry=r,
         )
         self.drift_threshold = Gauge(
             "ragmon_drift_alpha", "false-alarm rate (alpha) the detector was run at", labels, registry=r
         )
         self.drift_detected = Gauge(
-            "ragmon_drift_detected", "1 when the latest run (after hysteresis) says drift, else 0", labels,
+            "ragmon_drift_detected",
+            "1 when the latest run (after hysteresis) says drift, else 0",
+            labels,
             registry=r,
         )
         self.drift_window_size = Gauge(
-            "ragmon_drift_window_size", "observations in the current window of the latest run", labels, registry=r
+            "ragmon_drift_window_size",
+            "observations in the current window of the latest run",
+            labels,
+            registry=r,
         )
         self.drift_runs = Counter(
-            "ragmon_drift_runs", "drift detector runs, by outcome (ok, drift, insufficient_data, error)",
-            ["app", "detector", "outcome"], registry=r,
+            "ragmon_drift_runs",
+            "drift detector runs, by outcome (ok, drift, insufficient_data, error)",
+            ["app", "detector", "outcome"],
+            registry=r,
         )
         self.drift_last_run = Gauge(
-            "ragmon_drift_last_run_timestamp_seconds", "when a drift detector last ran", ["detector"], registry=r
+            "ragmon_drift_last_run_timestamp_seconds",
+            "when a drift detector last ran",
+            ["detector"],
+            registry=r,
         )
         self.embedding_model_changes = Counter(
             "ragmon_embedding_model_changes",
-            "a new query-embedding model name or vector dimension appeared in traces", ["app"], registry=r,
+            "a new query-embedding model name or vector dimension appeared in traces",
+            ["app"],
+            registry=r,
         )
         self.regeneration_rate = Gauge(
-            "ragmon_regeneration_rate_ratio", "regeneration rate of the latest window", ["app", "intent"],
+            "ragmon_regeneration_rate_ratio",
+            "regeneration rate of the latest window",
+            ["app", "intent"],
             registry=r,
         )
         self.regeneration_band_lower = Gauge(
-            "ragmon_regeneration_band_lower_ratio", "lower control limit of the regeneration rate for this window",
-            ["app", "intent"], registry=r,
+            "ragmon_regeneration_band_lower_ratio",
+            "lower control limit of the regeneration rate for this window",
+            ["app", "intent"],
+            registry=r,
         )
         self.regeneration_band_upper = Gauge(
-            "ragmon_regeneration_band_upper_ratio", "upper control limit of the regeneration rate for this window",
-            ["app", "intent"], registry=r,
+            "ragmon_regeneration_band_upper_ratio",
+            "upper control limit of the regeneration rate for this window",
+            ["app", "intent"],
+            registry=r,
+        )
+
+    def _declare_kafka_metrics(self) -> None:
+        """Distributed mode: what ingest published, what workers consumed, and how far behind they are."""
+        r = self.registry
+        self.kafka_produced = Counter(
+            "ragmon_kafka_produced",
+            "records the broker acknowledged (acks=all), by topic",
+            ["topic"],
+            registry=r,
+        )
+        self.kafka_produce_errors = Counter(
+            "ragmon_kafka_produce_errors",
+            "produce attempts that failed (records stay buffered and are retried), by topic",
+            ["topic"],
+            registry=r,
+        )
+        self.kafka_consumed = Counter(
+            "ragmon_kafka_consumed",
+            "records a worker handed to its sinks and committed, by group and topic",
+            ["group", "topic"],
+            registry=r,
+        )
+        self.kafka_bad_records = Counter(
+            "ragmon_kafka_bad_records",
+            "records that did not decode as a trace or feedback event (skipped), by topic",
+            ["topic"],
+            registry=r,
+        )
+        self.kafka_commit_failures = Counter(
+            "ragmon_kafka_commit_failures",
+            "offset commits that failed (the batch is redelivered; processing is idempotent)",
+            ["group"],
+            registry=r,
+        )
+        self.kafka_consumer_lag = Gauge(
+            "ragmon_kafka_consumer_lag",
+            "records behind the partition's high watermark, per group and assigned partition",
+            ["group", "topic", "partition"],
+            registry=r,
         )
 
     def count_traces(self, batch: Sequence[RagTrace]) -> None:
@@ -311,8 +435,11 @@ class Metrics:
                 self.partial_traces.labels(app=app).inc()
             t = trace.timings
             for stage, value in (
-                ("total", t.total_s), ("embedding", t.embedding_s), ("retrieval", t.retrieval_s),
-                ("rerank", t.rerank_s), ("generation", t.generation_s),
+                ("total", t.total_s),
+                ("embedding", t.embedding_s),
+                ("retrieval", t.retrieval_s),
+                ("rerank", t.rerank_s),
+                ("generation", t.generation_s),
             ):
                 if value is not None:
                     self.stage_duration.labels(app=app, stage=stage).observe(value)
@@ -344,7 +471,7 @@ class Metrics:
                 ).inc()
 
     def count_feedback(
-        self, batch: Sequence[Feedback], traces: dict[str, tuple[str | None, str | None]]
+        self, batch: Sequence[Feedback], traces: Mapping[str, tuple[str | None, str | None]]
     ) -> None:
         """Count NEW feedback events; `traces` maps trace id -> (app, intent) of traces already known."""
         for event in batch:
