@@ -57,8 +57,12 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
                 await grpc_receiver.stop()
             await pipeline.stop()
 
-    app = FastAPI(title="ragmon", version=VERSION, lifespan=lifespan,
-                  description="Monitor RAG applications in production from their live traces.")
+    app = FastAPI(
+        title="ragmon",
+        version=VERSION,
+        lifespan=lifespan,
+        description="Monitor RAG applications in production from their live traces.",
+    )
     app.state.metrics = metrics
     app.state.config = config
 
@@ -85,7 +89,9 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 400:  # FastAPI's answer to a body it could not parse (e.g. invalid UTF-8)
             metrics.reject("decode_error")
-            return error_response(DecodeError(f"body could not be decoded: {exc.detail}"), request.url.path, None)
+            return error_response(
+                DecodeError(f"body could not be decoded: {exc.detail}"), request.url.path, None
+            )
         return JSONResponse({"error": "http_error", "detail": exc.detail}, exc.status_code, exc.headers)
 
     app.include_router(ingest.otlp_router)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from service.config import AssemblerConfig
 from service.consumer import TraceConsumer
+from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import RagTrace
 from service.spans import Span
@@ -113,9 +114,9 @@ class SpanAssembler:
             await self._emit_pending()
 
     def _evict_over_bounds(self, keep: TraceKey) -> None:
-        while (
-            self._span_count > self.config.max_spans or self._byte_count > self.config.max_bytes
-        ) and len(self._open) > 1:
+        while (self._span_count > self.config.max_spans or self._byte_count > self.config.max_bytes) and len(
+            self._open
+        ) > 1:
             oldest = next(iter(self._open))
             if oldest == keep:
                 # The trace being filled is the oldest; evict the next one instead.
@@ -178,13 +179,8 @@ class SpanAssembler:
 
     async def stop(self) -> None:
         """Stop the tick and emit every open trace (complete or partial). Safe twice and before start."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_task(self._task)
+        self._task = None
         self._collect_due(self.clock(), everything=True)
         if self._pending:
             await self._emit_pending()

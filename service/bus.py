@@ -24,6 +24,7 @@ from typing import Generic, TypeVar
 from service.config import BusConfig
 from service.consumer import FeedbackConsumer, TraceConsumer
 from service.errors import RetryableError
+from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 
@@ -128,10 +129,5 @@ class MemoryBus:
             if not drained:
                 log.error("bus stopped with %d records undelivered", self.depth)
         for lane in (self._traces, self._feedback):
-            if lane.task is not None:
-                lane.task.cancel()
-                try:
-                    await lane.task
-                except asyncio.CancelledError:
-                    pass
-                lane.task = None
+            await cancel_task(lane.task)
+            lane.task = None

@@ -13,7 +13,9 @@ from service.config import ConfigError, RagmonConfig, describe_settings, load_co
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="YAML or JSON config file (RAGMON_* env vars override it)")
+    parser.add_argument(
+        "--config", type=Path, help="YAML or JSON config file (RAGMON_* env vars override it)"
+    )
     parser.add_argument("--host", help="HTTP listen address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="HTTP port (default 4318)")
     parser.add_argument("--grpc-port", type=int, help="OTLP/gRPC port (default 4317; 0 disables)")
@@ -48,8 +50,12 @@ async def serve(config: RagmonConfig) -> None:
 
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(config), host=config.server.host, port=config.server.port, log_level=config.log_level,
-            access_log=False, lifespan="on",
+            create_app(config),
+            host=config.server.host,
+            port=config.server.port,
+            log_level=config.log_level,
+            access_log=False,
+            lifespan="on",
         )
     )
     await server.serve()
@@ -57,7 +63,9 @@ async def serve(config: RagmonConfig) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     print(
         f"ragmon listening: OTLP/HTTP + API http://{config.server.host}:{config.server.port}, "
         f"OTLP/gRPC {config.server.host}:{config.server.grpc_port}, store {config.store_url}",
@@ -81,7 +89,8 @@ def _summary_lines(url: str) -> list[str]:
         if family is None:
             return 0.0
         return sum(
-            s.value for s in family.samples
+            s.value
+            for s in family.samples
             if s.name.endswith(sample_suffix) and all(s.labels.get(k) == v for k, v in match.items())
         )
 
@@ -116,8 +125,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = uvicorn.Server(
-        uvicorn.Config(create_app(config), host=config.server.host, port=config.server.port,
-                       log_level="warning", access_log=False, lifespan="on")
+        uvicorn.Config(
+            create_app(config),
+            host=config.server.host,
+            port=config.server.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -160,7 +175,9 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ragmon", description="Monitor RAG applications from their live traces.")
+    parser = argparse.ArgumentParser(
+        prog="ragmon", description="Monitor RAG applications from their live traces."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve_parser = commands.add_parser("serve", help="run the service on embedded defaults")
@@ -169,7 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     config_parser = commands.add_parser("config", help="print the effective configuration")
     _add_config_flags(config_parser)
-    config_parser.add_argument("--markdown", action="store_true", help="print the settings table for the README")
+    config_parser.add_argument(
+        "--markdown", action="store_true", help="print the settings table for the README"
+    )
     config_parser.set_defaults(run=_cmd_config)
 
     try:
@@ -192,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # pragma: no cover
         eval_cli = None  # type: ignore[assignment]
     if eval_cli is not None:
-        eval_parser = commands.add_parser("eval", help="offline retrieval evaluation (TREC qrels/run, golden set)")
+        eval_parser = commands.add_parser(
+            "eval", help="offline retrieval evaluation (TREC qrels/run, golden set)"
+        )
         eval_cli.add_arguments(eval_parser)
         eval_parser.set_defaults(run=eval_cli.main)
     return parser

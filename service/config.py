@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sampler.budget import BudgetConfig
 from sampler.policy import SamplerConfig
@@ -185,6 +192,51 @@ class JudgingConfig(_Section):
     estimate_every_s: float = Field(30.0, gt=0, description="how often the estimate gauges are recomputed")
 
 
+class ReviewerConfig(_Section):
+    token_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="hex sha256 of the reviewer's sign-in token (preferred: the token itself is not stored)",
+    )
+    token: str | None = Field(None, min_length=16, description="the sign-in token in clear (local trials)")
+    tenants: list[str] = Field(default_factory=lambda: ["default"], description="tenants this reviewer sees")
+
+    @model_validator(mode="after")
+    def _one_token(self) -> ReviewerConfig:
+        if (self.token is None) == (self.token_sha256 is None):
+            raise ValueError("give exactly one of token and token_sha256")
+        return self
+
+
+class ReviewConfig(_Section):
+    reviewers: dict[str, ReviewerConfig] = Field(
+        default_factory=dict,
+        description="reviewer name -> {token_sha256 or token, tenants}; empty: nobody can sign in",
+    )
+    blind_rate: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="share of judged traces sent to the blind calibration queue (chosen by trace id)",
+    )
+    regeneration_share: float = Field(
+        0.1, ge=0, le=1, description="share of regenerated answers sent to review (by trace id)"
+    )
+    lease_s: float = Field(
+        900.0, gt=0, description="a claimed review item returns to the queue after this long"
+    )
+    session_ttl_s: float = Field(8 * 3600.0, gt=0, description="a reviewer's sign-in lasts this long")
+    session_secret: str | None = Field(
+        None,
+        min_length=32,
+        description="key that signs review sessions; unset: random per process (set it for several replicas)",
+    )
+    secure_cookie: bool = Field(False, description="mark the session cookie Secure (when served over HTTPS)")
+    max_judge_versions: int = Field(
+        5, gt=0, description="judge versions with calibration metrics (the most recently reviewed)"
+    )
+
+
 class PricingConfig(_Section):
     overrides: dict[str, tuple[float, float]] = Field(
         default_factory=dict,
@@ -212,6 +264,7 @@ class RagmonConfig(_Section):
     judge: JudgeConfig = JudgeConfig()
     sampler: SamplerConfig = SamplerConfig()
     budget: BudgetConfig = BudgetConfig()
+    review: ReviewConfig = ReviewConfig()
 
     @field_validator("log_level")
     @classmethod
@@ -315,7 +368,11 @@ def describe_settings() -> list[tuple[str, str, str, str]]:
                 walk(annotation, f"{prefix}{name.upper()}__")
                 continue
             default = field.get_default(call_default_factory=True)
-            type_name = str(annotation) if getattr(annotation, "__args__", None) else annotation.__name__
+            type_name = (
+                str(annotation)
+                if getattr(annotation, "__args__", None)
+                else getattr(annotation, "__name__", "")
+            )
             type_name = type_name.replace("typing.", "").replace("pydantic.types.", "").replace("|", "or")
             rows.append(
                 (

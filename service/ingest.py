@@ -29,6 +29,7 @@ from service.deps import PipelineDep, TenantDep
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
 from service.model import (
     Chunk,
+    CostSource,
     Feedback,
     ModelUsage,
     QueryEmbedding,
@@ -47,7 +48,6 @@ from service.wire import (
     TraceIn,
     hash_user_id,
 )
-
 
 otlp_router = APIRouter(tags=["otlp"])
 api_router = APIRouter(prefix="/api/v1", tags=["ingest"])
@@ -79,7 +79,9 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
 async def export_traces(request: Request, tenant: TenantDep, pipeline: PipelineDep) -> Response:
     media_type = media_type_of(request.headers.get("content-type"))
     if media_type not in (PROTOBUF, JSON):
-        raise UnsupportedMediaType(f"Content-Type {media_type or '(none)'!r} is not OTLP; use {PROTOBUF} or {JSON}")
+        raise UnsupportedMediaType(
+            f"Content-Type {media_type or '(none)'!r} is not OTLP; use {PROTOBUF} or {JSON}"
+        )
     raw = await request.body()
     limit = pipeline.config.server.max_body_bytes
     body = await run_in_threadpool(_decompress, raw, request.headers.get("content-encoding", ""), limit)
@@ -120,15 +122,19 @@ def trace_from_wire(record: TraceIn, tenant: str, pipeline: Pipeline) -> RagTrac
         )
     usage = []
     for u in record.usage:
-        if u.cost_usd is not None:
-            cost, source = u.cost_usd, "app"
-        else:
-            priced = pipeline.prices.cost(u.model, u.input_tokens, u.output_tokens)
-            cost, source = priced, ("price_table" if priced is not None else "unpriced")
+        cost: float | None = u.cost_usd
+        source: CostSource = "app"
+        if cost is None:
+            cost = pipeline.prices.cost(u.model, u.input_tokens, u.output_tokens)
+            source = "price_table" if cost is not None else "unpriced"
         usage.append(
             ModelUsage(
-                model=u.model, kind=u.kind, input_tokens=u.input_tokens, output_tokens=u.output_tokens,
-                cost_usd=cost, cost_source=source,  # type: ignore[arg-type]
+                model=u.model,
+                kind=u.kind,
+                input_tokens=u.input_tokens,
+                output_tokens=u.output_tokens,
+                cost_usd=cost,
+                cost_source=source,
             )
         )
     start = record.start_time or datetime.now(UTC)
@@ -208,9 +214,7 @@ async def ingest_json_traces(batch: TraceBatchIn, tenant: TenantDep, pipeline: P
                 continue
         accepted.append(trace_from_wire(record, tenant, pipeline))
     if not accepted:
-        return Response(
-            TraceBatchOut(accepted=0, rejected=rejected).model_dump_json(), 422, media_type=JSON
-        )
+        return Response(TraceBatchOut(accepted=0, rejected=rejected).model_dump_json(), 422, media_type=JSON)
     await pipeline.accept_traces(accepted)
     return TraceBatchOut(accepted=len(accepted), rejected=rejected)
 

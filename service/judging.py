@@ -23,12 +23,22 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sampler import JudgedSample, SqlJudgeQueue, TraceSampler, TraceSummary, estimate_by
+from sampler import (
+    GROUPINGS,
+    FaithfulnessEstimate,
+    Grouping,
+    JudgedSample,
+    SqlJudgeQueue,
+    TraceSampler,
+    TraceSummary,
+    estimate_by,
+)
 from sampler.queue import QueueRecord
 from service.config import JudgingConfig
 from service.errors import JudgeUnavailable, StoreUnavailable
 from service.judgment import Judge, Judgment
 from service.judgment_store import JudgmentStore
+from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import Chunk, Feedback, QueryEmbedding, RagTrace, Retrieval, Timings
 from service.store import Store
@@ -46,8 +56,13 @@ def rag_trace_from_record(record: dict[str, Any]) -> RagTrace:
 
     def chunks(key: str) -> tuple[Chunk, ...]:
         return tuple(
-            Chunk(id=c["id"], rank=c.get("rank", i), score=c.get("score"), content=c.get("content"),
-                  metadata=c.get("metadata"))
+            Chunk(
+                id=c["id"],
+                rank=c.get("rank", i),
+                score=c.get("score"),
+                content=c.get("content"),
+                metadata=c.get("metadata"),
+            )
             for i, c in enumerate(context.get(key) or [])
         )
 
@@ -63,7 +78,9 @@ def rag_trace_from_record(record: dict[str, Any]) -> RagTrace:
         user_hash=record.get("user_hash"),
         start_time=datetime.fromisoformat(record["start_time"]),
         query=record.get("query"),
-        query_embedding=None if not embedding else QueryEmbedding(model=embedding.get("model"), vector=(0.0,)),
+        query_embedding=None
+        if not embedding
+        else QueryEmbedding(model=embedding.get("model"), vector=(0.0,)),
         retrieval=Retrieval(
             retriever=context.get("retriever"),
             k=context.get("k"),
@@ -217,7 +234,11 @@ class JudgeWorker:
             self.metrics.judge_failures.labels(reason=exc.reason).inc()
             self._pause_until = time.monotonic() + exc.retry_after_s
             await asyncio.to_thread(
-                self.queue.fail, key, worker=self.worker_id, reason=exc.reason, retry_after_s=exc.retry_after_s
+                self.queue.fail,
+                key,
+                worker=self.worker_id,
+                reason=exc.reason,
+                retry_after_s=exc.retry_after_s,
             )
             return
         judgment = judgment.model_copy(update={"app": trace.app, "tenant": trace.tenant})
@@ -273,19 +294,16 @@ class JudgeWorker:
 
     async def stop(self) -> None:
         """Stop claiming; items leased and not finished return when their lease expires. Safe twice."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_task(self._task)
+        self._task = None
 
 
 class FaithfulnessEstimator:
     """Recomputes the Hájek faithfulness estimates over the rolling window and exports them as gauges."""
 
-    def __init__(self, config: JudgingConfig, queue: SqlJudgeQueue, judgments: JudgmentStore, metrics: Metrics):
+    def __init__(
+        self, config: JudgingConfig, queue: SqlJudgeQueue, judgments: JudgmentStore, metrics: Metrics
+    ):
         self.config = config
         self.queue = queue
         self.judgments = judgments
@@ -293,11 +311,15 @@ class FaithfulnessEstimator:
         self._task: asyncio.Task[None] | None = None
         self.latest: dict[tuple[str, ...], Any] = {}
 
-    def compute(self, now: datetime | None = None) -> dict[str, dict[tuple[str, ...], Any]]:
+    def compute(
+        self, now: datetime | None = None
+    ) -> dict[Grouping, dict[tuple[str, ...], FaithfulnessEstimate]]:
         """Estimates per grouping: {"app": {(app,): est}, "app_release": ..., "app_intent": ...}."""
         now = now or datetime.now(UTC)
         window = timedelta(seconds=self.config.estimate_window_s)
-        records = [r for r in self.queue.records(since=now - window) if r.state in ("done", "failed", "skipped")]
+        records = [
+            r for r in self.queue.records(since=now - window) if r.state in ("done", "failed", "skipped")
+        ]
         outcomes = self.judgments.outcomes(r.key for r in records if r.state == "done")
         samples = []
         for record in records:
@@ -308,15 +330,14 @@ class FaithfulnessEstimator:
             if found is None:
                 continue  # completed by a worker whose judgment write was lost: not a sample
             outcome, score = found
-            if outcome == "failed":
+            if outcome == "scored":
+                samples.append(JudgedSample.from_record(record, "scored", score))
+            elif outcome == "no_claims":
+                samples.append(JudgedSample.from_record(record, "no_claims"))
+            else:
                 # a judgment recorded as failed (not retryable) counts with the queue's failures
                 samples.append(JudgedSample.from_record(replace(record, state="failed")))
-            else:
-                samples.append(JudgedSample.from_record(record, outcome, score if outcome == "scored" else None))  # type: ignore[arg-type]
-        return {
-            grouping: estimate_by(samples, grouping, now=now, window=window)  # type: ignore[arg-type]
-            for grouping in ("app", "app_release", "app_intent")
-        }
+        return {grouping: estimate_by(samples, grouping, now=now, window=window) for grouping in GROUPINGS}
 
     def export(self) -> None:
         results = self.compute()
@@ -327,7 +348,7 @@ class FaithfulnessEstimator:
                 release = m.release_label(key[1]) if grouping == "app_release" else "all"
                 intent = m.intent_label(key[1]) if grouping == "app_intent" else "all"
                 labels = {"app": app, "release": release, "intent": intent}
-                if est.estimate is not None:
+                if est.estimate is not None and est.lower is not None and est.upper is not None:
                     m.faithfulness_estimate.labels(**labels).set(est.estimate)
                     m.faithfulness_lower.labels(**labels).set(est.lower)
                     m.faithfulness_upper.labels(**labels).set(est.upper)
@@ -347,11 +368,5 @@ class FaithfulnessEstimator:
             self._task = asyncio.create_task(self._run(), name="faithfulness-estimator")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-
+        await cancel_task(self._task)
+        self._task = None

@@ -26,7 +26,12 @@ from service.errors import StoreUnavailable
 from service.judgment import Judgment
 
 FlagReason = Literal["unfaithful", "low_faithfulness", "judge_failure", "retrieval_failure"]
-FLAG_REASONS: tuple[FlagReason, ...] = ("unfaithful", "low_faithfulness", "judge_failure", "retrieval_failure")
+FLAG_REASONS: tuple[FlagReason, ...] = (
+    "unfaithful",
+    "low_faithfulness",
+    "judge_failure",
+    "retrieval_failure",
+)
 
 metadata = sa.MetaData()
 
@@ -99,7 +104,9 @@ def flags_for(judgment: Judgment, threshold: float) -> list[Flag]:
         raised.append(("judge_failure", f"judge failed after retries: {judgment.failure_reason}"))
     if judgment.outcome == "scored" and judgment.faithfulness is not None:
         if judgment.unsupported:
-            raised.append(("unfaithful", f"{len(judgment.unsupported)} of {len(judgment.claims)} claims unsupported"))
+            raised.append(
+                ("unfaithful", f"{len(judgment.unsupported)} of {len(judgment.claims)} claims unsupported")
+            )
         if judgment.faithfulness < threshold:
             raised.append(("low_faithfulness", f"faithfulness {judgment.faithfulness:.2f} < {threshold:.2f}"))
     if judgment.diagnosis == "retrieval_failure":
@@ -153,9 +160,7 @@ class JudgmentStore:
         raised = flags_for(judgment, flag_threshold)
         now = datetime.now(UTC)
         with self._connect() as conn:
-            inserted = conn.execute(
-                self._insert(judgments).values(row).on_conflict_do_nothing()
-            ).rowcount
+            inserted = conn.execute(self._insert(judgments).values(row).on_conflict_do_nothing()).rowcount
             new_flags = [flag for flag in raised if self._add_flag(conn, flag, now)]
         return inserted == 1, new_flags
 
@@ -163,8 +168,13 @@ class JudgmentStore:
         result = conn.execute(
             self._insert(flags)
             .values(
-                tenant=flag.tenant, trace_id=flag.trace_id, reason=flag.reason, app=flag.app,
-                detail=flag.detail, judge_version=flag.judge_version, created_at=now,
+                tenant=flag.tenant,
+                trace_id=flag.trace_id,
+                reason=flag.reason,
+                app=flag.app,
+                detail=flag.detail,
+                judge_version=flag.judge_version,
+                created_at=now,
             )
             .on_conflict_do_nothing()
         )
@@ -173,26 +183,40 @@ class JudgmentStore:
     def for_trace(self, tenant: str, trace_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(judgments as JSON-ready dicts, flags) of one trace of one tenant."""
         with self._connect() as conn:
-            found = conn.execute(
-                sa.select(judgments.c.record)
-                .where(judgments.c.tenant == tenant, judgments.c.trace_id == trace_id)
-                .order_by(judgments.c.judged_at)
-            ).scalars().all()
-            raised = conn.execute(
-                sa.select(flags.c.reason, flags.c.detail, flags.c.judge_version, flags.c.created_at)
-                .where(flags.c.tenant == tenant, flags.c.trace_id == trace_id)
-                .order_by(flags.c.created_at, flags.c.reason)
-            ).mappings().all()
+            found = (
+                conn.execute(
+                    sa.select(judgments.c.record)
+                    .where(judgments.c.tenant == tenant, judgments.c.trace_id == trace_id)
+                    .order_by(judgments.c.judged_at)
+                )
+                .scalars()
+                .all()
+            )
+            raised = (
+                conn.execute(
+                    sa.select(flags.c.reason, flags.c.detail, flags.c.judge_version, flags.c.created_at)
+                    .where(flags.c.tenant == tenant, flags.c.trace_id == trace_id)
+                    .order_by(flags.c.created_at, flags.c.reason)
+                )
+                .mappings()
+                .all()
+            )
         return (
             [json.loads(r) for r in found],
             [
-                {"reason": f["reason"], "detail": f["detail"], "judge_version": f["judge_version"],
-                 "created_at": f["created_at"].isoformat()}
+                {
+                    "reason": f["reason"],
+                    "detail": f["detail"],
+                    "judge_version": f["judge_version"],
+                    "created_at": f["created_at"].isoformat(),
+                }
                 for f in raised
             ],
         )
 
-    def outcomes(self, keys: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str, str], tuple[str, float | None]]:
+    def outcomes(
+        self, keys: Iterable[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], tuple[str, float | None]]:
         """(tenant, trace_id, judge_version) -> (outcome, faithfulness) for the keys that were judged."""
         wanted = list(keys)
         found: dict[tuple[str, str, str], tuple[str, float | None]] = {}

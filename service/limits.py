@@ -39,7 +39,10 @@ class BodyLimitMiddleware:
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
                 await self._refuse(
-                    scope, receive, send, f"request body of {int(value)} bytes is over the limit of {self.max_bytes}"
+                    scope,
+                    receive,
+                    send,
+                    f"request body of {int(value)} bytes is over the limit of {self.max_bytes}",
                 )
                 return
         chunks: list[bytes] = []
@@ -51,7 +54,9 @@ class BodyLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(scope, receive, send, f"request body is over the limit of {self.max_bytes} bytes")
+                await self._refuse(
+                    scope, receive, send, f"request body is over the limit of {self.max_bytes} bytes"
+                )
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):

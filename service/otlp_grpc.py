@@ -9,6 +9,7 @@ a full bus is UNAVAILABLE, which OTLP exporters retry with backoff.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -36,10 +37,10 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self.pipeline = pipeline
         self.resolver = resolver
 
-    async def Export(  # noqa: N802 - the gRPC method name is fixed by the OTLP service definition
+    async def Export(
         self,
         request: trace_service_pb2.ExportTraceServiceRequest,
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> trace_service_pb2.ExportTraceServiceResponse:
         metrics = self.pipeline.metrics
         metadata = [(m.key, m.value) for m in context.invocation_metadata() or () if isinstance(m.value, str)]
@@ -47,7 +48,11 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
             tenant = self.resolver.resolve(key_from_headers(metadata), _peer_host(context.peer()))
         except PermanentError as exc:
             metrics.reject(exc.reason)
-            code = grpc.StatusCode.UNAUTHENTICATED if exc.status_code == 401 else grpc.StatusCode.PERMISSION_DENIED
+            code = (
+                grpc.StatusCode.UNAUTHENTICATED
+                if exc.status_code == 401
+                else grpc.StatusCode.PERMISSION_DENIED
+            )
             await context.abort(code, exc.message)
         try:
             decoded = otlp.decode_request(request, tenant)
@@ -70,7 +75,9 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
 class OtlpGrpcReceiver:
     """Owns the grpc.aio server; `start()` binds the port, `stop()` lets in-flight calls finish."""
 
-    def __init__(self, pipeline: Pipeline, resolver: TenantResolver, host: str, port: int, max_bytes: int) -> None:
+    def __init__(
+        self, pipeline: Pipeline, resolver: TenantResolver, host: str, port: int, max_bytes: int
+    ) -> None:
         self.pipeline = pipeline
         self.resolver = resolver
         self.host = host
@@ -81,7 +88,9 @@ class OtlpGrpcReceiver:
 
     async def start(self) -> None:
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", self.max_bytes)])
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self.pipeline, self.resolver), server)
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            _TraceService(self.pipeline, self.resolver), server
+        )
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.bound_port = server.add_insecure_port(f"{host}:{self.port}")
         await server.start()

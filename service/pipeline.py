@@ -102,8 +102,15 @@ class Pipeline:
         if config.judging.enabled:
             downstream.append(JudgeQueueSink(self.sampler, self.judge_queue, self.store, self.metrics))
         self.judge_workers = [
-            JudgeWorker(config.judging, self.judge, self.judge_queue, self.store, self.judgments, self.metrics,
-                        worker_id=f"{socket.gethostname()}-{os.getpid()}-{n}")
+            JudgeWorker(
+                config.judging,
+                self.judge,
+                self.judge_queue,
+                self.store,
+                self.judgments,
+                self.metrics,
+                worker_id=f"{socket.gethostname()}-{os.getpid()}-{n}",
+            )
             for n in range(config.judging.workers if config.judging.enabled else 0)
         ]
         self.estimator = FaithfulnessEstimator(config.judging, self.judge_queue, self.judgments, self.metrics)
@@ -120,21 +127,45 @@ class Pipeline:
         self._retention_task: asyncio.Task[None] | None = None
         self.started = False
         state = self.metrics.state
-        state.add("ragmon_open_traces", "traces being assembled (spans buffered)", lambda: self.assembler.open_traces)
-        state.add("ragmon_open_trace_spans", "spans in the open-trace buffer", lambda: self.assembler.open_spans)
-        state.add("ragmon_open_trace_bytes", "estimated bytes in the open-trace buffer",
-                  lambda: self.assembler.open_bytes)
-        state.add("ragmon_open_trace_buffer_fill_ratio", "open-trace buffer use (0-1) of its span or byte bound",
-                  lambda: self.assembler.fill_ratio)
+        state.add(
+            "ragmon_open_traces",
+            "traces being assembled (spans buffered)",
+            lambda: self.assembler.open_traces,
+        )
+        state.add(
+            "ragmon_open_trace_spans", "spans in the open-trace buffer", lambda: self.assembler.open_spans
+        )
+        state.add(
+            "ragmon_open_trace_bytes",
+            "estimated bytes in the open-trace buffer",
+            lambda: self.assembler.open_bytes,
+        )
+        state.add(
+            "ragmon_open_trace_buffer_fill_ratio",
+            "open-trace buffer use (0-1) of its span or byte bound",
+            lambda: self.assembler.fill_ratio,
+        )
         state.add("ragmon_bus_queue_depth", "records waiting in the bus", lambda: self.bus.depth)
-        state.add("ragmon_bus_capacity", "records the bus holds before ingest answers 503",
-                  lambda: self.config.bus.capacity)
-        state.add("ragmon_judge_queue_depth", "judge queue items waiting or leased",
-                  lambda: self._queue_stats().depth)
-        state.add("ragmon_judge_queue_oldest_age_seconds", "age of the oldest waiting or leased judge item",
-                  self._queue_oldest_age)
-        state.add("ragmon_judge_queue_failed", "judge queue items that ended failed (visible, never dropped)",
-                  lambda: self._queue_stats().failed)
+        state.add(
+            "ragmon_bus_capacity",
+            "records the bus holds before ingest answers 503",
+            lambda: self.config.bus.capacity,
+        )
+        state.add(
+            "ragmon_judge_queue_depth",
+            "judge queue items waiting or leased",
+            lambda: self._queue_stats().depth,
+        )
+        state.add(
+            "ragmon_judge_queue_oldest_age_seconds",
+            "age of the oldest waiting or leased judge item",
+            self._queue_oldest_age,
+        )
+        state.add(
+            "ragmon_judge_queue_failed",
+            "judge queue items that ended failed (visible, never dropped)",
+            lambda: self._queue_stats().failed,
+        )
         self._stats_cache: tuple[float, Any] = (0.0, None)
 
     def _queue_stats(self) -> Any:

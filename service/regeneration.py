@@ -27,8 +27,42 @@ from service.model import RagTrace
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _STOP_WORDS = frozenset(
-    "a an the is are was were be to of in on for and or at by with do does did i my me you your it this that "
-    "please can could would should".split()
+    [
+        "a",
+        "an",
+        "the",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "to",
+        "of",
+        "in",
+        "on",
+        "for",
+        "and",
+        "or",
+        "at",
+        "by",
+        "with",
+        "do",
+        "does",
+        "did",
+        "i",
+        "my",
+        "me",
+        "you",
+        "your",
+        "it",
+        "this",
+        "that",
+        "please",
+        "can",
+        "could",
+        "would",
+        "should",
+    ]
 )
 
 
@@ -67,7 +101,10 @@ class ReaskDetector:
         if previous is None or trace.is_regeneration:
             return trace
         previous_at, previous_words = previous
-        if 0 <= at - previous_at <= self.config.window_s and jaccard(words, previous_words) >= self.config.similarity:
+        if (
+            0 <= at - previous_at <= self.config.window_s
+            and jaccard(words, previous_words) >= self.config.similarity
+        ):
             return trace.model_copy(update={"is_regeneration": True, "regeneration_source": "reask"})
         return trace
 

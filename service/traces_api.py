@@ -53,7 +53,9 @@ def sampling_view(pipeline: PipelineDep, record: dict[str, Any]) -> dict[str, An
         "inclusion_probability": decision.inclusion_probability,
         "judge_version": pipeline.sampler.judge_version,
     }
-    queued = pipeline.judge_queue.get(ItemKey(record["tenant"], record["trace_id"], pipeline.sampler.judge_version))
+    queued = pipeline.judge_queue.get(
+        ItemKey(record["tenant"], record["trace_id"], pipeline.sampler.judge_version)
+    )
     if queued is not None:
         view.update(
             stratum=queued.item.stratum,
@@ -83,8 +85,15 @@ async def list_traces(
     cursor: str | None = None,
 ) -> TraceListOut:
     given = {
-        "app": app, "since": since, "until": until, "regeneration": regeneration, "partial": partial,
-        "has_feedback": feedback, "release": release, "intent": intent, "probe": probe,
+        "app": app,
+        "since": since,
+        "until": until,
+        "regeneration": regeneration,
+        "partial": partial,
+        "has_feedback": feedback,
+        "release": release,
+        "intent": intent,
+        "probe": probe,
     }
     filters: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     items, next_cursor = await asyncio.to_thread(

@@ -68,12 +68,16 @@ class UsageIn(_In):
 class TraceIn(_In):
     """One RAG request as an app without OpenTelemetry reports it."""
 
-    trace_id: str = Field(pattern=TRACE_ID_PATTERN, description="32 lower-case hex digits; the idempotency key")
+    trace_id: str = Field(
+        pattern=TRACE_ID_PATTERN, description="32 lower-case hex digits; the idempotency key"
+    )
     app: str = Field("unknown", min_length=1, max_length=200)
     release: str | None = None
     intent: str | None = None
     session_id: str | None = None
-    user_id: str | None = Field(default=None, description="hashed with SHA-256 on arrival; never stored as sent")
+    user_id: str | None = Field(
+        default=None, description="hashed with SHA-256 on arrival; never stored as sent"
+    )
     start_time: datetime | None = Field(default=None, description="default: time of arrival")
     query: str | None = None
     query_embedding: EmbeddingIn | None = None
@@ -106,7 +110,9 @@ class FeedbackIn(_In):
 
     trace_id: str = Field(pattern=TRACE_ID_PATTERN)
     kind: FeedbackKind = Field(description="up | down | regenerate")
-    reason: str | None = Field(default=None, max_length=100, description="reason category, e.g. wrong, incomplete")
+    reason: str | None = Field(
+        default=None, max_length=100, description="reason category, e.g. wrong, incomplete"
+    )
     text: str | None = Field(default=None, max_length=10_000)
     event_id: str | None = Field(
         default=None, max_length=200, description="send one to make retries safe: the same id is stored once"

@@ -32,7 +32,7 @@ class SinkConsumer:
 
 
 class ErrorConsumer(SinkConsumer):
-    """Raises `exc` for the first `times` calls (forever when times is None), then records like SinkConsumer."""
+    """Raises `exc` for the first `times` calls (always when times is None), then records."""
 
     def __init__(self, exc: RagmonError, times: int | None = None) -> None:
         super().__init__()

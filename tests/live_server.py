@@ -71,7 +71,9 @@ def live_server(data_dir: Path, **overrides: Any) -> Iterator[LiveServer]:
             settings[key] = value
     config = load_config(environ={}, overrides=settings)
     app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=http_port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=http_port, log_level="warning", lifespan="on")
+    )
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
     thread.start()

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import pytest
-
 from service.assemble import SpanAssembler
 from service.config import AssemblerConfig
 from service.metrics import Metrics
@@ -48,7 +46,9 @@ def span(trace: int, n: int, root: bool = False, size: int = 100, tenant: str = 
 
 def make(config: AssemblerConfig | None = None) -> tuple[SpanAssembler, SinkConsumer, FakeClock, Metrics]:
     sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
-    assembler = SpanAssembler(config or AssemblerConfig(grace_s=0.5, timeout_s=10), sink, build, metrics, clock)
+    assembler = SpanAssembler(
+        config or AssemblerConfig(grace_s=0.5, timeout_s=10), sink, build, metrics, clock
+    )
     return assembler, sink, clock, metrics
 
 
@@ -146,5 +146,3 @@ async def test_builder_failure_is_counted_and_other_traces_survive() -> None:
     await assembler.flush_due()
     assert [t.trace_id[-1] for t in sink.traces] == ["8"]
     assert counter(metrics, "ragmon_assembly_failures_total") == 1
-
-

@@ -29,14 +29,17 @@ def test_file_then_env_then_flags(tmp_path: Path) -> None:
 
 
 def test_unknown_key_inside_a_section_is_an_error_but_foreign_env_is_ignored() -> None:
-    with pytest.raises(ConfigError, match="assembler.grace"):
+    with pytest.raises(ConfigError, match=r"assembler\.grace"):
         load_config(environ={"RAGMON_ASSEMBLER__GRACE": "1"})
     assert load_config(environ={"RAGMON_SHARED_DATA": "/x"}).server.port == 4318
 
 
 @pytest.mark.parametrize(
     ("env", "where"),
-    [({"RAGMON_SERVER__PORT": "70000"}, "server.port"), ({"RAGMON_ASSEMBLER__GRACE_S": "-1"}, "assembler.grace_s")],
+    [
+        ({"RAGMON_SERVER__PORT": "70000"}, "server.port"),
+        ({"RAGMON_ASSEMBLER__GRACE_S": "-1"}, "assembler.grace_s"),
+    ],
 )
 def test_bad_values_name_the_setting(env: dict[str, str], where: str) -> None:
     with pytest.raises(ConfigError, match=where.replace(".", r"\.")):

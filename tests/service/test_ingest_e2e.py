@@ -36,8 +36,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         yield live
 
 
-def rag_request(provider: TracerProvider, query: str, *, session: str = "s-1", regenerate: bool = False,
-                vector: list[float] | None = None) -> str:
+def rag_request(
+    provider: TracerProvider,
+    query: str,
+    *,
+    session: str = "s-1",
+    regenerate: bool = False,
+    vector: list[float] | None = None,
+) -> str:
     """One RAG request as an OpenInference-instrumented app records it; returns the trace id (hex)."""
     tracer = provider.get_tracer("test-app")
     with tracer.start_as_current_span("rag") as root:
@@ -104,14 +110,18 @@ def test_official_http_exporter_trace_is_stored_and_counted(server: LiveServer) 
     assert "How can I pay for my order?" in text and "You can pay by card." in text
     assert "doc-a" in text and "alice@example.com" not in text  # user ids are stored hashed only
     assert server.metric("ragmon_traces_total", app="shop-assistant") == before + 1
-    assert server.metric("ragmon_tokens_total", app="shop-assistant", model="gpt-4o-mini", kind="input") >= 1000
+    assert (
+        server.metric("ragmon_tokens_total", app="shop-assistant", model="gpt-4o-mini", kind="input") >= 1000
+    )
     assert server.metric("ragmon_cost_usd_total", app="shop-assistant", model="gpt-4o-mini") > 0
     assert server.metric("ragmon_retrieval_top1_score_count", app="shop-assistant") >= 1
     assert server.metric("ragmon_stage_duration_seconds_count", app="shop-assistant", stage="retrieval") >= 1
 
 
 def test_official_grpc_exporter(server: LiveServer) -> None:
-    provider = provider_with(GrpcExporter(endpoint=server.grpc_target, insecure=True, timeout=10), app="grpc-app")
+    provider = provider_with(
+        GrpcExporter(endpoint=server.grpc_target, insecure=True, timeout=10), app="grpc-app"
+    )
     trace_id = rag_request(provider, "Where is my parcel?")
     provider.shutdown()
     record = wait_for_trace(server, trace_id)
@@ -130,23 +140,34 @@ def encoded_request(query: str, app: str = "raw-app", **kwargs: object) -> tuple
 def test_gzip_protobuf_body(server: LiveServer) -> None:
     body, trace_id = encoded_request("gzip question")
     with server.client() as client:
-        response = client.post("/v1/traces", content=gzip.compress(body),
-                               headers={**PROTOBUF, "content-encoding": "gzip"})
+        response = client.post(
+            "/v1/traces", content=gzip.compress(body), headers={**PROTOBUF, "content-encoding": "gzip"}
+        )
     assert response.status_code == 200
     assert "gzip question" in json.dumps(wait_for_trace(server, trace_id))
 
 
 def otlp_json(trace_id: str, spans: list[dict]) -> dict:
-    return {"resourceSpans": [{
-        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "json-app"}}]},
-        "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}],
-    }]}
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "json-app"}}]},
+                "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}],
+            }
+        ]
+    }
 
 
 def json_span(trace_id: str, span_id: str, parent: str | None, attrs: list[dict]) -> dict:
-    span = {"traceId": trace_id, "spanId": span_id, "name": "x", "kind": 1,
-            "startTimeUnixNano": "1764400000000000000", "endTimeUnixNano": "1764400000500000000",
-            "attributes": attrs}
+    span = {
+        "traceId": trace_id,
+        "spanId": span_id,
+        "name": "x",
+        "kind": 1,
+        "startTimeUnixNano": "1764400000000000000",
+        "endTimeUnixNano": "1764400000500000000",
+        "attributes": attrs,
+    }
     if parent:
         span["parentSpanId"] = parent
     return span
@@ -155,16 +176,28 @@ def json_span(trace_id: str, span_id: str, parent: str | None, attrs: list[dict]
 def test_otlp_json_body_and_partial_success_keeps_good_spans(server: LiveServer) -> None:
     good = "5b8efff798038103d269b633813fc60c"
     bad = "5b8efff798038103d269b633813fc60d"
-    root = json_span(good, "eee19b7ec3c1b174", None, [
-        {"key": KIND, "value": {"stringValue": "CHAIN"}},
-        {"key": SpanAttributes.INPUT_VALUE, "value": {"stringValue": "json question"}},
-    ])
+    root = json_span(
+        good,
+        "eee19b7ec3c1b174",
+        None,
+        [
+            {"key": KIND, "value": {"stringValue": "CHAIN"}},
+            {"key": SpanAttributes.INPUT_VALUE, "value": {"stringValue": "json question"}},
+        ],
+    )
     # an embedding span whose vector holds a NaN: this span alone is rejected
-    nan_span = json_span(bad, "eee19b7ec3c1b175", None, [
-        {"key": KIND, "value": {"stringValue": "EMBEDDING"}},
-        {"key": f"{SpanAttributes.EMBEDDING_EMBEDDINGS}.0.{EmbeddingAttributes.EMBEDDING_VECTOR}",
-         "value": {"arrayValue": {"values": [{"doubleValue": 0.5}, {"doubleValue": "NaN"}]}}},
-    ])
+    nan_span = json_span(
+        bad,
+        "eee19b7ec3c1b175",
+        None,
+        [
+            {"key": KIND, "value": {"stringValue": "EMBEDDING"}},
+            {
+                "key": f"{SpanAttributes.EMBEDDING_EMBEDDINGS}.0.{EmbeddingAttributes.EMBEDDING_VECTOR}",
+                "value": {"arrayValue": {"values": [{"doubleValue": 0.5}, {"doubleValue": "NaN"}]}},
+            },
+        ],
+    )
     before = server.metric("ragmon_ingest_rejected_total", reason="nan_vector")
     with server.client() as client:
         response = client.post("/v1/traces", json=otlp_json(good, [root, nan_span]))
@@ -213,8 +246,11 @@ def test_oversized_bodies_are_refused_with_413(tmp_path: Path) -> None:
                     yield b"\0" * 500
 
             streamed = client.post("/v1/traces", content=chunks(), headers=PROTOBUF)
-            bomb = client.post("/v1/traces", content=gzip.compress(b"\0" * 100_000),
-                               headers={**PROTOBUF, "content-encoding": "gzip"})
+            bomb = client.post(
+                "/v1/traces",
+                content=gzip.compress(b"\0" * 100_000),
+                headers={**PROTOBUF, "content-encoding": "gzip"},
+            )
         assert declared.status_code == 413 and streamed.status_code == 413 and bomb.status_code == 413
         assert small.metric("ragmon_ingest_rejected_total", reason="too_large") == 3
 
@@ -226,8 +262,9 @@ def test_api_keys_map_to_tenants_and_isolate_them(tmp_path: Path) -> None:
         with keyed.client() as client:
             missing = client.post("/v1/traces", content=body, headers=PROTOBUF)
             wrong = client.post("/v1/traces", content=body, headers={**PROTOBUF, "x-api-key": "nope"})
-            ok = client.post("/v1/traces", content=body,
-                             headers={**PROTOBUF, "authorization": "Bearer key-acme-123"})
+            ok = client.post(
+                "/v1/traces", content=body, headers={**PROTOBUF, "authorization": "Bearer key-acme-123"}
+            )
         assert (missing.status_code, wrong.status_code, ok.status_code) == (401, 403, 200)
         record = wait_for_trace(keyed, trace_id, {"x-api-key": "key-acme-123"})
         assert record.get("tenant", "acme") == "acme"
@@ -242,14 +279,23 @@ def test_json_api_partial_batch_and_feedback_before_trace(server: LiveServer) ->
     trace_id = "0af7651916cd43dd8448eb211c80319c"
     with server.client() as client:
         # feedback first: the trace does not exist yet
-        fb = client.post("/api/v1/feedback", json={"trace_id": trace_id, "kind": "down", "reason": "wrong",
-                                                  "event_id": "ev-1"})
+        fb = client.post(
+            "/api/v1/feedback",
+            json={"trace_id": trace_id, "kind": "down", "reason": "wrong", "event_id": "ev-1"},
+        )
         assert fb.status_code == 200
-        good = {"trace_id": trace_id, "app": "json-api-app", "query": "What is the refund window?",
-                "answer": "30 days.", "retrieval": {"chunks": [{"id": "policy-1", "score": 0.8}]},
-                "timings": {"total_s": 1.2, "retrieval_s": 0.1}, "usage": [
-                    {"model": "gpt-4o-mini", "input_tokens": 500, "output_tokens": 20},
-                    {"model": "my-private-llm", "input_tokens": 10, "output_tokens": 10}]}
+        good = {
+            "trace_id": trace_id,
+            "app": "json-api-app",
+            "query": "What is the refund window?",
+            "answer": "30 days.",
+            "retrieval": {"chunks": [{"id": "policy-1", "score": 0.8}]},
+            "timings": {"total_s": 1.2, "retrieval_s": 0.1},
+            "usage": [
+                {"model": "gpt-4o-mini", "input_tokens": 500, "output_tokens": 20},
+                {"model": "my-private-llm", "input_tokens": 10, "output_tokens": 10},
+            ],
+        }
         bad_type = {"trace_id": "1af7651916cd43dd8448eb211c80319c", "timings": {"total_s": "slow"}}
         bad_id = {"trace_id": "xyz"}
         nan = {"trace_id": "2af7651916cd43dd8448eb211c80319c", "query_embedding": {"vector": [1.0, math.nan]}}
@@ -259,16 +305,22 @@ def test_json_api_partial_batch_and_feedback_before_trace(server: LiveServer) ->
         out = response.json()
         assert out["accepted"] == 1 and [r["index"] for r in out["rejected"]] == [1, 2]
         assert "timings.total_s" in out["rejected"][0]["error"]
-        nan_response = client.post("/api/v1/traces", content=json.dumps({"traces": [nan]}),
-                                   headers={"content-type": "application/json"})
+        nan_response = client.post(
+            "/api/v1/traces",
+            content=json.dumps({"traces": [nan]}),
+            headers={"content-type": "application/json"},
+        )
         assert nan_response.status_code == 422
         # the same feedback event again is stored once
         client.post("/api/v1/feedback", json={"trace_id": trace_id, "kind": "down", "event_id": "ev-1"})
     record = wait_for_trace(server, trace_id)
     text = json.dumps(record)
     assert "What is the refund window?" in text and text.count("ev-1") == 1
-    assert server.metric("ragmon_feedback_total", app="none", rating="down") + server.metric(
-        "ragmon_feedback_total", app="json-api-app", rating="down") == 1
+    assert (
+        server.metric("ragmon_feedback_total", app="none", rating="down")
+        + server.metric("ragmon_feedback_total", app="json-api-app", rating="down")
+        == 1
+    )
     assert server.metric("ragmon_unpriced_calls_total", app="json-api-app", model="my-private-llm") == 1
 
 
@@ -276,8 +328,9 @@ def test_bad_json_api_bodies(server: LiveServer) -> None:
     with server.client() as client:
         malformed = client.post("/api/v1/traces", content=b"{", headers={"content-type": "application/json"})
         wrong_type = client.post("/api/v1/feedback", json={"trace_id": "0" * 32, "kind": "meh"})
-        utf8 = client.post("/api/v1/feedback", content=b'{"trace_id": "\xff"}',
-                           headers={"content-type": "application/json"})
+        utf8 = client.post(
+            "/api/v1/feedback", content=b'{"trace_id": "\xff"}', headers={"content-type": "application/json"}
+        )
     assert malformed.status_code == 400 and malformed.json()["error"] == "decode_error"
     assert wrong_type.status_code == 422 and "kind" in wrong_type.json()["detail"]
     assert utf8.status_code in (400, 422)
@@ -294,7 +347,10 @@ def test_explicit_and_implicit_regenerations_are_counted(server: LiveServer) -> 
         assert client.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
     server.flush()
     assert server.metric("ragmon_regenerations_total", app="regen-app", intent="billing", source="reask") == 1
-    assert server.metric("ragmon_regenerations_total", app="regen-app", intent="billing", source="attribute") == 1
+    assert (
+        server.metric("ragmon_regenerations_total", app="regen-app", intent="billing", source="attribute")
+        == 1
+    )
 
 
 def test_full_bus_answers_503_with_retry_after(tmp_path: Path) -> None:
@@ -317,15 +373,22 @@ def test_metrics_endpoint_and_probes(server: LiveServer) -> None:
         assert client.get("/healthz").json() == {"status": "ok"}
         assert client.get("/readyz").status_code == 200
         text = client.get("/metrics").text
-    for name in ("ragmon_traces_total", "ragmon_stage_duration_seconds_bucket", "ragmon_open_traces",
-                 "ragmon_bus_queue_depth", "ragmon_ingest_rejected_total"):
+    for name in (
+        "ragmon_traces_total",
+        "ragmon_stage_duration_seconds_bucket",
+        "ragmon_open_traces",
+        "ragmon_bus_queue_depth",
+        "ragmon_ingest_rejected_total",
+    ):
         assert name in text
     assert "alice" not in text and "session" not in text
 
 
 def test_list_traces_paginates_and_filters(server: LiveServer) -> None:
     with server.client() as client:
-        records = [{"trace_id": f"{0xABC000 + i:032x}", "app": "page-app", "query": f"q{i}"} for i in range(7)]
+        records = [
+            {"trace_id": f"{0xABC000 + i:032x}", "app": "page-app", "query": f"q{i}"} for i in range(7)
+        ]
         assert client.post("/api/v1/traces", json={"traces": records}).status_code == 200
         server.flush()
         seen: list[str] = []

@@ -1,4 +1,4 @@
-"""Spans from real instrumentation, unmodified: `phoenix.otel.register` and the OpenInference OpenAI instrumentor.
+"""Spans from unmodified instrumentation: `phoenix.otel.register` and the OpenInference OpenAI instrumentor.
 
 The app under test is a tiny RAG function: a hand-instrumented retriever and a
 real OpenAI SDK call (to a local OpenAI-compatible server) that the
@@ -37,32 +37,43 @@ def fake_openai() -> Iterator[FakeOpenAI]:
 
 
 def test_phoenix_register_and_openai_instrumentor(server: LiveServer, fake_openai: FakeOpenAI) -> None:
-    fake_openai.set_default(Reply(content="The warranty lasts two years.", prompt_tokens=321, completion_tokens=9))
+    fake_openai.set_default(
+        Reply(content="The warranty lasts two years.", prompt_tokens=321, completion_tokens=9)
+    )
     provider = register(
-        endpoint=f"{server.url}/v1/traces", project_name="warranty-bot", set_global_tracer_provider=False,
-        batch=False, verbose=False,
+        endpoint=f"{server.url}/v1/traces",
+        project_name="warranty-bot",
+        set_global_tracer_provider=False,
+        batch=False,
+        verbose=False,
     )
     instrumentor = OpenAIInstrumentor()
     instrumentor.instrument(tracer_provider=provider)
     try:
         tracer = provider.get_tracer("warranty-bot")
-        client = OpenAI(api_key="test", base_url=fake_openai.base_url, max_retries=0,
-                        http_client=httpx.Client(timeout=10))
+        client = OpenAI(
+            api_key="test", base_url=fake_openai.base_url, max_retries=0, http_client=httpx.Client(timeout=10)
+        )
         question = "How long is the warranty?"
         with tracer.start_as_current_span("answer") as root:
-            root.set_attribute(SpanAttributes.OPENINFERENCE_SPAN_KIND, OpenInferenceSpanKindValues.CHAIN.value)
+            root.set_attribute(
+                SpanAttributes.OPENINFERENCE_SPAN_KIND, OpenInferenceSpanKindValues.CHAIN.value
+            )
             root.set_attribute(SpanAttributes.INPUT_VALUE, question)
             with tracer.start_as_current_span("retrieve") as retriever:
-                retriever.set_attribute(SpanAttributes.OPENINFERENCE_SPAN_KIND,
-                                        OpenInferenceSpanKindValues.RETRIEVER.value)
+                retriever.set_attribute(
+                    SpanAttributes.OPENINFERENCE_SPAN_KIND, OpenInferenceSpanKindValues.RETRIEVER.value
+                )
                 prefix = f"{SpanAttributes.RETRIEVAL_DOCUMENTS}.0."
                 retriever.set_attribute(prefix + DocumentAttributes.DOCUMENT_ID, "warranty-policy")
                 retriever.set_attribute(prefix + DocumentAttributes.DOCUMENT_SCORE, 0.88)
                 retriever.set_attribute(prefix + DocumentAttributes.DOCUMENT_CONTENT, "Warranty: two years.")
             completion = client.chat.completions.create(
                 model="gpt-4o-mini",
-                messages=[{"role": "system", "content": "Context: Warranty: two years."},
-                          {"role": "user", "content": question}],
+                messages=[
+                    {"role": "system", "content": "Context: Warranty: two years."},
+                    {"role": "user", "content": question},
+                ],
             )
             answer = completion.choices[0].message.content or ""
             root.set_attribute(SpanAttributes.OUTPUT_VALUE, answer)

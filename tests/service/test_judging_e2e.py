@@ -17,27 +17,57 @@ import pytest
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.live_server import LiveServer, live_server
 
-FAITHFUL = json.dumps({
-    "claims": ["Refunds are possible within 30 days."], "supported": [0], "unsupported": [],
-    "outcome": "scored", "failure_mode": "none", "context_sufficient": True, "rationale": "stated in policy-1",
-})
-UNFAITHFUL = json.dumps({
-    "claims": ["Refunds are possible within 30 days.", "Shipping is free."], "supported": [0], "unsupported": [1],
-    "outcome": "scored", "failure_mode": "fabrication", "context_sufficient": True, "rationale": "no shipping info",
-})
-BROKEN_PARTITION = json.dumps({
-    "claims": ["a", "b"], "supported": [0], "unsupported": [0],
-    "outcome": "scored", "failure_mode": "none", "context_sufficient": True, "rationale": "x",
-})
+FAITHFUL = json.dumps(
+    {
+        "claims": ["Refunds are possible within 30 days."],
+        "supported": [0],
+        "unsupported": [],
+        "outcome": "scored",
+        "failure_mode": "none",
+        "context_sufficient": True,
+        "rationale": "stated in policy-1",
+    }
+)
+UNFAITHFUL = json.dumps(
+    {
+        "claims": ["Refunds are possible within 30 days.", "Shipping is free."],
+        "supported": [0],
+        "unsupported": [1],
+        "outcome": "scored",
+        "failure_mode": "fabrication",
+        "context_sufficient": True,
+        "rationale": "no shipping info",
+    }
+)
+BROKEN_PARTITION = json.dumps(
+    {
+        "claims": ["a", "b"],
+        "supported": [0],
+        "unsupported": [0],
+        "outcome": "scored",
+        "failure_mode": "none",
+        "context_sufficient": True,
+        "rationale": "x",
+    }
+)
 
 
 def traces(n: int, offset: int = 0, app: str = "judge-app") -> list[dict[str, Any]]:
     return [
         {
-            "trace_id": f"{0xFEED0000 + offset + i:032x}", "app": app, "query": f"What is the refund window {i}?",
+            "trace_id": f"{0xFEED0000 + offset + i:032x}",
+            "app": app,
+            "query": f"What is the refund window {i}?",
             "answer": "Refunds are possible within 30 days.",
-            "retrieval": {"chunks": [{"id": "policy-1", "score": 0.9,
-                                      "content": "Refunds are possible within 30 days of delivery."}]},
+            "retrieval": {
+                "chunks": [
+                    {
+                        "id": "policy-1",
+                        "score": 0.9,
+                        "content": "Refunds are possible within 30 days of delivery.",
+                    }
+                ]
+            },
         }
         for i in range(n)
     ]
@@ -60,8 +90,13 @@ def wait_until(predicate: Any, timeout: float = 30.0) -> None:
 
 def queue_states(server: LiveServer) -> dict[str, int]:
     stats = server.pipeline.judge_queue.stats()
-    return {"pending": stats.pending, "leased": stats.leased, "done": stats.done, "failed": stats.failed,
-            "skipped": stats.skipped}
+    return {
+        "pending": stats.pending,
+        "leased": stats.leased,
+        "done": stats.done,
+        "failed": stats.failed,
+        "skipped": stats.skipped,
+    }
 
 
 def judge_settings(fake: FakeOpenAI | None, **judging: Any) -> dict[str, Any]:
@@ -72,8 +107,14 @@ def judge_settings(fake: FakeOpenAI | None, **judging: Any) -> dict[str, Any]:
         "budget": {"calls_per_minute": 100000, "usd_per_day": 1000},
     }
     if fake is not None:
-        settings["judge"] = {"base_url": fake.base_url, "api_key": "test", "model": "gpt-4o-mini",
-                             "backoff_base_s": 0.01, "backoff_max_s": 0.05, "timeout_s": 2}
+        settings["judge"] = {
+            "base_url": fake.base_url,
+            "api_key": "test",
+            "model": "gpt-4o-mini",
+            "backoff_base_s": 0.01,
+            "backoff_max_s": 0.05,
+            "timeout_s": 2,
+        }
     return settings
 
 
@@ -92,11 +133,19 @@ def test_heuristic_judge_by_default_labels_everything_and_estimates(tmp_path: Pa
             for v in ("faithful", "unfaithful", "no_claims", "failed")
         )
         assert verdicts == 12
-        wait_until(lambda: server.metric("ragmon_faithfulness_sample_size", app="judge-app", release="all",
-                                         intent="all") == 12)
+        wait_until(
+            lambda: (
+                server.metric("ragmon_faithfulness_sample_size", app="judge-app", release="all", intent="all")
+                == 12
+            )
+        )
         estimate = server.metric("ragmon_faithfulness_estimate", app="judge-app", release="all", intent="all")
-        lower = server.metric("ragmon_faithfulness_estimate_lower", app="judge-app", release="all", intent="all")
-        upper = server.metric("ragmon_faithfulness_estimate_upper", app="judge-app", release="all", intent="all")
+        lower = server.metric(
+            "ragmon_faithfulness_estimate_lower", app="judge-app", release="all", intent="all"
+        )
+        upper = server.metric(
+            "ragmon_faithfulness_estimate_upper", app="judge-app", release="all", intent="all"
+        )
         assert 0 <= lower <= estimate <= upper <= 1
         with server.client() as client:
             record = client.get(f"/api/v1/traces/{traces(1)[0]['trace_id']}").json()
@@ -110,8 +159,14 @@ def test_llm_judge_verdicts_flags_and_trace_view(tmp_path: Path, fake_openai: Fa
     with live_server(tmp_path, **judge_settings(fake_openai, concurrency=1, batch_size=1)) as server:
         send(server, traces(2))
         wait_until(lambda: queue_states(server)["done"] == 2)
-        assert server.metric("ragmon_judge_verdicts_total", app="judge-app", verdict="faithful", judge="llm") == 1
-        assert server.metric("ragmon_judge_verdicts_total", app="judge-app", verdict="unfaithful", judge="llm") == 1
+        assert (
+            server.metric("ragmon_judge_verdicts_total", app="judge-app", verdict="faithful", judge="llm")
+            == 1
+        )
+        assert (
+            server.metric("ragmon_judge_verdicts_total", app="judge-app", verdict="unfaithful", judge="llm")
+            == 1
+        )
         assert server.metric("ragmon_judge_cost_usd_total", judge="llm") > 0
         assert server.metric("ragmon_review_flags_total", app="judge-app", reason="unfaithful") == 1
         with server.client() as client:
@@ -126,8 +181,11 @@ def test_llm_judge_verdicts_flags_and_trace_view(tmp_path: Path, fake_openai: Fa
 
 def test_faults_end_judged_or_visibly_failed_never_twice(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     fake_openai.script(
-        Reply(status=429, headers={"retry-after": "0"}), Reply(status=429, headers={"retry-after": "0"}),
-        Reply(status=500), Reply(raw_body="this is not json"), Reply(content=BROKEN_PARTITION),
+        Reply(status=429, headers={"retry-after": "0"}),
+        Reply(status=429, headers={"retry-after": "0"}),
+        Reply(status=500),
+        Reply(raw_body="this is not json"),
+        Reply(content=BROKEN_PARTITION),
     )
     fake_openai.set_default(Reply(content=FAITHFUL))
     with live_server(tmp_path, **judge_settings(fake_openai, concurrency=2)) as server:
@@ -137,8 +195,10 @@ def test_faults_end_judged_or_visibly_failed_never_twice(tmp_path: Path, fake_op
         completed = server.metric("ragmon_judge_completed_total", judge="llm")
         assert states["pending"] == states["leased"] == 0
         assert completed == states["done"] == 8  # each trace judged exactly once
-        failures = sum(server.metric("ragmon_judge_failures_total", reason=r)
-                       for r in ("rate_limited", "server_error", "malformed", "partition_violation"))
+        failures = sum(
+            server.metric("ragmon_judge_failures_total", reason=r)
+            for r in ("rate_limited", "server_error", "malformed", "partition_violation")
+        )
         assert failures >= 1  # the faults were seen and counted, and retried to success
 
 

@@ -12,10 +12,16 @@ from tests.consumers import SinkConsumer
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 
-def trace(n: int, query: str, *, session: str | None = "s1", at_s: float = 0, regen: bool = False) -> RagTrace:
+def trace(
+    n: int, query: str, *, session: str | None = "s1", at_s: float = 0, regen: bool = False
+) -> RagTrace:
     return RagTrace(
-        trace_id=f"{n:032x}", session_id=session, query=query, start_time=T0 + timedelta(seconds=at_s),
-        is_regeneration=regen, regeneration_source="attribute" if regen else None,
+        trace_id=f"{n:032x}",
+        session_id=session,
+        query=query,
+        start_time=T0 + timedelta(seconds=at_s),
+        is_regeneration=regen,
+        regeneration_source="attribute" if regen else None,
     )
 
 
@@ -39,12 +45,14 @@ async def test_reask_in_same_session_within_window_is_marked() -> None:
 async def test_no_match_across_sessions_outside_window_or_without_session() -> None:
     sink = SinkConsumer()
     detector = ReaskDetector(RegenerationConfig(window_s=120), sink)
-    await detector.consume_traces([
-        trace(1, "reset my password", at_s=0),
-        trace(2, "reset my password", session="s2", at_s=10),
-        trace(3, "reset my password", at_s=500),
-        trace(4, "reset my password", session=None, at_s=501),
-    ])
+    await detector.consume_traces(
+        [
+            trace(1, "reset my password", at_s=0),
+            trace(2, "reset my password", session="s2", at_s=10),
+            trace(3, "reset my password", at_s=500),
+            trace(4, "reset my password", session=None, at_s=501),
+        ]
+    )
     assert [t.is_regeneration for t in sink.traces] == [False, False, False, False]
 
 
