@@ -130,11 +130,18 @@ class KafkaConfig(_Section):
     retry_after_s: float = Field(2.0, gt=0, description="Retry-After sent with 503 while the buffer is full")
 
 
+WorkerRole = Literal["sinks", "judge", "drift"]
+
+
+def _all_worker_roles() -> list[WorkerRole]:
+    return ["sinks", "judge", "drift"]
+
+
 class WorkerConfig(_Section):
     host: str = Field("127.0.0.1", description="`ragmon worker` listen address for /metrics and /healthz")
     port: int = Field(9400, ge=0, le=65535, description="`ragmon worker` port for /metrics and /healthz")
-    roles: list[Literal["sinks", "judge", "drift"]] = Field(
-        default_factory=lambda: ["sinks", "judge", "drift"],
+    roles: list[WorkerRole] = Field(
+        default_factory=_all_worker_roles,
         description="what a `ragmon worker` runs unless --role is given",
     )
 
@@ -244,6 +251,56 @@ class PricingConfig(_Section):
     )
 
 
+class DriftConfig(_Section):
+    enabled: bool = Field(True, description="keep drift windows and run the drift detectors on a schedule")
+    interval_s: float = Field(3600.0, gt=0, description="how often every drift detector runs")
+    flush_s: float = Field(
+        60.0, gt=0, description="how often in-memory windows are merged into the stored sample"
+    )
+    window_s: float = Field(
+        86400.0, gt=0, description="rolling current window: traces of the last this many seconds"
+    )
+    window_capacity: int = Field(
+        2000, ge=10, description="most observations in a current window or a reference (uniform sample)"
+    )
+    bucket_s: float = Field(3600.0, gt=0, description="time bucket of the stored observation sample")
+    bucket_capacity: int = Field(
+        250,
+        gt=0,
+        description="most observations kept per tenant, app, embedding model and bucket (reservoir)",
+    )
+    max_open_buckets: int = Field(
+        256, gt=0, description="in-memory reservoirs between flushes; traces for more are dropped and counted"
+    )
+    max_apps: int = Field(
+        50, gt=0, description="apps with drift windows per tenant; later apps are not watched"
+    )
+    max_models_per_app: int = Field(8, gt=0, description="embedding models with windows per app")
+    min_window: int = Field(50, ge=2, description="fewer observations on either side: insufficient_data")
+    alpha: float = Field(0.05, gt=0, lt=1, description="false-alarm rate of each drift test per run")
+    alphas: dict[str, float] = Field(
+        default_factory=dict, description="per-detector alpha, by detector name; wins over alpha"
+    )
+    hysteresis: int = Field(1, ge=1, description="alarm after this many consecutive drifted runs")
+    regeneration_alpha: float = Field(
+        0.01, gt=0, lt=1, description="false-alarm rate of the regeneration-rate control band"
+    )
+    regeneration_min_baseline: int = Field(
+        200, gt=0, description="traces in the regeneration baseline before the band can alarm"
+    )
+    max_intents: int = Field(
+        20, gt=0, description="intents with a regeneration band per app; others are 'other'"
+    )
+    top_k: int = Field(5, gt=0, description="k of the mean top-k retrieval score")
+    hits_by: str | None = Field(
+        None, description="chunk metadata key naming a hit's collection; unset: the document id"
+    )
+    embedder_dim: int = Field(384, ge=2, description="width of the built-in query embedder (no app vectors)")
+    max_query_chars: int = Field(500, gt=0, description="query text kept per observation, in characters")
+    retention_days: float = Field(30.0, gt=0, description="observations and runs older than this are deleted")
+    seed: int = Field(0, description="seed of reservoir sampling and permutation tests")
+
+
 class RagmonConfig(_Section):
     """The whole configuration. Defaults run embedded on one machine with no setup."""
 
@@ -264,6 +321,7 @@ class RagmonConfig(_Section):
     judge: JudgeConfig = JudgeConfig()
     sampler: SamplerConfig = SamplerConfig()
     budget: BudgetConfig = BudgetConfig()
+    drift: DriftConfig = DriftConfig()
     review: ReviewConfig = ReviewConfig()
 
     @field_validator("log_level")
@@ -385,3 +443,12 @@ def describe_settings() -> list[tuple[str, str, str, str]]:
 
     walk(RagmonConfig, "RAGMON_")
     return rows
+
+
+def settings_table() -> str:
+    """Every setting as a Markdown table (the README's configuration section)."""
+    lines = ["| environment variable | type | default | meaning |", "|---|---|---|---|"]
+    for name, type_name, default, description in describe_settings():
+        cells = [f"`{name}`", type_name, f"`{default}`", description]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
