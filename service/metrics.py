@@ -182,6 +182,12 @@ class Metrics:
             ["app", "intent"],
             registry=r,
         )
+        self.release_traces = Counter(
+            "ragmon_release_traces",
+            "traces by app and release (service.version); alerts join it to name the release they fire under",
+            ["app", "release"],
+            registry=r,
+        )
         self.feedback = Counter("ragmon_feedback", "user ratings received", ["app", "rating"], registry=r)
         self.ingest_rejected = Counter(
             "ragmon_ingest_rejected",
@@ -431,6 +437,7 @@ class Metrics:
             self.traces.labels(app=app).inc()
             intent = self.intent_label(trace.intent)
             self.requests_by_intent.labels(app=app, intent=intent).inc()
+            self.release_traces.labels(app=app, release=self.release_label(trace.release)).inc()
             if trace.partial:
                 self.partial_traces.labels(app=app).inc()
             t = trace.timings
