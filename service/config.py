@@ -127,7 +127,6 @@ class KafkaConfig(_Section):
         gt=0,
         description="records ingest holds while the broker is slow or down, before it answers 503",
     )
-    retry_after_s: float = Field(2.0, gt=0, description="Retry-After sent with 503 while the buffer is full")
 
 
 WorkerRole = Literal["sinks", "judge", "drift"]
