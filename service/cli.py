@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.config import ConfigError, RagmonConfig, describe_settings, load_config
+from service.config import ConfigError, RagmonConfig, load_config, settings_table
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -110,6 +110,27 @@ def _summary_lines(url: str) -> list[str]:
     return lines
 
 
+def _wait_until_settled(url: str, timeout_s: float) -> None:
+    """Wait until ragmon holds no open trace and nothing in its bus: everything sent is stored and counted."""
+    import time
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=url, timeout=10) as client:
+        while time.monotonic() < deadline:
+            values = {
+                s.name: s.value
+                for family in text_string_to_metric_families(client.get("/metrics").text)
+                for s in family.samples
+                if s.name in ("ragmon_open_traces", "ragmon_bus_queue_depth")
+            }
+            if values and not any(values.values()):
+                return
+            time.sleep(0.2)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     """Start an embedded ragmon (unless --target names one), send demo traffic, show what ragmon saw."""
     import threading
@@ -145,7 +166,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     args.target = url
     print(f"ragmon is running at {url} (data in {config.data_dir}); sending demo traffic...", file=sys.stderr)
     code = demo.main(args)
-    time.sleep(config.assembler.grace_s + 4 * config.assembler.tick_s + 0.5)  # let the last traces land
+    _wait_until_settled(url, timeout_s=config.assembler.timeout_s + 10)
     print("\n".join(["", "what ragmon saw:", *_summary_lines(url)]))
     if args.exit:
         server.should_exit = True
@@ -163,11 +184,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_config(args: argparse.Namespace) -> int:
     if args.markdown:
-        print("| environment variable | type | default | meaning |")
-        print("|---|---|---|---|")
-        for name, type_name, default, description in describe_settings():
-            cells = [f"`{name}`", type_name, f"`{default}`", description]
-            print("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        print(settings_table())
         return 0
     config = config_from_args(args)
     print(config.model_dump_json(indent=2))
@@ -216,6 +233,25 @@ def build_parser() -> argparse.ArgumentParser:
         )
         eval_cli.add_arguments(eval_parser)
         eval_parser.set_defaults(run=eval_cli.main)
+
+    from service import worker
+
+    worker_parser = commands.add_parser(
+        "worker", help="distributed mode: consume from Kafka and run sinks, judge workers, drift"
+    )
+    _add_config_flags(worker_parser)
+    worker.add_arguments(worker_parser)
+    worker_parser.set_defaults(run=lambda args: worker.main(args, config_from_args(args)))
+
+    from service import drift_cli, report
+
+    drift_parser = commands.add_parser("drift", help="drift references and runs: pin, list, run")
+    drift_cli.add_arguments(drift_parser, _add_config_flags)
+    drift_parser.set_defaults(run=lambda args: drift_cli.main(args, config_from_args(args)))
+    report_parser = commands.add_parser("report", help="write the drift and quality report (HTML + Markdown)")
+    _add_config_flags(report_parser)
+    report.add_arguments(report_parser)
+    report_parser.set_defaults(run=lambda args: report.main(args, config_from_args(args)))
     return parser
 
 
