@@ -1,0 +1,210 @@
+"""`ragmon worker`: the process that runs sinks, judge workers and the drift scheduler in distributed mode.
+
+Roles (`--role`, repeatable; default `worker.roles`):
+
+* `sinks`: a `KafkaReceiver` in the `kafka.sinks_group` consumer group feeding
+  the same sinks as embedded mode (`StoreSink` → `Fanout[MetricsSink,
+  JudgeQueueSink, DriftWindowSink]`). Trace metrics are counted here, once
+  per trace id: the store reports which rows are new and only those reach
+  `MetricsSink`, so a redelivered batch changes no counter.
+* `judge`: judge workers claiming from the shared SQL judge queue, and the
+  faithfulness estimator. The queue is durable: while the judge endpoint is
+  down, the items wait there.
+* `drift`: may run the drift detectors, gated by a leader lock
+  (`service.leader`), so one replica at a time runs them. Drift windows live
+  in the memory of the process that consumes the traces, so every `sinks`
+  worker flushes its windows on schedule whatever its roles.
+
+The topology is `Pipeline`'s (service/pipeline.py); a worker starts the parts
+of it its roles need. Each worker serves `/metrics` and `/healthz` on
+`worker.host:worker.port`. Start-up waits for the store (PostgreSQL may be
+restarting); once running, every stage retries on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import exc as sa_exc
+from starlette.responses import Response
+
+from sampler import create_tables
+from service.config import RagmonConfig, WorkerRole
+from service.errors import StoreUnavailable
+from service.kafka_bus import KafkaReceiver
+from service.leader import leader_lock
+from service.metrics import Metrics
+from service.pipeline import Pipeline
+
+__all__ = ["DRIFT_LOCK", "Worker", "add_arguments", "create_worker_app", "main"]
+
+log = logging.getLogger(__name__)
+
+DRIFT_LOCK = "drift-scheduler"
+_SCHEMA_RETRY_S = 1.0
+
+
+class Worker:
+    """The roles of one `ragmon worker` process, started and stopped together."""
+
+    def __init__(
+        self, config: RagmonConfig, roles: Sequence[WorkerRole], metrics: Metrics | None = None
+    ) -> None:
+        if not roles:
+            raise ValueError("a worker needs at least one role")
+        self.roles = frozenset(roles)
+        if "sinks" in self.roles and config.bus.kind != "kafka":
+            raise ValueError("the sinks role consumes from Kafka: set bus.kind to kafka")
+        self.config = config
+        self.pipeline = Pipeline(config, metrics)
+        self.metrics = self.pipeline.metrics
+        self.receiver = (
+            KafkaReceiver(config.kafka, self.pipeline.sinks, self.metrics) if "sinks" in self.roles else None
+        )
+        self.leader = leader_lock(self.pipeline.store.engine, DRIFT_LOCK)
+        self._drift_started = False
+        self.started = False
+
+    def _create_schema(self) -> None:
+        p = self.pipeline
+        p.store.create_schema()
+        p.judgments.create_schema()
+        create_tables(p.store.engine)
+        p.drift_store.create_schema()
+
+    async def _wait_for_store(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self._create_schema)
+                return
+            except (StoreUnavailable, sa_exc.OperationalError) as exc:
+                log.warning("store unavailable at start (%s); retrying", exc)
+                await asyncio.sleep(_SCHEMA_RETRY_S)
+
+    def _drift_gate(self) -> Callable[[], bool]:
+        if "drift" in self.roles:
+            return self.leader.acquire
+        return lambda: False
+
+    async def start(self) -> None:
+        await self._wait_for_store()
+        p = self.pipeline
+        if "judge" in self.roles:
+            for judge_worker in p.judge_workers:
+                await judge_worker.start()
+            await p.estimator.start()
+        if self.config.drift.enabled and self.roles & {"sinks", "drift"}:
+            p.drift.gate = self._drift_gate()
+            await p.drift.start()
+            self._drift_started = True
+        if self.receiver is not None:
+            await self.receiver.start()
+        self.started = True
+
+    async def stop(self) -> None:
+        """Leave the consumer group, flush drift windows, stop judging, release the lock. Safe twice."""
+        self.started = False
+        p = self.pipeline
+        if self.receiver is not None:
+            await self.receiver.stop()
+        await p.sinks.stop()
+        if self._drift_started:
+            await p.drift.stop()
+            self._drift_started = False
+        await p.estimator.stop()
+        for judge_worker in p.judge_workers:
+            await judge_worker.stop()
+        await asyncio.to_thread(self.leader.release)
+        await asyncio.to_thread(p.store.close)
+
+    def health(self) -> dict[str, Any]:
+        assigned = sorted(self.receiver.assigned) if self.receiver is not None else []
+        return {
+            "status": "ok" if self.started else "starting",
+            "roles": sorted(self.roles),
+            "partitions": [f"{topic}/{partition}" for topic, partition in assigned],
+            "batches": self.receiver.batches if self.receiver is not None else 0,
+            "drift_leader": self.leader.held,
+        }
+
+
+def create_worker_app(
+    config: RagmonConfig, roles: Sequence[WorkerRole], metrics: Metrics | None = None
+) -> FastAPI:
+    """The worker's HTTP face: `/healthz` (roles, assigned partitions, leadership) and `/metrics`."""
+    metrics = metrics or Metrics(config.metrics)
+    worker = Worker(config, roles, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await worker.start()
+        try:
+            yield
+        finally:
+            await worker.stop()
+
+    app = FastAPI(title="ragmon worker", lifespan=lifespan)
+    app.state.worker = worker
+
+    @app.get("/healthz", tags=["ops"], summary="Liveness, roles, assigned partitions")
+    async def healthz() -> dict[str, Any]:
+        return worker.health()
+
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics of this worker")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--role",
+        action="append",
+        choices=["sinks", "judge", "drift"],
+        help="what to run (repeatable; default: worker.roles, i.e. all three)",
+    )
+    parser.add_argument("--metrics-port", type=int, help="port of /metrics and /healthz (default 9400)")
+
+
+def main(args: argparse.Namespace, config: RagmonConfig) -> int:
+    """Run a worker until SIGINT/SIGTERM; returns the exit code."""
+    import uvicorn
+
+    if args.metrics_port is not None:
+        config = config.model_copy(
+            update={"worker": config.worker.model_copy(update={"port": args.metrics_port})}
+        )
+    roles: list[WorkerRole] = args.role or list(config.worker.roles)
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        app = create_worker_app(config, roles)
+    except ValueError as exc:
+        print(f"ragmon worker: {exc}", flush=True)
+        return 2
+    print(
+        f"ragmon worker {','.join(sorted(set(roles)))}: /metrics on "
+        f"http://{config.worker.host}:{config.worker.port}, store {config.store_url}",
+        flush=True,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.worker.host,
+            port=config.worker.port,
+            log_level=config.log_level,
+            access_log=False,
+            lifespan="on",
+        )
+    )
+    server.run()
+    return 0
