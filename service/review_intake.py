@@ -1,0 +1,113 @@
+"""`ReviewIntake`: what enters the human review queue, as a pipeline sink and an after-judgment hook.
+
+    judgment stored ──after_judgment──▶ flags ─────────▶ queue `flagged` (unfaithful, low_faithfulness,
+                                     └─ blind sample ─▶ queue `blind`     judge_failure, retrieval_failure)
+    new feedback ──consume_feedback──▶ thumbs-down, a share of regenerate ─▶ queue `flagged`
+    new traces ──consume_traces──────▶ a share of regenerations ──────────▶ queue `flagged`
+    API ───────────────────────────────────────────────────────────────────▶ queue `flagged` (reason `api`)
+
+Choices by chance are made by trace id (a salted sha256 mapped to [0, 1)),
+so every replica, every redelivery and every rerun picks the same traces: a
+trace is in the blind sample when its draw is under `blind_rate`, whatever
+the judge said, which keeps the calibration sample independent of the
+verdict. Every path is idempotent (the store keeps one item per tenant,
+queue and trace), so redelivered traces, feedback and judgments are harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+
+from service.config import ReviewConfig
+from service.judgment import Judgment
+from service.judgment_store import flags_for
+from service.model import Feedback, RagTrace
+from service.review_model import Intake, Queue, Reason
+from service.review_store import ReviewStore
+
+__all__ = ["ReviewIntake", "draw"]
+
+
+def draw(salt: str, tenant: str, trace_id: str) -> float:
+    """A uniform number in [0, 1) fixed by (salt, tenant, trace id)."""
+    digest = hashlib.sha256(f"{salt}\x00{tenant}\x00{trace_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+class ReviewIntake:
+    """Sink (`TraceConsumer`, `FeedbackConsumer`) and judgment hook that fill the review queues."""
+
+    def __init__(self, config: ReviewConfig, flag_threshold: float, store: ReviewStore) -> None:
+        self.config = config
+        self.flag_threshold = flag_threshold
+        self.store = store
+
+    def in_blind_sample(self, tenant: str, trace_id: str) -> bool:
+        return draw("review-blind", tenant, trace_id) < self.config.blind_rate
+
+    def regeneration_chosen(self, tenant: str, trace_id: str) -> bool:
+        return draw("review-regeneration", tenant, trace_id) < self.config.regeneration_share
+
+    def for_judgment(self, judgment: Judgment) -> list[Intake]:
+        """The queue entries one stored judgment makes: its flags, and the blind sample."""
+
+        def entry(queue: Queue, reason: Reason, detail: str | None) -> Intake:
+            return Intake(
+                tenant=judgment.tenant,
+                queue=queue,
+                trace_id=judgment.trace_id,
+                app=judgment.app,
+                reason=reason,
+                detail=detail,
+                diagnosis=judgment.diagnosis,
+                judge_version=judgment.judge_version,
+            )
+
+        entries = [entry("flagged", f.reason, f.detail) for f in flags_for(judgment, self.flag_threshold)]
+        # A failed judgment has no verdict to calibrate against.
+        if judgment.outcome != "failed" and self.in_blind_sample(judgment.tenant, judgment.trace_id):
+            entries.append(entry("blind", "blind_sample", None))
+        return entries
+
+    async def after_judgment(self, judgment: Judgment) -> None:
+        """Hook the judge worker calls after storing a judgment (and before completing its queue item)."""
+        entries = self.for_judgment(judgment)
+        if entries:
+            await asyncio.to_thread(self.store.add, entries)
+
+    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
+        entries = [
+            Intake(
+                tenant=t.tenant,
+                queue="flagged",
+                trace_id=t.trace_id,
+                app=t.app,
+                reason="regeneration",
+                detail=f"regeneration ({t.regeneration_source or 'attribute'})",
+            )
+            for t in batch
+            if t.is_regeneration and self.regeneration_chosen(t.tenant, t.trace_id)
+        ]
+        if entries:
+            await asyncio.to_thread(self.store.add, entries)
+
+    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
+        entries = []
+        for event in batch:
+            app = event.app or "unknown"
+            if event.kind == "down":
+                detail = "thumbs-down" + (f": {event.reason}" if event.reason else "")
+                entries.append(Intake(event.tenant, "flagged", event.trace_id, app, "thumbs_down", detail))
+            elif event.kind == "regenerate" and self.regeneration_chosen(event.tenant, event.trace_id):
+                entries.append(
+                    Intake(event.tenant, "flagged", event.trace_id, app, "regeneration", "user asked again")
+                )
+        if entries:
+            await asyncio.to_thread(self.store.add, entries)
+
+    async def send(self, tenant: str, trace_id: str, app: str, note: str | None) -> bool:
+        """Put a trace in the `flagged` queue on request (the API); True when the item is new."""
+        entry = Intake(tenant, "flagged", trace_id, app, "api", note)
+        return bool(await asyncio.to_thread(self.store.add, [entry]))
