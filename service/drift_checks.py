@@ -1,0 +1,249 @@
+"""One drift check: every batch detector on a pinned reference sample against a current window sample.
+
+Pure computation over two `Sample`s (no storage, no metrics), so the
+scheduler in the service and `ragmon drift run` give the same answer.
+
+Guarantees: every detector yields exactly one `Check`, even when it cannot
+run. A side with fewer than `min_window` usable observations gives outcome
+`insufficient_data` (drifted False, statistic 0); a detector that refuses its
+input gives `error` with the message in `details["error"]`. A drifted
+query-embedding test carries an explanation: the groups of current queries
+that are over-represented against the reference (`detectors.explain`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from detectors import (
+    DriftResult,
+    EmbeddingModelChange,
+    EmptyRetrievalDrift,
+    HitDistributionDrift,
+    Reference,
+    TopkScoreDrift,
+    TopScoreDrift,
+    Window,
+    embedding_detector,
+    explain_query_drift,
+)
+from detectors.base import BatchDetector
+from service.drift_sample import Sample
+
+__all__ = ["Check", "CheckSettings", "check_model_change", "check_samples", "insufficient"]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSettings:
+    """What a check needs to know: alphas, the minimum window, and the explanation's size."""
+
+    alpha: float = 0.05
+    alphas: Mapping[str, float] | None = None
+    min_window: int = 50
+    explain_groups: int = 40
+    explain_examples: int = 5
+    explain_limit: int = 10
+    seed: int = 0
+
+    def alpha_for(self, detector: str) -> float:
+        return (self.alphas or {}).get(detector, self.alpha)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One detector's result with its outcome (ok, drift, insufficient_data, error) and explanation."""
+
+    result: DriftResult
+    outcome: str
+    explanation: list[dict[str, Any]] | None = None
+
+
+def insufficient(
+    detector: str,
+    version: str,
+    reference_id: str | None,
+    n_reference: int,
+    n_window: int,
+    window: tuple[datetime, datetime],
+    alpha: float | None,
+    reason: str,
+) -> Check:
+    """The `insufficient_data` check: nothing was tested, and nothing alarms."""
+    return Check(
+        DriftResult(
+            detector=detector,
+            version=version,
+            reference_id=reference_id,
+            window_start=window[0],
+            window_end=window[1],
+            n_reference=n_reference,
+            n_window=n_window,
+            statistic=0.0,
+            p_value=None,
+            alpha=alpha,
+            drifted=False,
+            details={"insufficient_data": reason},
+        ),
+        "insufficient_data",
+    )
+
+
+def _run(
+    detector: BatchDetector,
+    reference: npt.NDArray[Any],
+    current: npt.NDArray[Any],
+    reference_id: str,
+    reference_range: tuple[datetime, datetime],
+    window: tuple[datetime, datetime],
+    minimum: int,
+    alpha: float | None,
+) -> Check:
+    name, version = type(detector).name, type(detector).version
+    n_ref, n_win = int(reference.shape[0]), int(current.shape[0])
+    if n_ref < minimum or n_win < minimum:
+        return insufficient(
+            name,
+            version,
+            reference_id,
+            n_ref,
+            n_win,
+            window,
+            alpha,
+            f"needs at least {minimum} observations on each side (reference {n_ref}, window {n_win})",
+        )
+    try:
+        result = detector.fit(Reference(reference_id, reference, *reference_range)).score(
+            Window(current, *window)
+        )
+    except ValueError as exc:
+        return Check(
+            DriftResult(
+                detector=name,
+                version=version,
+                reference_id=reference_id,
+                window_start=window[0],
+                window_end=window[1],
+                n_reference=n_ref,
+                n_window=n_win,
+                statistic=0.0,
+                p_value=None,
+                alpha=alpha,
+                drifted=False,
+                details={"error": str(exc)},
+            ),
+            "error",
+        )
+    return Check(result, "drift" if result.drifted else "ok")
+
+
+def check_samples(
+    reference: Sample,
+    current: Sample,
+    *,
+    reference_id: str,
+    reference_range: tuple[datetime, datetime],
+    window: tuple[datetime, datetime],
+    settings: CheckSettings,
+) -> list[Check]:
+    """Query-embedding, top-1 score, top-k score, empty-retrieval and hit-distribution checks, in order."""
+    checks: list[Check] = []
+    ref_vectors, _ = reference.vectors()
+    win_vectors, win_texts = current.vectors()
+    n_window = win_vectors.shape[0]
+    # The registry picks the exact test up to 2,500 vectors and the linear-time one beyond.
+    embedding_name = embedding_detector(n_window).name
+    embedding_alpha = settings.alpha_for(embedding_name)
+    embedding = _run(
+        embedding_detector(n_window, alpha=embedding_alpha, seed=settings.seed),
+        ref_vectors,
+        win_vectors,
+        reference_id,
+        reference_range,
+        window,
+        settings.min_window,
+        embedding_alpha,
+    )
+    if embedding.result.drifted:
+        groups = explain_query_drift(
+            ref_vectors,
+            win_vectors,
+            win_texts,
+            groups=settings.explain_groups,
+            examples=settings.explain_examples,
+            alpha=embedding.result.alpha or settings.alpha,
+            seed=settings.seed,
+        )
+        embedding = Check(
+            embedding.result, embedding.outcome, [g.to_json() for g in groups[: settings.explain_limit]]
+        )
+    checks.append(embedding)
+    factories: list[tuple[Callable[[float], BatchDetector], Callable[[Sample], npt.NDArray[Any]]]] = [
+        (lambda a: TopScoreDrift(alpha=a, min_size=2), lambda s: s.scores("top1")),
+        (lambda a: TopkScoreDrift(alpha=a, min_size=2), lambda s: s.scores("topk")),
+        (lambda a: EmptyRetrievalDrift(alpha=a), lambda s: s.empty_flags()),
+        (lambda a: HitDistributionDrift(alpha=a, seed=settings.seed), lambda s: s.hits()),
+    ]
+    for factory, values in factories:
+        probe = factory(settings.alpha)
+        alpha = settings.alpha_for(type(probe).name)
+        checks.append(
+            _run(
+                factory(alpha),
+                values(reference),
+                values(current),
+                reference_id,
+                reference_range,
+                window,
+                settings.min_window,
+                alpha,
+            )
+        )
+    return checks
+
+
+def _scaled_keys(counts: Mapping[str, int], limit: int) -> npt.NDArray[np.str_]:
+    """Keys repeated by count, scaled to about `limit` in all; a key seen at all appears at least once."""
+    total = sum(counts.values())
+    scale = min(1.0, limit / total) if total else 1.0
+    return np.array(
+        [key for key, count in sorted(counts.items()) for _ in range(max(1, round(count * scale)))],
+        dtype=str,
+    )
+
+
+def check_model_change(
+    reference_counts: Mapping[str, int],
+    window_counts: Mapping[str, int],
+    *,
+    reference_id: str,
+    reference_range: tuple[datetime, datetime],
+    window: tuple[datetime, datetime],
+    limit: int = 10_000,
+) -> Check:
+    """Does the window carry an embedding model (name or dimension) that no reference of the app has?"""
+    detector = EmbeddingModelChange()
+    if not reference_counts or not window_counts:
+        return insufficient(
+            detector.name,
+            detector.version,
+            reference_id,
+            sum(reference_counts.values()),
+            sum(window_counts.values()),
+            window,
+            None,
+            "no reference or no traffic in the window",
+        )
+    result = detector.fit(
+        Reference(reference_id, _scaled_keys(reference_counts, limit), *reference_range)
+    ).score(Window(_scaled_keys(window_counts, limit), *window))
+    # Report true counts, not the scaled ones the rule saw.
+    result = result.model_copy(
+        update={"n_reference": sum(reference_counts.values()), "n_window": sum(window_counts.values())}
+    )
+    return Check(result, "drift" if result.drifted else "ok")

@@ -1,0 +1,759 @@
+"""`DriftStore`: the observation sample, pinned references and drift runs, on the trace store's database.
+
+Tables (own `MetaData`, created on the store's engine):
+
+* `drift_buckets` / `drift_observations`: per (tenant, app, embedding model,
+  time bucket) a uniform sample of at most `bucket_capacity` observations and
+  the count of traces it stands for. This is what `pin --from T --to T` and
+  the rolling current window draw from. Bound: at most
+  `bucket_capacity × buckets × apps × models` rows (with the defaults, 250
+  rows per app and model per hour; a row is ~1.6 kB with a 384-d float32
+  vector), deleted after `retention_days`.
+* `drift_references` / `drift_reference_rows`: pinned references. Pinning
+  again makes a new version; old versions stay listed. A reference keeps its
+  own copy of the sample (vectors as float32 bytes, scores, hits), so it does
+  not change when old observations are deleted.
+* `drift_runs`: one row per detector result (every `DriftResult` field, the
+  alarm after hysteresis, the outcome and the explanation JSON).
+* `drift_monitor_state`: regeneration-band state per (tenant, app, intent), so
+  a restarted process keeps its baseline.
+
+Every call is blocking and thread-safe; database outages raise `StoreUnavailable`.
+Merging a bucket reads then writes in one transaction that takes the write
+lock first (SQLite `BEGIN IMMEDIATE`), so two writers cannot lose each other's rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from detectors import DriftResult
+from service.drift_sample import Observation, Sample, draw_counts, merge_counts
+from service.errors import StoreUnavailable
+from service.tables import UtcDateTime
+
+__all__ = ["BucketBatch", "DriftStore", "ReferenceInfo", "RunRecord", "bucket_start"]
+
+metadata = sa.MetaData()
+
+
+def _key_columns() -> list[sa.Column[Any]]:
+    return [
+        sa.Column("tenant", sa.Text, nullable=False),
+        sa.Column("app", sa.Text, nullable=False),
+        sa.Column("model_key", sa.Text, nullable=False),
+    ]
+
+
+def _observation_columns() -> list[sa.Column[Any]]:
+    return [
+        sa.Column("trace_id", sa.String(32), nullable=False),
+        sa.Column("trace_time", UtcDateTime, nullable=False),
+        sa.Column("release", sa.Text),
+        sa.Column("intent", sa.Text),
+        sa.Column("query", sa.Text),
+        sa.Column("vector", sa.LargeBinary),
+        sa.Column("top1", sa.Float),
+        sa.Column("topk", sa.Float),
+        sa.Column("empty", sa.Boolean),
+        sa.Column("hit", sa.Text),
+    ]
+
+
+drift_buckets = sa.Table(
+    "drift_buckets",
+    metadata,
+    *_key_columns(),
+    sa.Column("bucket_start", UtcDateTime, nullable=False),
+    sa.Column("seen", sa.BigInteger, nullable=False),
+    sa.Column("kept", sa.Integer, nullable=False),
+    sa.PrimaryKeyConstraint("tenant", "app", "model_key", "bucket_start"),
+    sa.Index("drift_buckets_by_time", "bucket_start"),
+)
+
+drift_observations = sa.Table(
+    "drift_observations",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    *_key_columns(),
+    sa.Column("bucket_start", UtcDateTime, nullable=False),
+    *_observation_columns(),
+    sa.Index("drift_observations_by_bucket", "tenant", "app", "model_key", "bucket_start"),
+)
+
+drift_references = sa.Table(
+    "drift_references",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    *_key_columns(),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("label", sa.Text, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("range_start", UtcDateTime),
+    sa.Column("range_end", UtcDateTime),
+    sa.Column("release", sa.Text),
+    sa.Column("n", sa.Integer, nullable=False),
+    sa.Column("traces_represented", sa.BigInteger, nullable=False),
+    sa.Column("excluded_buckets", sa.Integer, nullable=False),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.UniqueConstraint("tenant", "app", "model_key", "version", name="drift_references_version"),
+)
+
+drift_reference_rows = sa.Table(
+    "drift_reference_rows",
+    metadata,
+    sa.Column("reference_id", sa.Integer, sa.ForeignKey("drift_references.id"), primary_key=True),
+    sa.Column("position", sa.Integer, primary_key=True, autoincrement=False),
+    *_observation_columns(),
+)
+
+drift_runs = sa.Table(
+    "drift_runs",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("app", sa.Text, nullable=False),
+    sa.Column("model_key", sa.Text),
+    sa.Column("intent", sa.Text),
+    sa.Column("detector", sa.String(64), nullable=False),
+    sa.Column("version", sa.String(16), nullable=False),
+    sa.Column("reference_id", sa.Text),
+    sa.Column("window_start", UtcDateTime),
+    sa.Column("window_end", UtcDateTime),
+    sa.Column("n_reference", sa.Integer, nullable=False),
+    sa.Column("n_window", sa.Integer, nullable=False),
+    sa.Column("statistic", sa.Float),
+    sa.Column("p_value", sa.Float),
+    sa.Column("alpha", sa.Float),
+    sa.Column("drifted", sa.Boolean, nullable=False),
+    sa.Column("alarm", sa.Boolean, nullable=False),
+    sa.Column("outcome", sa.String(24), nullable=False),
+    sa.Column("trigger", sa.String(16), nullable=False),
+    sa.Column("details", sa.Text, nullable=False),
+    sa.Column("explanation", sa.Text),
+    sa.Column("ran_at", UtcDateTime, nullable=False),
+    sa.Index("drift_runs_by_app", "tenant", "app", "detector", "ran_at"),
+    sa.Index("drift_runs_by_time", "ran_at"),
+)
+
+drift_monitor_state = sa.Table(
+    "drift_monitor_state",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("app", sa.Text, primary_key=True),
+    sa.Column("intent", sa.Text, primary_key=True),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+)
+
+
+def bucket_start(at: datetime, bucket_s: float) -> datetime:
+    """The start of the bucket that holds `at` (buckets are aligned to the Unix epoch)."""
+    if bucket_s <= 0:
+        raise ValueError(f"bucket_s must be positive, got {bucket_s}")
+    aware = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    seconds = math.floor(aware.timestamp() / bucket_s) * bucket_s
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class BucketBatch:
+    """New observations of one bucket since the last write: a uniform sample of `seen` traces."""
+
+    tenant: str
+    app: str
+    model_key: str
+    bucket_start: datetime
+    seen: int
+    observations: Sequence[Observation]
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceInfo:
+    """A pinned reference as listed (without its sample)."""
+
+    id: int
+    label: str
+    tenant: str
+    app: str
+    model_key: str
+    version: int
+    created_at: datetime
+    range_start: datetime | None
+    range_end: datetime | None
+    release: str | None
+    n: int
+    traces_represented: int
+    excluded_buckets: int
+    content_hash: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.label,
+            "tenant": self.tenant,
+            "app": self.app,
+            "model_key": self.model_key,
+            "version": self.version,
+            "created_at": self.created_at.isoformat(),
+            "from": None if self.range_start is None else self.range_start.isoformat(),
+            "to": None if self.range_end is None else self.range_end.isoformat(),
+            "release": self.release,
+            "n": self.n,
+            "traces_represented": self.traces_represented,
+            "excluded_buckets": self.excluded_buckets,
+            "content_hash": self.content_hash,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One detector result as stored: the `DriftResult`, where it ran, and what it concluded."""
+
+    tenant: str
+    app: str
+    model_key: str | None
+    intent: str | None
+    result: DriftResult
+    alarm: bool
+    outcome: str
+    trigger: str
+    ran_at: datetime
+    explanation: list[dict[str, Any]] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "app": self.app,
+            "model_key": self.model_key,
+            "intent": self.intent,
+            **self.result.model_dump(mode="json"),
+            "alarm": self.alarm,
+            "outcome": self.outcome,
+            "trigger": self.trigger,
+            "ran_at": self.ran_at.isoformat(),
+            "explanation": self.explanation,
+        }
+
+
+def _vector_bytes(vector: np.ndarray[Any, Any] | None) -> bytes | None:
+    return None if vector is None else np.asarray(vector, dtype="<f4").tobytes()
+
+
+def _vector_from(raw: bytes | None) -> np.ndarray[Any, np.dtype[np.float32]] | None:
+    if raw is None:
+        return None
+    return np.frombuffer(raw, dtype="<f4").astype(np.float32)
+
+
+def _observation_values(o: Observation) -> dict[str, Any]:
+    return {
+        "trace_id": o.trace_id,
+        "trace_time": o.time,
+        "release": o.release,
+        "intent": o.intent,
+        "query": o.query,
+        "vector": _vector_bytes(o.vector),
+        "top1": o.top1,
+        "topk": o.topk,
+        "empty": o.empty,
+        "hit": o.hit,
+    }
+
+
+def _observation(row: Any) -> Observation:
+    return Observation(
+        trace_id=row.trace_id,
+        time=row.trace_time,
+        release=row.release,
+        intent=row.intent,
+        query=row.query,
+        vector=_vector_from(row.vector),
+        top1=row.top1,
+        topk=row.topk,
+        empty=row.empty,
+        hit=row.hit,
+    )
+
+
+def sample_hash(sample: Sample) -> str:
+    """sha256 over every field of every observation, in order: equal samples give equal hashes."""
+    digest = hashlib.sha256()
+    for o in sample.observations:
+        digest.update(
+            json.dumps(
+                [o.trace_id, o.query, o.top1, o.topk, o.empty, o.hit, o.release, o.intent], default=str
+            ).encode()
+        )
+        digest.update(_vector_bytes(o.vector) or b"-")
+    return digest.hexdigest()
+
+
+class DriftStore:
+    """Drift tables on an engine the caller owns (the trace store's)."""
+
+    def __init__(self, engine: Engine, *, bucket_s: float = 3600.0, bucket_capacity: int = 250) -> None:
+        if bucket_s <= 0:
+            raise ValueError(f"bucket_s must be positive, got {bucket_s}")
+        if bucket_capacity < 1:
+            raise ValueError(f"bucket_capacity must be at least 1, got {bucket_capacity}")
+        self.engine = engine
+        self.bucket_s = bucket_s
+        self.bucket_capacity = bucket_capacity
+
+    def create_schema(self) -> None:
+        with self._connect(write=True) as conn:
+            metadata.create_all(conn, checkfirst=True)
+
+    @contextmanager
+    def _connect(self, *, write: bool = False) -> Iterator[Connection]:
+        try:
+            with self.engine.connect() as conn:
+                if write:
+                    # SQLite write lock at BEGIN (see service.store): read-then-write must not deadlock.
+                    conn.execution_options(ragmon_writes=True)
+                with conn.begin():
+                    yield conn
+        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+            raise StoreUnavailable(f"drift store unavailable: {type(exc.orig).__name__}") from exc
+
+    # -- observation sample ------------------------------------------------
+
+    def add_observations(self, batches: Iterable[BucketBatch], *, seed: int = 0) -> int:
+        """Merge each batch into its bucket's stored sample; return the rows written.
+
+        The merged bucket stays a uniform sample of all traces it has seen,
+        at most `bucket_capacity` rows (`merge_counts`).
+        """
+        written = 0
+        b, o = drift_buckets.c, drift_observations.c
+        with self._connect(write=True) as conn:
+            for batch in batches:
+                if batch.seen < len(batch.observations):
+                    raise ValueError("a batch cannot hold more observations than it has seen")
+                if not batch.observations:
+                    continue
+                start = bucket_start(batch.bucket_start, self.bucket_s)
+                key = (b.tenant == batch.tenant, b.app == batch.app, b.model_key == batch.model_key)
+                found = conn.execute(sa.select(b.seen, b.kept).where(*key, b.bucket_start == start)).first()
+                seen_old, kept_old = (int(found.seen), int(found.kept)) if found else (0, 0)
+                rng = np.random.default_rng([seed, written, seen_old, batch.seen])
+                take_old, take_new = merge_counts(
+                    seen_old, kept_old, batch.seen, len(batch.observations), self.bucket_capacity, rng
+                )
+                if take_old < kept_old:
+                    ids = [
+                        int(i)
+                        for i in conn.execute(
+                            sa.select(o.id).where(
+                                o.tenant == batch.tenant,
+                                o.app == batch.app,
+                                o.model_key == batch.model_key,
+                                o.bucket_start == start,
+                            )
+                        ).scalars()
+                    ]
+                    drop = rng.choice(len(ids), len(ids) - take_old, replace=False)
+                    doomed = [ids[int(i)] for i in drop]
+                    for chunk in range(0, len(doomed), 500):
+                        conn.execute(
+                            sa.delete(drift_observations).where(o.id.in_(doomed[chunk : chunk + 500]))
+                        )
+                chosen = rng.choice(len(batch.observations), take_new, replace=False)
+                rows = [
+                    {
+                        "tenant": batch.tenant,
+                        "app": batch.app,
+                        "model_key": batch.model_key,
+                        "bucket_start": start,
+                        **_observation_values(batch.observations[int(i)]),
+                    }
+                    for i in sorted(chosen)
+                ]
+                if rows:
+                    conn.execute(sa.insert(drift_observations), rows)
+                values = {"seen": seen_old + batch.seen, "kept": take_old + take_new}
+                if found:
+                    conn.execute(sa.update(drift_buckets).where(*key, b.bucket_start == start).values(values))
+                else:
+                    conn.execute(
+                        sa.insert(drift_buckets).values(
+                            tenant=batch.tenant,
+                            app=batch.app,
+                            model_key=batch.model_key,
+                            bucket_start=start,
+                            **values,
+                        )
+                    )
+                written += len(rows)
+        return written
+
+    def model_keys(self) -> dict[tuple[str, str], set[str]]:
+        """Every embedding model key seen per (tenant, app), in observations or references."""
+        keys: dict[tuple[str, str], set[str]] = defaultdict(set)
+        with self._connect() as conn:
+            for table in (drift_buckets, drift_references):
+                for tenant, app, model in conn.execute(
+                    sa.select(table.c.tenant, table.c.app, table.c.model_key).distinct()
+                ):
+                    keys[(tenant, app)].add(model)
+        return dict(keys)
+
+    def window_keys(
+        self, tenant: str, *, app: str | None = None, since: datetime, until: datetime
+    ) -> dict[tuple[str, str], int]:
+        """(app, model_key) -> traces seen in buckets overlapping [since, until)."""
+        b = drift_buckets.c
+        query = (
+            sa.select(b.app, b.model_key, sa.func.sum(b.seen))
+            .where(b.tenant == tenant, b.bucket_start < until, b.bucket_start > since - self._bucket)
+            .group_by(b.app, b.model_key)
+        )
+        if app is not None:
+            query = query.where(b.app == app)
+        with self._connect() as conn:
+            return {(a, m): int(n) for a, m, n in conn.execute(query)}
+
+    @property
+    def _bucket(self) -> timedelta:
+        return timedelta(seconds=self.bucket_s)
+
+    def draw(
+        self,
+        tenant: str,
+        app: str,
+        model_key: str,
+        *,
+        since: datetime | None,
+        until: datetime | None,
+        capacity: int,
+        release: str | None = None,
+        exclude: Sequence[tuple[datetime, datetime]] = (),
+        seed: int = 0,
+    ) -> tuple[Sample, int, int]:
+        """A uniform sample (`draw_counts`) of the buckets overlapping [since, until), minus `exclude`.
+
+        Returns (sample, traces it stands for, buckets left out by `exclude`).
+        With `release`, only that release's rows count, and each bucket's
+        traffic is scaled by the share of its rows from that release.
+        """
+        b, o = drift_buckets.c, drift_observations.c
+        where = [b.tenant == tenant, b.app == app, b.model_key == model_key]
+        if since is not None:
+            where.append(b.bucket_start > since - self._bucket)
+        if until is not None:
+            where.append(b.bucket_start < until)
+        with self._connect() as conn:
+            buckets = conn.execute(
+                sa.select(b.bucket_start, b.seen, b.kept).where(*where).order_by(b.bucket_start)
+            ).all()
+            excluded = 0
+            usable = []
+            for row in buckets:
+                end = row.bucket_start + self._bucket
+                if any(row.bucket_start < x_end and x_start < end for x_start, x_end in exclude):
+                    excluded += 1
+                else:
+                    usable.append(row)
+            ids_by_bucket: list[list[int]] = []
+            seen: list[int] = []
+            for row in usable:
+                query = sa.select(o.id).where(
+                    o.tenant == tenant,
+                    o.app == app,
+                    o.model_key == model_key,
+                    o.bucket_start == row.bucket_start,
+                )
+                if release is not None:
+                    query = query.where(o.release == release)
+                ids = sorted(int(i) for i in conn.execute(query).scalars())
+                ids_by_bucket.append(ids)
+                share = len(ids) / row.kept if row.kept else 0.0
+                seen.append(round(row.seen * share) if release is not None else int(row.seen))
+            rng = np.random.default_rng([seed, len(usable)])
+            counts = draw_counts(seen, [len(ids) for ids in ids_by_bucket], capacity, rng)
+            chosen: list[int] = []
+            for ids, count in zip(ids_by_bucket, counts, strict=True):
+                if count:
+                    chosen.extend(ids[int(i)] for i in sorted(rng.choice(len(ids), count, replace=False)))
+            rows = []
+            for start in range(0, len(chosen), 500):
+                rows.extend(
+                    conn.execute(
+                        sa.select(drift_observations)
+                        .where(o.id.in_(chosen[start : start + 500]))
+                        .order_by(o.id)
+                    ).all()
+                )
+        sample = Sample(tuple(_observation(r) for r in rows))
+        return sample, int(sum(seen)), excluded
+
+    def delete_older_than(self, cutoff: datetime) -> int:
+        """Delete observation buckets that ended before `cutoff`, and runs older than it; return rows gone."""
+        with self._connect(write=True) as conn:
+            gone = conn.execute(
+                sa.delete(drift_observations).where(drift_observations.c.bucket_start < cutoff - self._bucket)
+            ).rowcount
+            conn.execute(sa.delete(drift_buckets).where(drift_buckets.c.bucket_start < cutoff - self._bucket))
+            conn.execute(sa.delete(drift_runs).where(drift_runs.c.ran_at < cutoff))
+        return int(gone or 0)
+
+    # -- references ----------------------------------------------------------
+
+    def pin(
+        self,
+        tenant: str,
+        app: str,
+        model_key: str,
+        sample: Sample,
+        *,
+        range_start: datetime | None,
+        range_end: datetime | None,
+        release: str | None,
+        traces_represented: int,
+        excluded_buckets: int,
+        now: datetime | None = None,
+    ) -> ReferenceInfo:
+        """Store `sample` as the next version of the (tenant, app, model) reference; ValueError if empty."""
+        if not len(sample):
+            raise ValueError("cannot pin an empty reference")
+        now = now or datetime.now(UTC)
+        r = drift_references.c
+        with self._connect(write=True) as conn:
+            latest = conn.execute(
+                sa.select(sa.func.max(r.version)).where(
+                    r.tenant == tenant, r.app == app, r.model_key == model_key
+                )
+            ).scalar()
+            version = int(latest or 0) + 1
+            label = f"{app}/{model_key}/v{version}"
+            values = {
+                "tenant": tenant,
+                "app": app,
+                "model_key": model_key,
+                "version": version,
+                "label": label,
+                "created_at": now,
+                "range_start": range_start,
+                "range_end": range_end,
+                "release": release,
+                "n": len(sample),
+                "traces_represented": traces_represented,
+                "excluded_buckets": excluded_buckets,
+                "content_hash": sample_hash(sample),
+            }
+            pk = conn.execute(sa.insert(drift_references).values(values).returning(r.id)).scalar_one()
+            conn.execute(
+                sa.insert(drift_reference_rows),
+                [
+                    {"reference_id": pk, "position": i, **_observation_values(o)}
+                    for i, o in enumerate(sample.observations)
+                ],
+            )
+        return ReferenceInfo(id=int(pk), **{k: v for k, v in values.items()})
+
+    def references(self, tenant: str, *, app: str | None = None) -> list[ReferenceInfo]:
+        """Every reference version of a tenant (optionally one app), newest version first."""
+        r = drift_references.c
+        query = sa.select(drift_references).where(r.tenant == tenant)
+        if app is not None:
+            query = query.where(r.app == app)
+        query = query.order_by(r.app, r.model_key, r.version.desc())
+        with self._connect() as conn:
+            return [_reference_info(row) for row in conn.execute(query)]
+
+    def latest_references(self, tenant: str, *, app: str | None = None) -> list[ReferenceInfo]:
+        """The newest version per (app, model) of a tenant."""
+        newest: dict[tuple[str, str], ReferenceInfo] = {}
+        for info in self.references(tenant, app=app):
+            newest.setdefault((info.app, info.model_key), info)
+        return list(newest.values())
+
+    def tenants(self) -> list[str]:
+        """Tenants with observations or references."""
+        with self._connect() as conn:
+            found = set(conn.execute(sa.select(drift_buckets.c.tenant).distinct()).scalars())
+            found |= set(conn.execute(sa.select(drift_references.c.tenant).distinct()).scalars())
+        return sorted(found)
+
+    def reference_sample(self, reference_id: int) -> Sample:
+        rows_table = drift_reference_rows.c
+        with self._connect() as conn:
+            rows = conn.execute(
+                sa.select(drift_reference_rows)
+                .where(rows_table.reference_id == reference_id)
+                .order_by(rows_table.position)
+            ).all()
+        return Sample(tuple(_observation(row) for row in rows))
+
+    # -- runs ------------------------------------------------------------------
+
+    def add_runs(self, runs: Sequence[RunRecord]) -> None:
+        if not runs:
+            return
+        rows = []
+        for run in runs:
+            result = run.result
+            rows.append(
+                {
+                    "tenant": run.tenant,
+                    "app": run.app,
+                    "model_key": run.model_key,
+                    "intent": run.intent,
+                    "detector": result.detector,
+                    "version": result.version,
+                    "reference_id": result.reference_id,
+                    "window_start": result.window_start,
+                    "window_end": result.window_end,
+                    "n_reference": result.n_reference,
+                    "n_window": result.n_window,
+                    "statistic": result.statistic if math.isfinite(result.statistic) else None,
+                    "p_value": result.p_value,
+                    "alpha": result.alpha,
+                    "drifted": result.drifted,
+                    "alarm": run.alarm,
+                    "outcome": run.outcome,
+                    "trigger": run.trigger,
+                    "details": json.dumps(result.details, allow_nan=False, default=str),
+                    "explanation": None if run.explanation is None else json.dumps(run.explanation),
+                    "ran_at": run.ran_at,
+                }
+            )
+        with self._connect(write=True) as conn:
+            conn.execute(sa.insert(drift_runs), rows)
+
+    def runs(
+        self,
+        tenant: str,
+        *,
+        app: str | None = None,
+        detector: str | None = None,
+        model_key: str | None = None,
+        intent: str | None = None,
+        alarm: bool | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        """Stored runs of a tenant matching the filters, newest first (at most `limit`, 1..10,000)."""
+        if not 1 <= limit <= 10_000:
+            raise ValueError(f"limit must be within 1..10000, got {limit}")
+        c = drift_runs.c
+        query = sa.select(drift_runs).where(c.tenant == tenant)
+        for column, value in (
+            (c.app, app),
+            (c.detector, detector),
+            (c.model_key, model_key),
+            (c.intent, intent),
+        ):
+            if value is not None:
+                query = query.where(column == value)
+        if alarm is not None:
+            query = query.where(c.alarm == alarm)
+        if since is not None:
+            query = query.where(c.ran_at >= since)
+        if until is not None:
+            query = query.where(c.ran_at < until)
+        query = query.order_by(c.ran_at.desc(), c.id.desc()).limit(limit)
+        with self._connect() as conn:
+            return [_run_record(row) for row in conn.execute(query)]
+
+    def alarming_ranges(self, tenant: str, app: str, model_key: str) -> list[tuple[datetime, datetime]]:
+        """Window ranges of runs that alarmed on this (app, model); they must not feed a reference."""
+        c = drift_runs.c
+        query = sa.select(c.window_start, c.window_end).where(
+            c.tenant == tenant,
+            c.app == app,
+            c.model_key == model_key,
+            c.alarm.is_(True),
+            c.window_start.is_not(None),
+            c.window_end.is_not(None),
+        )
+        with self._connect() as conn:
+            return [(start, end) for start, end in conn.execute(query)]
+
+    # -- regeneration monitor state --------------------------------------------
+
+    def save_monitor_states(self, states: dict[tuple[str, str, str], dict[str, Any]]) -> None:
+        now = datetime.now(UTC)
+        m = drift_monitor_state.c
+        with self._connect(write=True) as conn:
+            for (tenant, app, intent), state in states.items():
+                conn.execute(
+                    sa.delete(drift_monitor_state).where(m.tenant == tenant, m.app == app, m.intent == intent)
+                )
+                conn.execute(
+                    sa.insert(drift_monitor_state).values(
+                        tenant=tenant,
+                        app=app,
+                        intent=intent,
+                        state=json.dumps(state, default=str),
+                        updated_at=now,
+                    )
+                )
+
+    def monitor_states(self) -> dict[tuple[str, str, str], dict[str, Any]]:
+        with self._connect() as conn:
+            return {
+                (row.tenant, row.app, row.intent): json.loads(row.state)
+                for row in conn.execute(sa.select(drift_monitor_state))
+            }
+
+
+def _reference_info(row: Any) -> ReferenceInfo:
+    return ReferenceInfo(
+        id=int(row.id),
+        label=row.label,
+        tenant=row.tenant,
+        app=row.app,
+        model_key=row.model_key,
+        version=int(row.version),
+        created_at=row.created_at,
+        range_start=row.range_start,
+        range_end=row.range_end,
+        release=row.release,
+        n=int(row.n),
+        traces_represented=int(row.traces_represented),
+        excluded_buckets=int(row.excluded_buckets),
+        content_hash=row.content_hash,
+    )
+
+
+def _run_record(row: Any) -> RunRecord:
+    result = DriftResult(
+        detector=row.detector,
+        version=row.version,
+        reference_id=row.reference_id,
+        window_start=row.window_start,
+        window_end=row.window_end,
+        n_reference=row.n_reference,
+        n_window=row.n_window,
+        statistic=row.statistic if row.statistic is not None else 0.0,
+        p_value=row.p_value,
+        alpha=row.alpha,
+        drifted=bool(row.drifted),
+        details=json.loads(row.details),
+    )
+    return RunRecord(
+        tenant=row.tenant,
+        app=row.app,
+        model_key=row.model_key,
+        intent=row.intent,
+        result=result,
+        alarm=bool(row.alarm),
+        outcome=row.outcome,
+        trigger=row.trigger,
+        ran_at=row.ran_at,
+        explanation=None if row.explanation is None else json.loads(row.explanation),
+    )

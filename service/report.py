@@ -1,0 +1,681 @@
+"""`ragmon report`: the drift and quality report over a period, as one HTML file and a Markdown summary.
+
+Per app: query drift over time (the stored query-embedding runs), the
+faithfulness estimate per day with its interval (Hájek over the judge queue,
+computed by `service.judging.FaithfulnessEstimator`), the regeneration rate
+per day with its Wilson interval and the exact binomial control band, p50 and
+p95 latency per stage with distribution-free intervals, cost per query with a
+t interval, and the new query groups against the app's pinned reference
+(`detectors.explain`). Every number is printed with its denominator and its
+95 % interval; a period (or a panel) without data says so in words.
+
+The report is written to `--out` (default `<data-dir>/reports/<date>`) and
+copied to `<data-dir>/reports/latest.html` and `latest.md`, which the
+server answers at `/reports/latest` and `/reports/latest.md`. Weekly, from
+cron: `0 6 * * 1  ragmon report --since 7d --data-dir /var/lib/ragmon`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import sqlalchemy as sa
+from scipy import stats
+
+from detectors import explain_query_drift
+from detectors.regeneration_band import binomial_band
+from sampler import SqlJudgeQueue, create_tables
+from sampler.queue import QueueRecord
+from service.config import JudgingConfig, RagmonConfig
+from service.drift_cli import parse_time
+from service.drift_store import DriftStore, RunRecord
+from service.judging import FaithfulnessEstimator
+from service.judgment_store import JudgmentStore
+from service.metrics import Metrics
+from service.reports_api import LATEST_HTML, LATEST_MD, reports_dir
+from service.store import Store
+from service.svg_chart import Series, time_chart
+from service.tables import feedback, traces
+
+__all__ = ["Report", "add_arguments", "build_report", "main", "render_html", "render_markdown"]
+
+STAGES = ("total", "embedding", "retrieval", "rerank", "generation")
+EMBEDDING_DETECTORS = ("query_embedding_mmd", "query_embedding_rff")
+Interval = tuple[float, float, float] | None
+"""(estimate, lower, upper) at 95 %, or None when there is nothing to estimate."""
+
+
+def quantile_interval(values: npt.NDArray[np.float64], q: float) -> Interval:
+    """The q-quantile and a distribution-free 95 % interval from binomial order statistics."""
+    n = values.size
+    if n == 0:
+        return None
+    ordered = np.sort(values)
+    low = int(stats.binom.ppf(0.025, n, q)) - 1
+    high = int(stats.binom.ppf(0.975, n, q))
+    return (
+        float(np.quantile(ordered, q)),
+        float(ordered[max(0, min(n - 1, low))]),
+        float(ordered[max(0, min(n - 1, high))]),
+    )
+
+
+def mean_interval(values: npt.NDArray[np.float64]) -> Interval:
+    """The mean and its 95 % t interval (the interval collapses to the mean for fewer than two values)."""
+    if values.size == 0:
+        return None
+    mean = float(values.mean())
+    if values.size < 2 or float(values.std()) == 0.0:
+        return mean, mean, mean
+    low, high = stats.t.interval(0.95, values.size - 1, loc=mean, scale=stats.sem(values))
+    return mean, float(low), float(high)
+
+
+def rate_interval(k: int, n: int) -> Interval:
+    """k/n with Wilson's 95 % score interval."""
+    if n == 0:
+        return None
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return k / n, float(ci.low), float(ci.high)
+
+
+class _TenantQueue(SqlJudgeQueue):
+    """The judge queue seen by one tenant: `records` never returns another tenant's items."""
+
+    def __init__(self, engine: sa.Engine, tenant: str) -> None:
+        super().__init__(engine)
+        self.tenant = tenant
+
+    def records(
+        self, *, since: datetime, until: datetime | None = None, tenant: str | None = None
+    ) -> list[QueueRecord]:
+        return super().records(since=since, until=until, tenant=self.tenant)
+
+
+@dataclass
+class Day:
+    start: datetime
+    traces: int = 0
+    p50_total: Interval = None
+    p95_total: Interval = None
+    cost: Interval = None
+    regenerations: int = 0
+    regeneration: Interval = None
+    band: tuple[float, float] | None = None
+    faithfulness: Interval = None
+    judged: int = 0
+
+
+@dataclass
+class AppReport:
+    app: str
+    traces: int
+    days: list[Day]
+    stages: dict[str, tuple[int, Interval, Interval]]
+    cost: Interval
+    priced: int
+    unpriced: int
+    regenerations: int
+    regeneration: Interval
+    faithfulness: Interval
+    judged: int
+    judge_failed: int
+    no_claims: int
+    drift_runs: list[RunRecord]
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    groups_note: str = ""
+
+
+@dataclass
+class Report:
+    tenant: str
+    since: datetime
+    until: datetime
+    generated_at: datetime
+    apps: list[AppReport]
+    alpha: float
+
+
+def _days(since: datetime, until: datetime) -> list[datetime]:
+    start = since.replace(hour=0, minute=0, second=0, microsecond=0)
+    days = []
+    while start < until:
+        days.append(start)
+        start += timedelta(days=1)
+    return days
+
+
+def _trace_rows(store: Store, tenant: str, app: str | None, since: datetime, until: datetime) -> list[Any]:
+    regenerate = (
+        sa.exists()
+        .where(
+            feedback.c.tenant == traces.c.tenant,
+            feedback.c.trace_id == traces.c.trace_id,
+            feedback.c.kind == "regenerate",
+        )
+        .label("regenerate_feedback")
+    )
+    query = sa.select(
+        traces.c.app,
+        traces.c.start_time,
+        *(traces.c[f"{stage}_s"] for stage in STAGES),
+        traces.c.cost_usd,
+        traces.c.unpriced,
+        traces.c.is_regeneration,
+        regenerate,
+    ).where(traces.c.tenant == tenant, traces.c.start_time >= since, traces.c.start_time < until)
+    if app is not None:
+        query = query.where(traces.c.app == app)
+    with store.engine.connect() as conn:
+        return list(conn.execute(query))
+
+
+def _faithfulness(estimator: FaithfulnessEstimator, at: datetime, app: str) -> tuple[Interval, int, int, int]:
+    found = estimator.compute(now=at)["app"].get((app,))
+    if found is None:
+        return None, 0, 0, 0
+    interval = (
+        None
+        if found.estimate is None or found.lower is None or found.upper is None
+        else (found.estimate, found.lower, found.upper)
+    )
+    return interval, found.n_judged, found.n_failed, found.n_no_claims
+
+
+def build_report(
+    config: RagmonConfig,
+    store: Store,
+    drift: DriftStore,
+    *,
+    tenant: str,
+    since: datetime,
+    until: datetime,
+    app: str | None = None,
+) -> Report:
+    """Everything the report shows, computed from the store (read-only apart from creating missing tables)."""
+    if until <= since:
+        raise ValueError(f"the period ends ({until.isoformat()}) before it starts ({since.isoformat()})")
+    rows = _trace_rows(store, tenant, app, since, until)
+    by_app: dict[str, list[Any]] = defaultdict(list)
+    for row in rows:
+        by_app[row.app].append(row)
+    queue = _TenantQueue(store.engine, tenant)
+    judgments = JudgmentStore(store.engine)
+    day_config = JudgingConfig(estimate_window_s=86400.0)
+    per_day = FaithfulnessEstimator(day_config, queue, judgments, Metrics(config.metrics))
+    period_config = JudgingConfig(estimate_window_s=max(1.0, (until - since).total_seconds()))
+    whole = FaithfulnessEstimator(period_config, queue, judgments, Metrics(config.metrics))
+    alpha = config.drift.regeneration_alpha
+    apps = []
+    for name, app_rows in sorted(by_app.items()):
+        apps.append(_app_report(config, drift, tenant, name, app_rows, since, until, per_day, whole, alpha))
+    return Report(tenant, since, until, datetime.now(UTC), apps, config.drift.alpha)
+
+
+def _column(rows: Sequence[Any], name: str) -> npt.NDArray[np.float64]:
+    values = [getattr(r, name) for r in rows]
+    return np.array([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+
+
+def _regenerated(row: Any) -> bool:
+    return bool(row.is_regeneration or row.regenerate_feedback)
+
+
+def _app_report(
+    config: RagmonConfig,
+    drift: DriftStore,
+    tenant: str,
+    app: str,
+    rows: list[Any],
+    since: datetime,
+    until: datetime,
+    per_day: FaithfulnessEstimator,
+    whole: FaithfulnessEstimator,
+    alpha: float,
+) -> AppReport:
+    regenerations = sum(_regenerated(r) for r in rows)
+    pooled = (regenerations + 0.5) / (len(rows) + 1)
+    days = []
+    for start in _days(since, until):
+        end = min(start + timedelta(days=1), until)
+        day_rows = [r for r in rows if start <= r.start_time < end]
+        k = sum(_regenerated(r) for r in day_rows)
+        lower, upper = binomial_band(len(day_rows), pooled, alpha) if day_rows else (0, 0)
+        faith, judged, _, _ = _faithfulness(per_day, end, app)
+        days.append(
+            Day(
+                start=start,
+                traces=len(day_rows),
+                p50_total=quantile_interval(_column(day_rows, "total_s"), 0.5),
+                p95_total=quantile_interval(_column(day_rows, "total_s"), 0.95),
+                cost=mean_interval(_column(day_rows, "cost_usd")),
+                regenerations=k,
+                regeneration=rate_interval(k, len(day_rows)),
+                band=(lower / len(day_rows), upper / len(day_rows)) if day_rows else None,
+                faithfulness=faith,
+                judged=judged,
+            )
+        )
+    stages = {}
+    for stage in STAGES:
+        values = _column(rows, f"{stage}_s")
+        stages[stage] = (values.size, quantile_interval(values, 0.5), quantile_interval(values, 0.95))
+    costs = _column(rows, "cost_usd")
+    faith, judged, failed, no_claims = _faithfulness(whole, until, app)
+    report = AppReport(
+        app=app,
+        traces=len(rows),
+        days=days,
+        stages=stages,
+        cost=mean_interval(costs),
+        priced=costs.size,
+        unpriced=sum(1 for r in rows if r.unpriced),
+        regenerations=regenerations,
+        regeneration=rate_interval(regenerations, len(rows)),
+        faithfulness=faith,
+        judged=judged,
+        judge_failed=failed,
+        no_claims=no_claims,
+        drift_runs=drift.runs(tenant, app=app, since=since, until=until, limit=10_000),
+    )
+    _new_groups(config, drift, tenant, report, since, until)
+    return report
+
+
+def _new_groups(
+    config: RagmonConfig, drift: DriftStore, tenant: str, report: AppReport, since: datetime, until: datetime
+) -> None:
+    references = drift.latest_references(tenant, app=report.app)
+    if not references:
+        report.groups_note = (
+            "No reference is pinned for this app, so there is nothing to call new "
+            "(pin one: ragmon drift pin --from T --to T --app " + report.app + ")."
+        )
+        return
+    notes = []
+    for reference in references:
+        ref_vectors, _ = drift.reference_sample(reference.id).vectors()
+        window, _, _ = drift.draw(
+            tenant,
+            report.app,
+            reference.model_key,
+            since=since,
+            until=until,
+            capacity=config.drift.window_capacity,
+            seed=config.drift.seed,
+        )
+        win_vectors, texts = window.vectors()
+        if ref_vectors.shape[0] < 2 or win_vectors.shape[0] < 2:
+            notes.append(f"{reference.label}: too few query vectors in the period ({win_vectors.shape[0]}).")
+            continue
+        groups = explain_query_drift(
+            ref_vectors, win_vectors, texts, alpha=config.drift.alpha, seed=config.drift.seed
+        )
+        significant = [g.to_json() | {"reference": reference.label} for g in groups if g.significant]
+        report.groups.extend(significant[:10])
+        if not significant:
+            notes.append(
+                f"{reference.label}: no group of queries is over-represented against the reference "
+                f"({win_vectors.shape[0]} queries in the period, {ref_vectors.shape[0]} in the reference)."
+            )
+    report.groups_note = " ".join(notes)
+
+
+# -- rendering ----------------------------------------------------------------------------------------
+
+
+def fmt(interval: Interval, unit: str = "", digits: int = 3, scale: float = 1.0) -> str:
+    """ "1.234 s (95 % CI 1.1–1.3)", or "no data"."""
+    if interval is None:
+        return "no data"
+    est, low, high = (v * scale for v in interval)
+    return f"{est:.{digits}g}{unit} (95 % CI {low:.{digits}g}–{high:.{digits}g}{unit})"
+
+
+def _pct(interval: Interval) -> str:
+    return fmt(interval, " %", 3, 100.0)
+
+
+def _headline(app: AppReport, alpha: float) -> list[str]:
+    alarms = [r for r in app.drift_runs if r.alarm]
+    total = app.stages["total"]
+    lines = [
+        f"traces: {app.traces}",
+        f"p50 total latency: {fmt(total[1], ' s')}, n = {total[0]}",
+        f"p95 total latency: {fmt(total[2], ' s')}, n = {total[0]}",
+        f"cost per query: {fmt(app.cost, ' USD')}, over {app.priced} priced traces"
+        f" ({app.unpriced} with an unpriced model call)",
+        f"regeneration rate: {_pct(app.regeneration)}, {app.regenerations} of {app.traces} traces",
+        "faithfulness: "
+        + (
+            f"{fmt(app.faithfulness)}, n = {app.judged} judged (Hájek, weighted by inclusion probability;"
+            f" {app.judge_failed} judge failures and {app.no_claims} answers without claims not in it)"
+            if app.faithfulness is not None
+            else f"no judgments in this period ({app.judge_failed} judge failures)"
+        ),
+        f"drift: {len(alarms)} alarms in {len(app.drift_runs)} detector runs"
+        + (f" ({', '.join(sorted({r.result.detector for r in alarms}))})" if alarms else "")
+        + f", each test at alpha = {alpha:g}",
+    ]
+    return lines
+
+
+def render_markdown(report: Report) -> str:
+    """The summary: headline numbers per app, each with its denominator and interval."""
+    out = [
+        f"# ragmon report: {report.since:%Y-%m-%d %H:%M} to {report.until:%Y-%m-%d %H:%M} UTC",
+        "",
+        f"Tenant `{report.tenant}`, generated {report.generated_at:%Y-%m-%d %H:%M} UTC.",
+        "",
+    ]
+    if not report.apps:
+        out.append(
+            f"**No traces in this window** ({report.since.isoformat()} to {report.until.isoformat()}): "
+            "there is nothing to report."
+        )
+        return "\n".join(out) + "\n"
+    for app in report.apps:
+        out += [f"## {app.app}", ""]
+        out += [f"- {line}" for line in _headline(app, report.alpha)]
+        out.append("")
+        if app.groups:
+            out += ["New query groups (share of queries now vs in the reference):", ""]
+            for g in app.groups:
+                out.append(
+                    f"- {', '.join(g['terms']) or '(no distinctive words)'}: "
+                    f"{100 * g['share_window']:.1f} % now ({g['n_window']} queries) vs "
+                    f"{100 * g['share_reference']:.1f} % before ({g['n_reference']}), "
+                    f"p = {g['p_value']:.2g}; "
+                    f"e.g. {'; '.join(repr(e) for e in g['examples'][:3])}"
+                )
+            out.append("")
+        elif app.groups_note:
+            out += [app.groups_note, ""]
+    return "\n".join(out) + "\n"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _mid(interval: Interval) -> float | None:
+    return None if interval is None else interval[0]
+
+
+def _lo(interval: Interval) -> float | None:
+    return None if interval is None else interval[1]
+
+
+def _hi(interval: Interval) -> float | None:
+    return None if interval is None else interval[2]
+
+
+def _app_html(app: AppReport, alpha: float) -> str:
+    times = [d.start + timedelta(hours=12) for d in app.days]
+    parts = [f"<h2>{escape(app.app)}</h2><ul>"]
+    parts += [f"<li>{escape(line)}</li>" for line in _headline(app, alpha)]
+    parts.append("</ul>")
+
+    embedding_runs = sorted(
+        (
+            r
+            for r in app.drift_runs
+            if r.result.detector in EMBEDDING_DETECTORS and r.outcome != "insufficient_data"
+        ),
+        key=lambda r: r.ran_at,
+    )
+    parts.append(
+        time_chart(
+            "Query drift over time (query-embedding MMD test per run)",
+            [
+                Series(
+                    "-log10 p-value (red: alarm)",
+                    [r.ran_at for r in embedding_runs],
+                    [-math.log10(max(r.result.p_value or 1.0, 1e-6)) for r in embedding_runs],
+                    highlight=[r.alarm for r in embedding_runs],
+                )
+            ],
+            y_label="-log10 p",
+            threshold=-math.log10(alpha),
+            threshold_label=f"alpha = {alpha:g}",
+            y_min=0.0,
+        )
+    )
+    if not embedding_runs:
+        parts.append(
+            "<p>No query-embedding drift run in this period (no reference pinned, or no runs yet).</p>"
+        )
+    parts.append(
+        time_chart(
+            "Faithfulness estimate per day (Hájek, 95 % CI)",
+            [
+                Series(
+                    "faithfulness",
+                    times,
+                    [_mid(d.faithfulness) for d in app.days],
+                    [_lo(d.faithfulness) for d in app.days],
+                    [_hi(d.faithfulness) for d in app.days],
+                )
+            ],
+            y_label="faithfulness",
+            y_min=0.0,
+            y_max=1.0,
+        )
+    )
+    band_days = [d for d in app.days if d.band is not None]
+    parts.append(
+        time_chart(
+            "Regeneration rate per day (Wilson 95 % CI) and its control band",
+            [
+                Series(
+                    "regeneration rate",
+                    times,
+                    [_mid(d.regeneration) for d in app.days],
+                    [_lo(d.regeneration) for d in app.days],
+                    [_hi(d.regeneration) for d in app.days],
+                    highlight=[
+                        d.band is not None
+                        and d.regeneration is not None
+                        and not d.band[0] <= d.regeneration[0] <= d.band[1]
+                        for d in app.days
+                    ],
+                )
+            ],
+            band=(
+                [d.start + timedelta(hours=12) for d in band_days],
+                [d.band[0] for d in band_days if d.band is not None],
+                [d.band[1] for d in band_days if d.band is not None],
+            )
+            if band_days
+            else None,
+            y_label="share of traces",
+            y_min=0.0,
+        )
+    )
+    parts.append(
+        time_chart(
+            "Total latency per day: p50 and p95 (95 % CI)",
+            [
+                Series(
+                    "p50",
+                    times,
+                    [_mid(d.p50_total) for d in app.days],
+                    [_lo(d.p50_total) for d in app.days],
+                    [_hi(d.p50_total) for d in app.days],
+                ),
+                Series(
+                    "p95",
+                    times,
+                    [_mid(d.p95_total) for d in app.days],
+                    [_lo(d.p95_total) for d in app.days],
+                    [_hi(d.p95_total) for d in app.days],
+                ),
+            ],
+            y_label="seconds",
+            y_min=0.0,
+        )
+    )
+    parts.append(
+        _table(
+            ["stage", "traces with the stage", "p50 (95 % CI)", "p95 (95 % CI)"],
+            [[stage, str(n), fmt(p50, " s"), fmt(p95, " s")] for stage, (n, p50, p95) in app.stages.items()],
+        )
+    )
+    parts.append(
+        time_chart(
+            "Cost per query per day (mean, 95 % CI)",
+            [
+                Series(
+                    "USD per query",
+                    times,
+                    [_mid(d.cost) for d in app.days],
+                    [_lo(d.cost) for d in app.days],
+                    [_hi(d.cost) for d in app.days],
+                )
+            ],
+            y_label="USD",
+            y_min=0.0,
+        )
+    )
+    parts.append(
+        _table(
+            ["day", "traces", "regenerations", "rate (95 % CI)", "band", "faithfulness (95 % CI)", "judged"],
+            [
+                [
+                    f"{d.start:%Y-%m-%d}",
+                    str(d.traces),
+                    str(d.regenerations),
+                    _pct(d.regeneration),
+                    "no data" if d.band is None else f"{100 * d.band[0]:.3g}–{100 * d.band[1]:.3g} %",
+                    fmt(d.faithfulness),
+                    str(d.judged),
+                ]
+                for d in app.days
+            ],
+        )
+    )
+    parts.append("<h3>New query groups</h3>")
+    if app.groups:
+        parts.append(
+            _table(
+                [
+                    "words",
+                    "share now (n)",
+                    "share in reference (n)",
+                    "adjusted p",
+                    "example queries",
+                    "reference",
+                ],
+                [
+                    [
+                        ", ".join(g["terms"]) or "(none)",
+                        f"{100 * g['share_window']:.1f} % ({g['n_window']})",
+                        f"{100 * g['share_reference']:.1f} % ({g['n_reference']})",
+                        f"{g['p_value']:.2g}",
+                        " | ".join(g["examples"]),
+                        g["reference"],
+                    ]
+                    for g in app.groups
+                ],
+            )
+        )
+    if app.groups_note:
+        parts.append(f"<p>{escape(app.groups_note)}</p>")
+    return "".join(parts)
+
+
+_STYLE = (
+    "body{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}"
+    "table{border-collapse:collapse;margin:1em 0;font-size:13px}"
+    "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}svg{display:block;margin:1em 0}"
+    ".empty{font-size:1.2em;padding:1em;background:#fff4e5;border:1px solid #f0c36d}"
+)
+
+
+def render_html(report: Report) -> str:
+    """One self-contained HTML page (inline SVG charts, no scripts, no external files)."""
+    title = f"ragmon report {report.since:%Y-%m-%d} to {report.until:%Y-%m-%d}"
+    parts = [
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
+        f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>"
+        f"<p>Tenant <code>{escape(report.tenant)}</code>; period {escape(report.since.isoformat())} to "
+        f"{escape(report.until.isoformat())}; generated {escape(report.generated_at.isoformat())}. "
+        "Every interval is a 95 % interval; n is the number of traces (or judgments) behind each number.</p>"
+    ]
+    if not report.apps:
+        parts.append(
+            f"<p class='empty'>No traces in this window ({escape(report.since.isoformat())} to "
+            f"{escape(report.until.isoformat())}): there is nothing to report.</p>"
+        )
+    for app in report.apps:
+        parts.append(_app_html(app, report.alpha))
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+# -- command ------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--since", default="7d", help="period start: an age like 7d, or ISO 8601 (default 7d)"
+    )
+    parser.add_argument("--until", default="now", help="period end (default now)")
+    parser.add_argument("--out", type=Path, help="output directory (default <data-dir>/reports/<date>)")
+    parser.add_argument("--app", help="only this app")
+    parser.add_argument("--tenant", default="default", help="tenant to report on (default: default)")
+
+
+def main(args: argparse.Namespace, config: RagmonConfig) -> int:
+    """Write report.html and report.md to --out and refresh the latest copies; print where they are."""
+    try:
+        now = datetime.now(UTC)
+        since, until = parse_time(args.since, now), parse_time(args.until, now)
+    except ValueError as exc:
+        print(f"ragmon report: {exc}", file=sys.stderr)
+        return 2
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(
+        config.store_url, connect_timeout_s=config.store.timeout_s, statement_timeout_s=config.store.timeout_s
+    )
+    try:
+        store.create_schema()
+        JudgmentStore(store.engine).create_schema()
+        create_tables(store.engine)
+        drift = DriftStore(
+            store.engine, bucket_s=config.drift.bucket_s, bucket_capacity=config.drift.bucket_capacity
+        )
+        drift.create_schema()
+        report = build_report(
+            config, store, drift, tenant=args.tenant, since=since, until=until, app=args.app
+        )
+    except ValueError as exc:
+        print(f"ragmon report: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+    html, markdown = render_html(report), render_markdown(report)
+    out: Path = args.out or reports_dir(config) / f"{until:%Y-%m-%d}"
+    latest = reports_dir(config)
+    for directory in (out, latest):
+        directory.mkdir(parents=True, exist_ok=True)
+    (out / "report.html").write_text(html, encoding="utf-8")
+    (out / "report.md").write_text(markdown, encoding="utf-8")
+    (latest / LATEST_HTML).write_text(html, encoding="utf-8")
+    (latest / LATEST_MD).write_text(markdown, encoding="utf-8")
+    print(markdown)
+    print(f"report written to {out / 'report.html'} and {out / 'report.md'}", file=sys.stderr)
+    return 0
