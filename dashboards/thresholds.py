@@ -1,0 +1,101 @@
+"""The alert thresholds: one validated model read from `dashboards/thresholds.yaml`.
+
+Every number an alert compares against comes from here, so a team tunes its
+alerts in one file and regenerates. Loading refuses unknown keys, negative
+numbers and durations Prometheus would not parse.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+
+__all__ = ["DEFAULT_PATH", "Thresholds", "load_thresholds"]
+
+DEFAULT_PATH = Path(__file__).with_name("thresholds.yaml")
+# Prometheus durations as used in `for:` and range selectors (one unit, whole numbers).
+DURATION = r"^[0-9]+(ms|s|m|h|d|w|y)$"
+STAGES = ("total", "embedding", "retrieval", "rerank", "generation")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Latency(_Section):
+    stage_p95_seconds: dict[str, PositiveFloat]
+    ttft_p95_seconds: PositiveFloat
+
+    def model_post_init(self, context: object) -> None:
+        unknown = set(self.stage_p95_seconds) - set(STAGES)
+        if unknown or "total" not in self.stage_p95_seconds:
+            raise ValueError(f"stage_p95_seconds: stages are {STAGES} and must include total; got {unknown}")
+
+
+class Cost(_Section):
+    query_p50_usd: PositiveFloat
+    query_p99_usd: PositiveFloat
+    judge_usd_per_day: PositiveFloat
+
+
+class Faithfulness(_Section):
+    upper_bound_min: float = Field(gt=0, le=1)
+
+
+class Judge(_Section):
+    backlog_min_items: int = Field(ge=0)
+    backlog_window: str = Field(pattern=DURATION)
+    stalled_after_seconds: PositiveFloat
+    failure_ratio: float = Field(gt=0, le=1)
+
+
+class Ingest(_Section):
+    rejected_ratio: float = Field(gt=0, le=1)
+    rejected_min_per_second: float = Field(ge=0)
+    open_trace_buffer_fill_ratio: float = Field(gt=0, le=1)
+
+
+class Drift(_Section):
+    query_detectors: list[str] = Field(min_length=1)
+    retrieval_detectors: list[str] = Field(min_length=1)
+    model_change_detectors: list[str] = Field(min_length=1)
+    model_change_window: str = Field(pattern=DURATION)
+
+
+class Grafana(_Section):
+    datasource_uid: str = Field("prometheus", min_length=1)
+    folder_uid: str = Field("ragmon", min_length=1, max_length=40)
+
+
+class Thresholds(_Section):
+    """Everything in thresholds.yaml."""
+
+    job: str = Field(min_length=1)
+    for_: str = Field(alias="for", pattern=DURATION)
+    runbook_url: str
+
+    latency: Latency
+    cost: Cost
+    faithfulness: Faithfulness
+    judge: Judge
+    ingest: Ingest
+    drift: Drift
+    grafana: Grafana = Grafana()
+
+    def model_post_init(self, context: object) -> None:
+        if "{alertname}" not in self.runbook_url:
+            raise ValueError("runbook_url must contain {alertname}")
+
+    def runbook(self, alertname: str) -> str:
+        """The runbook URL of `alertname` (one pattern for every alert)."""
+        return self.runbook_url.replace("{alertname}", alertname)
+
+
+def load_thresholds(path: Path = DEFAULT_PATH) -> Thresholds:
+    """Read and validate a thresholds file; raises ValueError (pydantic's) on a bad value."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping")
+    return Thresholds.model_validate(data)
