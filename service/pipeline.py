@@ -29,6 +29,8 @@ from sampler import JudgeBudget, SqlJudgeQueue, TraceSampler, create_tables
 from service.assemble import SpanAssembler
 from service.bus import MemoryBus
 from service.config import RagmonConfig
+from service.drift import DriftScheduler, DriftWindowSink
+from service.drift_store import DriftStore
 from service.errors import QueueFull
 from service.judge import build_judge
 from service.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
@@ -101,6 +103,14 @@ class Pipeline:
         downstream: list[Any] = [MetricsSink(self.metrics, self.store)]
         if config.judging.enabled:
             downstream.append(JudgeQueueSink(self.sampler, self.judge_queue, self.store, self.metrics))
+        drift = config.drift
+        self.drift_store = DriftStore(
+            self.store.engine, bucket_s=drift.bucket_s, bucket_capacity=drift.bucket_capacity
+        )
+        self.drift_sink = DriftWindowSink(drift, self.metrics) if drift.enabled else None
+        if self.drift_sink is not None:
+            downstream.append(self.drift_sink)
+        self.drift = DriftScheduler(drift, self.drift_store, self.metrics, self.drift_sink)
         self.judge_workers = [
             JudgeWorker(
                 config.judging,
@@ -216,6 +226,9 @@ class Pipeline:
         await asyncio.to_thread(self.store.create_schema)
         await asyncio.to_thread(self.judgments.create_schema)
         await asyncio.to_thread(create_tables, self.store.engine)
+        await asyncio.to_thread(self.drift_store.create_schema)
+        if self.config.drift.enabled:
+            await self.drift.start()
         for worker in self.judge_workers:
             await worker.start()
         await self.estimator.start()
@@ -232,6 +245,7 @@ class Pipeline:
             self._retention_task = None
         await self.assembler.stop()
         await self.bus.stop()
+        await self.drift.stop()
         await self.estimator.stop()
         for worker in self.judge_workers:
             await worker.stop()
