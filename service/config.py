@@ -128,6 +128,15 @@ class KafkaConfig(_Section):
         description="records ingest holds while the broker is slow or down, before it answers 503",
     )
 
+    @model_validator(mode="after")
+    def _consistent_timeouts(self) -> KafkaConfig:
+        # the client refuses these combinations at run time; say so before anything starts
+        if self.delivery_timeout_s <= self.request_timeout_s + self.linger_ms / 1000:
+            raise ValueError("delivery_timeout_s must exceed request_timeout_s plus linger_ms")
+        if self.heartbeat_interval_s >= self.session_timeout_s:
+            raise ValueError("heartbeat_interval_s must be below session_timeout_s")
+        return self
+
 
 WorkerRole = Literal["sinks", "judge", "drift"]
 
