@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sampler import JudgeBudget, SqlJudgeQueue, TraceSampler, create_tables
 from service.assemble import SpanAssembler
@@ -42,6 +42,9 @@ from service.regeneration import ReaskDetector
 from service.semconv import build_trace
 from service.spans import Span
 from service.store import Store, StoreSink
+
+if TYPE_CHECKING:
+    from service.kafka_bus import KafkaBus
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +129,17 @@ class Pipeline:
         self.estimator = FaithfulnessEstimator(config.judging, self.judge_queue, self.judgments, self.metrics)
         fanout = Fanout(downstream)
         self.sinks = StoreSink(self.store, new_traces=fanout, new_feedback=fanout)
-        self.bus = MemoryBus(config.bus, traces_to=self.sinks, feedback_to=self.sinks, metrics=self.metrics)
+        self.distributed = config.bus.kind == "kafka"
+        self.bus: MemoryBus | KafkaBus
+        if self.distributed:
+            from service.kafka_bus import KafkaBus  # kafka-python comes with the `kafka` extra
+
+            # ingest publishes; `ragmon worker` runs the sinks, judge workers and drift (service/worker.py)
+            self.bus = KafkaBus(config.kafka, self.metrics)
+        else:
+            self.bus = MemoryBus(
+                config.bus, traces_to=self.sinks, feedback_to=self.sinks, metrics=self.metrics
+            )
         self.reask = ReaskDetector(config.regeneration, next=self.bus)
         self.assembler = SpanAssembler(
             config.assembler,
@@ -227,11 +240,12 @@ class Pipeline:
         await asyncio.to_thread(self.judgments.create_schema)
         await asyncio.to_thread(create_tables, self.store.engine)
         await asyncio.to_thread(self.drift_store.create_schema)
-        if self.config.drift.enabled:
-            await self.drift.start()
-        for worker in self.judge_workers:
-            await worker.start()
-        await self.estimator.start()
+        if not self.distributed:
+            if self.config.drift.enabled:
+                await self.drift.start()
+            for worker in self.judge_workers:
+                await worker.start()
+            await self.estimator.start()
         await self.bus.start()
         await self.assembler.start()
         self._retention_task = asyncio.create_task(self._retention(), name="retention")
