@@ -101,11 +101,11 @@ class DriftWindowSink:
         with self._lock:
             for key, models in known_models.items():
                 self._known_models.setdefault(key, set()).update(models)
-            for key, state in monitor_states.items():
+            for band_key, state in monitor_states.items():
                 try:
-                    self._monitors[key] = RegenerationBand.from_state(_band_state(state))
+                    self._monitors[band_key] = RegenerationBand.from_state(_band_state(state))
                 except (KeyError, TypeError, ValueError):
-                    log.warning("drift: ignoring an unreadable regeneration-band state for %s", key)
+                    log.warning("drift: ignoring an unreadable regeneration-band state for %s", band_key)
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
         with self._lock:

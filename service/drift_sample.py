@@ -91,12 +91,12 @@ def merge_counts(
     Old rows are a uniform sample of `seen_old` traces, new rows of `seen_new`
     later ones. Drawing the old share from the hypergeometric law keeps the
     merged sample uniform over all `seen_old + seen_new` traces. Raises
-    ValueError when a kept count exceeds its seen count or the capacity.
+    ValueError when a kept count exceeds its seen count.
     """
     if capacity < 1:
         raise ValueError(f"capacity must be at least 1, got {capacity}")
-    if not (0 <= kept_old <= min(seen_old, capacity) and 0 <= kept_new <= min(seen_new, capacity)):
-        raise ValueError("kept counts must lie within 0..min(seen, capacity)")
+    if not (0 <= kept_old <= seen_old and 0 <= kept_new <= seen_new):
+        raise ValueError("kept counts must lie within 0..seen")
     total = seen_old + seen_new
     target = min(capacity, total, kept_old + kept_new)
     if target == kept_old + kept_new:

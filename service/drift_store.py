@@ -487,7 +487,7 @@ class DriftStore:
             for ids, count in zip(ids_by_bucket, counts, strict=True):
                 if count:
                     chosen.extend(ids[int(i)] for i in sorted(rng.choice(len(ids), count, replace=False)))
-            rows = []
+            rows: list[Any] = []
             for start in range(0, len(chosen), 500):
                 rows.extend(
                     conn.execute(
@@ -538,7 +538,7 @@ class DriftStore:
             ).scalar()
             version = int(latest or 0) + 1
             label = f"{app}/{model_key}/v{version}"
-            values = {
+            values: dict[str, Any] = {
                 "tenant": tenant,
                 "app": app,
                 "model_key": model_key,
@@ -561,7 +561,22 @@ class DriftStore:
                     for i, o in enumerate(sample.observations)
                 ],
             )
-        return ReferenceInfo(id=int(pk), **{k: v for k, v in values.items()})
+        return ReferenceInfo(
+            id=int(pk),
+            label=label,
+            tenant=tenant,
+            app=app,
+            model_key=model_key,
+            version=version,
+            created_at=now,
+            range_start=range_start,
+            range_end=range_end,
+            release=release,
+            n=len(sample),
+            traces_represented=traces_represented,
+            excluded_buckets=excluded_buckets,
+            content_hash=str(values["content_hash"]),
+        )
 
     def references(self, tenant: str, *, app: str | None = None) -> list[ReferenceInfo]:
         """Every reference version of a tenant (optionally one app), newest version first."""

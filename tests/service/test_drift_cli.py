@@ -1,0 +1,150 @@
+"""`ragmon drift pin|list|run` through the real CLI (a subprocess) against an embedded SQLite store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.cli import main as cli_main
+from service.drift_sample import Observation
+from service.drift_store import BucketBatch, DriftStore
+from service.store import Store
+
+REPO = Path(__file__).resolve().parents[2]
+NOW = datetime.now(UTC)
+PAST = NOW - timedelta(days=3)
+
+
+def _observations(n: int, *, seed: int, at: datetime, shift: float) -> list[Observation]:
+    rng = np.random.default_rng(seed)
+    centres = np.random.default_rng(99).standard_normal((4, 16))
+    out = []
+    for i in range(n):
+        new = rng.random() < shift
+        topic = 3 if new else int(rng.integers(3))
+        vector = centres[topic] + 0.3 * rng.standard_normal(16)
+        out.append(
+            Observation(
+                trace_id=f"{seed:016x}{i:016x}",
+                time=at + timedelta(seconds=i),
+                query=("refund for my crypto wallet" if new else f"ordinary question {topic}") + f" {i}",
+                vector=vector.astype(np.float32),
+                top1=float(0.5 if new else 0.8) + 0.05 * float(rng.standard_normal()),
+                topk=0.6,
+                empty=False,
+                hit=f"doc-{topic}",
+            )
+        )
+    return out
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """A data dir whose store holds 240 reference-period and 240 shifted recent observations of app `shop`."""
+    store = Store(f"sqlite:///{tmp_path / 'ragmon.db'}")
+    store.create_schema()
+    drift = DriftStore(store.engine)
+    drift.create_schema()
+    drift.add_observations(
+        [
+            BucketBatch(
+                "default", "shop", "emb@16", PAST, 240, _observations(240, seed=1, at=PAST, shift=0.0)
+            ),
+            BucketBatch(
+                "default",
+                "shop",
+                "emb@16",
+                NOW - timedelta(hours=1),
+                240,
+                _observations(240, seed=2, at=NOW - timedelta(hours=1), shift=0.4),
+            ),
+        ]
+    )
+    store.close()
+    return tmp_path
+
+
+def ragmon(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGMON_")}
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args, "--data-dir", str(data_dir)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _json(done: subprocess.CompletedProcess[str]) -> Any:
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_pin_and_run_from_the_command_line(data_dir: Path) -> None:
+    start, end = (PAST - timedelta(hours=1)).isoformat(), (PAST + timedelta(hours=2)).isoformat()
+    pinned = _json(ragmon(data_dir, "drift", "pin", "--from", start, "--to", end, "--app", "shop"))
+    assert [(r["id"], r["n"]) for r in pinned["pinned"]] == [("shop/emb@16/v1", 240)]
+
+    report = _json(ragmon(data_dir, "drift", "run", "--app", "shop", "--json"))
+    by_detector = {r["detector"]: r for r in report["results"]}
+    assert {
+        "query_embedding_mmd",
+        "retrieval_top1_score",
+        "retrieval_topk_score",
+        "retrieval_empty_share",
+        "retrieval_hits",
+        "embedding_model_change",
+    } <= set(by_detector)
+    mmd = by_detector["query_embedding_mmd"]
+    assert mmd["drifted"] and mmd["alarm"] and mmd["n_window"] == 240
+    assert any("crypto" in " ".join(g["examples"]) for g in mmd["explanation"] if g["significant"])
+    assert by_detector["retrieval_top1_score"]["drifted"]
+    assert not by_detector["embedding_model_change"]["drifted"]
+    assert report["without_reference"] == []
+
+
+def in_process(capsys: pytest.CaptureFixture[str], data_dir: Path, *args: str) -> tuple[int, str, str]:
+    """The same CLI entry point without a new interpreter (each subprocess pays seconds of imports)."""
+    code = cli_main([*args, "--data-dir", str(data_dir)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_list_and_repin_keep_every_version(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    start, end = (PAST - timedelta(hours=1)).isoformat(), (PAST + timedelta(hours=2)).isoformat()
+    code, _, err = in_process(capsys, data_dir, "drift", "list")
+    assert code == 0 and "no references pinned yet" in err
+    for _ in range(2):
+        assert in_process(capsys, data_dir, "drift", "pin", "--from", start, "--to", end)[0] == 0
+    code, out, _ = in_process(capsys, data_dir, "drift", "list")
+    assert [r["version"] for r in json.loads(out)] == [2, 1]
+    assert in_process(capsys, data_dir, "drift", "run")[0] == 0
+    code, out, _ = in_process(capsys, data_dir, "drift", "list", "--runs", "--limit", "100")
+    runs = json.loads(out)
+    assert {r["detector"] for r in runs} >= {"query_embedding_mmd"}
+    assert {r["reference_id"] for r in runs if r["detector"] == "query_embedding_mmd"} == {"shop/emb@16/v2"}
+
+
+def test_pin_without_a_range_or_release_fails_with_a_message(
+    data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = in_process(capsys, data_dir, "drift", "pin", "--from", "7d")
+    assert code == 2 and "--from and --to, or --release" in err
+    code, _, err = in_process(capsys, data_dir, "drift", "pin", "--from", "yesterday", "--to", "now")
+    assert code == 2 and "not a time" in err
+
+
+def test_run_without_references_says_so(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = in_process(capsys, data_dir, "drift", "run")
+    assert code == 0
+    assert "no references pinned" in out
+    assert "no reference for embedding model emb@16" in out
