@@ -74,7 +74,7 @@ def test_panels_have_unique_ids_grid_positions_and_queries(board: dict[str, Any]
     for panel in panels:
         grid = panel.get("gridPos")
         assert grid and {"x", "y", "w", "h"} <= set(grid), panel["title"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
         if panel["type"] != "row":
             assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
             assert panel["datasource"]["uid"] == "${datasource}"
@@ -96,7 +96,7 @@ def test_every_query_parses(tmp_path: Path) -> None:
     rules = [{"record": f"check:q{n}:parse", "expr": expr} for n, expr in enumerate(queries.values())]
     path = tmp_path / "queries.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "queries", "rules": rules}]}))
-    out = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True)
+    out = subprocess.run([str(PROMTOOL), "check", "rules", str(path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert len(queries) > 80
 

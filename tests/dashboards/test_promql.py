@@ -12,7 +12,8 @@ from dashboards.promql import metric_names
     [
         ("rate(ragmon_traces_total[5m])", {"ragmon_traces_total"}),
         (
-            'histogram_quantile(0.95, sum by (le, app) (rate(x_bucket{app=~"$app",le!="1e-05"}[$__rate_interval])))',
+            "histogram_quantile(0.95, sum by (le, app)"
+            ' (rate(x_bucket{app=~"$app",le!="1e-05"}[$__rate_interval])))',
             {"x_bucket"},
         ),
         (
