@@ -36,6 +36,7 @@ def queries() -> tuple[list[str], np.ndarray]:
     return [text for text, _ in rows], np.array([domain for _, domain in rows])
 
 
+@pytest.mark.slow
 def test_new_topic_is_caught_and_same_topics_are_not(queries: tuple[list[str], np.ndarray]) -> None:
     texts, domains = queries
     vectors = HashingEmbedder().embed(texts)

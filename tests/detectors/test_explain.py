@@ -47,7 +47,7 @@ def test_no_shift_rarely_reports_a_significant_group() -> None:
         centres = rng.standard_normal((5, 16)) * 4
         reference = centres[rng.integers(0, 5, 500)] + rng.standard_normal((500, 16))
         window = centres[rng.integers(0, 5, 500)] + rng.standard_normal((500, 16))
-        groups = explain_query_drift(reference, window, [str(i) for i in range(500)], seed=seed)
+        groups = explain_query_drift(reference, window, [str(i) for i in range(500)], groups=10, seed=seed)
         significant += any(group.significant for group in groups)
     # Holm keeps the family-wise error per run at 0.05; allow sampling error over 20 runs.
     assert significant <= 4
