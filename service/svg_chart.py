@@ -96,6 +96,9 @@ def time_chart(
     hi = max(values) if y_max is None else y_max
     if hi <= lo:
         lo, hi = lo - 0.5 * (abs(lo) or 1), hi + 0.5 * (abs(hi) or 1)
+    if y_max is None:
+        # Headroom, so the highest point is not drawn on the frame.
+        hi += 0.08 * (hi - lo)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def x(t: datetime) -> float:

@@ -66,7 +66,14 @@ def traces(
             "retrieval": {
                 "retriever": "vector",
                 "k": 5,
-                "chunks": [{"id": f"{name}-doc-{int(rng.integers(6))}", "score": s} for s in scores],
+                "chunks": [
+                    {
+                        "id": f"{name}-doc-{int(rng.integers(6))}",
+                        "score": s,
+                        "content": f"To handle {name}, open the {name} page and follow its steps.",
+                    }
+                    for s in scores
+                ],
             },
             "answer": f"Here is how to handle {name}.",
             "timings": {"total_s": 0.5 + rng.random(), "retrieval_s": 0.05 + 0.05 * rng.random()},

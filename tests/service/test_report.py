@@ -1,0 +1,121 @@
+"""`ragmon report` and `/reports/latest`: an empty window says so; one with data has plots and numbers."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from service.cli import main as cli_main
+from service.judgment_store import judgments
+from service.report import mean_interval, quantile_interval, rate_interval
+from tests.live_server import live_server
+from tests.service.drift_traffic import send, traces
+
+
+def test_report_over_an_empty_window_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    code = cli_main(["report", "--since", "7d", "--out", str(out), "--data-dir", str(tmp_path / "data")])
+    assert code == 0
+    html = (out / "report.html").read_text()
+    markdown = (out / "report.md").read_text()
+    assert "No traces in this window" in html and "nothing to report" in html
+    assert "**No traces in this window**" in markdown
+    assert (tmp_path / "data" / "reports" / "latest.md").read_text() == markdown
+    assert "No traces in this window" in capsys.readouterr().out
+
+
+def test_report_with_data_has_plots_numbers_and_is_served(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = datetime.now(UTC)
+    past = now - timedelta(days=3)
+    data = tmp_path / "data"
+    sampler = {"rates": {"base": 0.2}}
+    with (
+        live_server(data, drift={"min_window": 30, "flush_s": 3600.0}, sampler=sampler) as server,
+        server.client() as client,
+    ):
+        assert client.get("/reports/latest").status_code == 404
+        before = traces(300, seed=11, start=past, span=timedelta(hours=6), regeneration_rate=0.08)
+        after = traces(300, seed=12, start=now - timedelta(hours=3), span=timedelta(hours=2), shift=0.35)
+        send(client, before)
+        server.flush()
+        pinned = client.post(
+            "/api/v1/drift/references",
+            json={
+                "from": (past - timedelta(hours=1)).isoformat(),
+                "to": (past + timedelta(hours=7)).isoformat(),
+            },
+        )
+        assert pinned.json()["pinned"]
+        send(client, after)
+        server.flush()
+        assert client.post("/api/v1/drift/runs", json={}).status_code == 200
+        deadline = time.monotonic() + 60
+        while server.pipeline.judge_queue.stats().depth and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with server.pipeline.store.engine.connect() as conn:
+            scored = conn.execute(
+                sa.select(sa.func.count()).select_from(judgments).where(judgments.c.outcome == "scored")
+            ).scalar_one()
+
+        out = tmp_path / "week"
+        code = cli_main(["report", "--since", "7d", "--out", str(out), "--data-dir", str(data)])
+        assert code == 0
+        capsys.readouterr()
+        html = (out / "report.html").read_text()
+        markdown = (out / "report.md").read_text()
+
+        served = client.get("/reports/latest")
+        assert served.status_code == 200 and served.headers["content-type"].startswith("text/html")
+        assert served.text == html
+        assert client.get("/reports/latest.md").text == markdown
+
+    assert html.count("<svg") == 5
+    for title in (
+        "Query drift over time",
+        "Faithfulness estimate",
+        "Regeneration rate",
+        "latency",
+        "Cost per query",
+    ):
+        assert title in html
+    assert "no data in this window" in html  # no cost was sent: that panel says so
+    assert "traces: 600" in markdown
+    regenerations = sum(r["is_regeneration"] for r in before + after)
+    assert f"{regenerations} of 600 traces" in markdown
+    assert re.search(r"p95 total latency: [0-9.]+ s \(95 % CI [0-9.]+–[0-9.]+ s\), n = 600", markdown)
+    assert "drift: " in markdown and "alarms in" in markdown
+    if scored:
+        assert f"n = {scored} judged" in markdown
+    else:
+        assert "no judgments in this period" in markdown
+    # The new topic is named as a new query group, with examples.
+    assert "crypto" in markdown.split("New query groups")[1]
+
+
+def test_intervals_cover_their_estimates() -> None:
+    values = np.random.default_rng(0).exponential(1.0, 500)
+    for q in (0.5, 0.95):
+        found = quantile_interval(values, q)
+        assert found is not None
+        estimate, low, high = found
+        assert low <= estimate <= high
+    # The distribution-free interval covers the true median (ln 2) in about 95 % of samples.
+    covered = 0
+    for seed in range(200):
+        sample = np.random.default_rng(seed).exponential(1.0, 200)
+        found = quantile_interval(sample, 0.5)
+        assert found is not None
+        covered += found[1] <= np.log(2) <= found[2]
+    assert 0.88 <= covered / 200 <= 0.995
+    assert mean_interval(np.array([])) is None and quantile_interval(np.array([]), 0.5) is None
+    rate = rate_interval(3, 40)
+    assert rate is not None and rate[1] < 3 / 40 < rate[2]
+    assert rate_interval(0, 0) is None
