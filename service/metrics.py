@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -83,18 +84,45 @@ class BoundedLabel:
         return OTHER
 
 
+LabelledValues = Iterable[tuple[Sequence[str], float]]
+# Review queues, states and verdicts: closed sets (service/review_model.py).
+REVIEW_QUEUES = ("flagged", "blind")
+REVIEW_STATES = ("open", "claimed", "done")
+REVIEW_VERDICTS = ("faithful", "unfaithful", "unsure")
+# Calibration gauges, labelled {judge_version, sample}; judge versions are capped by config.
+JUDGE_CALIBRATION_GAUGES = {
+    "ragmon_judge_agreement_ratio": "share of reviewed traces where judge and reviewer agree",
+    "ragmon_judge_kappa": "Cohen's kappa between judge and reviewer verdicts",
+    "ragmon_judge_false_approval_ratio": "share of judge-faithful traces the reviewer called unfaithful",
+    "ragmon_judge_false_rejection_ratio": "share of judge-unfaithful traces the reviewer called faithful",
+    "ragmon_judge_calibration_pairs": "judge/reviewer pairs behind the calibration gauges (unsure left out)",
+}
+
+
 class _StateCollector(Collector):
     """Gauges computed at scrape time from callables (queue depth, open traces, ...)."""
 
     def __init__(self) -> None:
         self._gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+        self._families: dict[str, tuple[str, Sequence[str], Callable[[], LabelledValues]]] = {}
 
     def add(self, name: str, documentation: str, read: Callable[[], float]) -> None:
         self._gauges[name] = (documentation, read)
 
+    def add_family(
+        self, name: str, documentation: str, labels: Sequence[str], read: Callable[[], LabelledValues]
+    ) -> None:
+        """A labelled gauge: `read` returns (label values, value) pairs, one per series."""
+        self._families[name] = (documentation, tuple(labels), read)
+
     def collect(self) -> Iterable[GaugeMetricFamily]:
         for name, (documentation, read) in sorted(self._gauges.items()):
             yield GaugeMetricFamily(name, documentation, value=float(read()))
+        for name, (documentation, labels, read_family) in sorted(self._families.items()):
+            family = GaugeMetricFamily(name, documentation, labels=labels)
+            for values, value in read_family():
+                family.add_metric(list(values), float(value))
+            yield family
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return []
@@ -223,6 +251,7 @@ class Metrics:
         )
         self._declare_judge_metrics()
         self._declare_drift_metrics()
+        self._declare_review_metrics()
         self._declare_kafka_metrics()
         self.state = _StateCollector()
         r.register(self.state)
@@ -321,6 +350,47 @@ class Metrics:
             estimate_labels,
             registry=r,
         )
+
+    def _declare_review_metrics(self) -> None:
+        self.reviews = Counter(
+            "ragmon_reviews",
+            "human reviews recorded, by queue and verdict",
+            ["queue", "verdict"],
+            registry=self.registry,
+        )
+        for queue in REVIEW_QUEUES:
+            for verdict in REVIEW_VERDICTS:
+                self.reviews.labels(queue=queue, verdict=verdict)
+
+    def watch_review(
+        self,
+        items: Callable[[], LabelledValues],
+        oldest_open_age: Callable[[], LabelledValues],
+        reviewer_items: Callable[[], LabelledValues],
+        calibration: Callable[[str], LabelledValues],
+    ) -> None:
+        """Scrape-time review gauges, read from the review store through the given readers."""
+        s = self.state
+        s.add_family(
+            "ragmon_review_items",
+            "review items by queue and state (an expired lease counts as open)",
+            ("queue", "state"),
+            items,
+        )
+        s.add_family(
+            "ragmon_review_oldest_open_age_seconds",
+            "age of the oldest open review item",
+            ("queue",),
+            oldest_open_age,
+        )
+        s.add_family(
+            "ragmon_review_reviewer_items",
+            "review items claimed now and done, by reviewer (names from config)",
+            ("reviewer", "state"),
+            reviewer_items,
+        )
+        for name, documentation in JUDGE_CALIBRATION_GAUGES.items():
+            s.add_family(name, documentation, ("judge_version", "sample"), partial(calibration, name))
 
     def _declare_drift_metrics(self) -> None:
         """Drift results (one series per app and detector; detector names are a closed set in code)."""
