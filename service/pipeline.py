@@ -39,6 +39,9 @@ from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 from service.pricing import PriceTable
 from service.regeneration import ReaskDetector
+from service.review_gauges import ReviewGauges
+from service.review_intake import ReviewIntake
+from service.review_store import ReviewStore
 from service.semconv import build_trace
 from service.spans import Span
 from service.store import Store, StoreSink
@@ -95,6 +98,9 @@ class Pipeline:
             statement_timeout_s=config.store.timeout_s,
         )
         self.judgments = JudgmentStore(self.store.engine)
+        self.reviews = ReviewStore(self.store.engine)
+        self.review_intake = ReviewIntake(config.review, config.judging.flag_threshold, self.reviews)
+        self.review_gauges = ReviewGauges(config.review, self.reviews, self.metrics)
         self.judge_queue = SqlJudgeQueue(self.store.engine, max_attempts=config.judging.max_attempts)
         self.judge = build_judge(config.judge, cost_fn=self.prices.cost)
         self.sampler = TraceSampler(
@@ -103,7 +109,7 @@ class Pipeline:
             budget=JudgeBudget(config.budget),
             judgment_cost_usd=config.judging.estimated_cost_usd,
         )
-        downstream: list[Any] = [MetricsSink(self.metrics, self.store)]
+        downstream: list[Any] = [MetricsSink(self.metrics, self.store), self.review_intake]
         if config.judging.enabled:
             downstream.append(JudgeQueueSink(self.sampler, self.judge_queue, self.store, self.metrics))
         drift = config.drift
@@ -123,6 +129,7 @@ class Pipeline:
                 self.judgments,
                 self.metrics,
                 worker_id=f"{socket.gethostname()}-{os.getpid()}-{n}",
+                after_judgment=self.review_intake.after_judgment,
             )
             for n in range(config.judging.workers if config.judging.enabled else 0)
         ]
@@ -238,6 +245,7 @@ class Pipeline:
     async def start(self) -> None:
         await asyncio.to_thread(self.store.create_schema)
         await asyncio.to_thread(self.judgments.create_schema)
+        await asyncio.to_thread(self.reviews.create_schema)
         await asyncio.to_thread(create_tables, self.store.engine)
         await asyncio.to_thread(self.drift_store.create_schema)
         if not self.distributed:
