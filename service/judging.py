@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -188,8 +188,10 @@ class JudgeWorker:
         judgments: JudgmentStore,
         metrics: Metrics,
         worker_id: str,
+        after_judgment: Callable[[Judgment], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
+        self.after_judgment = after_judgment
         self.judge = judge
         self.queue = queue
         self.store = store
@@ -247,6 +249,9 @@ class JudgeWorker:
             self._count(judgment, record)
         for flag in new_flags:
             self.metrics.review_flags.labels(app=self.metrics.app_label(flag.app), reason=flag.reason).inc()
+        if self.after_judgment is not None:
+            # before completing: if the hook fails, the redelivered item runs it again (it is idempotent)
+            await self.after_judgment(judgment)
         await asyncio.to_thread(self.queue.complete, key)
 
     def _count(self, judgment: Judgment, record: QueueRecord) -> None:
