@@ -20,7 +20,18 @@ from service.errors import Unauthenticated, UnknownTenant
 from service.responses import error_response
 
 DEFAULT_TENANT = "default"
-OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc", "/static/")
+# The review page and its API sign reviewers in themselves (service/review.py).
+OPEN_PATHS = (
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/docs",
+    "/openapi.json",
+    "/redoc",
+    "/static/",
+    "/review",
+    "/api/v1/review",
+)
 
 
 def is_loopback(host: str | None) -> bool:
