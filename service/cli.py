@@ -252,6 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(report_parser)
     report.add_arguments(report_parser)
     report_parser.set_defaults(run=lambda args: report.main(args, config_from_args(args)))
+
+    from service import review_export
+
+    review_parser = commands.add_parser("review", help="the human review queue: export reviewed items")
+    review_commands = review_parser.add_subparsers(dest="review_command", required=True)
+    export_parser = review_commands.add_parser("export", help="reviewed items as golden-set JSONL")
+    _add_config_flags(export_parser)
+    review_export.add_arguments(export_parser)
+    export_parser.set_defaults(run=lambda args: review_export.main(args, config_from_args(args).store_url))
     return parser
 
 
