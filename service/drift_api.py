@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.deps import PipelineDep, TenantDep
 from service.drift import pin_references
 
+__all__ = ["PinIn", "RunIn", "router"]
+
 router = APIRouter(prefix="/api/v1/drift", tags=["drift"])
 
 

@@ -15,6 +15,8 @@ from fastapi.responses import HTMLResponse, PlainTextResponse
 
 from service.config import RagmonConfig
 
+__all__ = ["LATEST_HTML", "LATEST_MD", "reports_dir", "router"]
+
 router = APIRouter(prefix="/reports", tags=["reports"])
 
 LATEST_HTML = "latest.html"
