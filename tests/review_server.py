@@ -67,9 +67,7 @@ def send(server: LiveServer, tenant: str, records: list[dict[str, Any]]) -> None
         assert response.status_code == 200, response.text
     server.flush()
     reviews = server.pipeline.reviews
-    wait_until(
-        lambda: all(reviews.find(tenant, "blind", r["trace_id"]) is not None for r in records)
-    )
+    wait_until(lambda: all(reviews.find(tenant, "blind", r["trace_id"]) is not None for r in records))
 
 
 @contextmanager
