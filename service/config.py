@@ -309,6 +309,46 @@ class DriftConfig(_Section):
     seed: int = Field(0, description="seed of reservoir sampling and permutation tests")
 
 
+class ProbesConfig(_Section):
+    """Scoring of golden-set probe runs (`/api/v1/probes`, `ragmon probe`)."""
+
+    ks: list[int] = Field(
+        default_factory=lambda: [5, 10],
+        min_length=1,
+        description="cutoffs k of recall, precision, hit rate and nDCG on probe runs (distinct, >= 1)",
+    )
+    relevance_level: int = Field(1, ge=1, description="gold grade at or above which a chunk is relevant")
+    bootstrap_resamples: int = Field(
+        2000, ge=100, description="paired bootstrap resamples behind the confidence interval of each delta"
+    )
+    confidence: float = Field(0.95, gt=0, lt=1, description="confidence level of those intervals")
+    seed: int = Field(0, description="seed of the bootstrap (same runs, same interval)")
+    correctness: Literal["auto", "llm", "heuristic"] = Field(
+        "auto",
+        description="answer-correctness judge: llm (the judge endpoint), heuristic (offline fact match), "
+        "auto (llm when an endpoint is configured)",
+    )
+    correctness_concurrency: int = Field(
+        8, gt=0, description="correctness calls in flight while scoring a run"
+    )
+    supported_threshold: float = Field(
+        0.75, ge=0, le=1, description="faithfulness at or above which a correct answer counts as supported"
+    )
+    max_categories: int = Field(
+        20, gt=0, description="category label values on probe gauges before the rest are 'other'"
+    )
+    max_golden_sets: int = Field(
+        10, gt=0, description="golden-set label values on probe gauges before the rest are 'other'"
+    )
+
+    @field_validator("ks")
+    @classmethod
+    def _distinct_positive(cls, value: list[int]) -> list[int]:
+        if any(k < 1 for k in value) or len(set(value)) != len(value):
+            raise ValueError("ks must be distinct integers >= 1")
+        return sorted(value)
+
+
 class RagmonConfig(_Section):
     """The whole configuration. Defaults run embedded on one machine with no setup."""
 
@@ -331,6 +371,7 @@ class RagmonConfig(_Section):
     budget: BudgetConfig = BudgetConfig()
     drift: DriftConfig = DriftConfig()
     review: ReviewConfig = ReviewConfig()
+    probes: ProbesConfig = ProbesConfig()
 
     @field_validator("log_level")
     @classmethod
