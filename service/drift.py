@@ -68,6 +68,15 @@ MODEL_CHANGE = "embedding_model_change"
 REGENERATION = "regeneration_band"
 
 
+class _Slot:
+    """A reservoir item: filled with its observation only when the reservoir takes it."""
+
+    __slots__ = ("observation",)
+
+    def __init__(self) -> None:
+        self.observation: Observation | None = None
+
+
 class DriftWindowSink:
     """Sink: offers every new trace to its bounded reservoir; never blocks on I/O (see the module doc)."""
 
@@ -80,7 +89,7 @@ class DriftWindowSink:
         self.builtin_key = embedding_model_key(self.embedder.model_name, self.embedder.dim)
         self.dropped = 0
         self._lock = threading.Lock()
-        self._reservoirs: dict[_BucketKey, Reservoir[Observation]] = {}
+        self._reservoirs: dict[_BucketKey, Reservoir[_Slot]] = {}
         self._known_models: dict[tuple[str, str], set[str]] = {}
         self._apps: dict[str, set[str]] = {}
         self._events: deque[RunRecord] = deque(maxlen=1000)
@@ -145,23 +154,26 @@ class DriftWindowSink:
                 self.config.bucket_capacity, seed=self.config.seed * 1_000_003 + self._seeds
             )
             self._reservoirs[key] = reservoir
+        # Most offers are skipped once a reservoir is full (Algorithm L), so the observation (the vector
+        # copy above all) is built only for traces the reservoir takes.
+        slot = _Slot()
+        if reservoir.offer(slot, trace.start_time):
+            slot.observation = self._observation(trace)
+
+    def _observation(self, trace: RagTrace) -> Observation:
         vector = trace.query_embedding.vector if trace.query_embedding is not None else None
         text = query_text(trace)
-        scores_k = topk_mean_score(trace, self.config.top_k)
-        reservoir.offer(
-            Observation(
-                trace_id=trace.trace_id,
-                time=trace.start_time,
-                release=trace.release,
-                intent=trace.intent,
-                query=None if text is None else text[: self.config.max_query_chars],
-                vector=None if not vector else _float32(vector),
-                top1=_finite(top1_score(trace)),
-                topk=_finite(scores_k),
-                empty=empty_retrieval(trace),
-                hit=top_hit(trace, self.config.hits_by),
-            ),
-            trace.start_time,
+        return Observation(
+            trace_id=trace.trace_id,
+            time=trace.start_time,
+            release=trace.release,
+            intent=trace.intent,
+            query=None if text is None else text[: self.config.max_query_chars],
+            vector=None if not vector else _float32(vector),
+            top1=_finite(top1_score(trace)),
+            topk=_finite(topk_mean_score(trace, self.config.top_k)),
+            empty=empty_retrieval(trace),
+            hit=top_hit(trace, self.config.hits_by),
         )
 
     def _admit_model(self, trace: RagTrace, model: str) -> bool:
@@ -232,7 +244,14 @@ class DriftWindowSink:
             events = list(self._events)
             self._events.clear()
         batches = [
-            BucketBatch(tenant, app, model, start, reservoir.seen, reservoir.items)
+            BucketBatch(
+                tenant,
+                app,
+                model,
+                start,
+                reservoir.seen,
+                [slot.observation for slot in reservoir.items if slot.observation is not None],
+            )
             for (tenant, app, model, start), reservoir in reservoirs.items()
         ]
         return batches, events
