@@ -21,13 +21,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
-__all__ = ["AdvisoryLeaderLock", "LeaderLock", "ProcessLeaderLock", "leader_lock"]
+__all__ = ["AdvisoryLeaderLock", "LeaderLock", "ProcessLeaderLock", "exclusive", "leader_lock"]
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +142,29 @@ class ProcessLeaderLock:
         with _process_guard:
             if _process_holders.get(self.name) is self._token:
                 del _process_holders[self.name]
+
+
+@contextmanager
+def exclusive(engine: Engine, name: str, timeout_s: float = 60.0) -> Iterator[None]:
+    """Run a block in one process of the deployment at a time (PostgreSQL); a no-op elsewhere.
+
+    For one-off work that replicas would otherwise race on, such as creating
+    tables at start. Waits up to `timeout_s` for the other holder.
+    """
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    with engine.connect() as conn:
+        conn.execute(
+            sa.text("SELECT set_config('lock_timeout', :t, false)"), {"t": f"{int(timeout_s * 1000)}ms"}
+        )
+        conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _lock_key(name)})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _lock_key(name)})
+            conn.commit()
 
 
 def leader_lock(engine: Engine, name: str) -> AdvisoryLeaderLock | ProcessLeaderLock:

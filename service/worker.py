@@ -39,7 +39,7 @@ from sampler import create_tables
 from service.config import RagmonConfig, WorkerRole
 from service.errors import StoreUnavailable
 from service.kafka_bus import KafkaReceiver
-from service.leader import leader_lock
+from service.leader import exclusive, leader_lock
 from service.metrics import Metrics
 from service.pipeline import Pipeline
 
@@ -73,18 +73,22 @@ class Worker:
         self.started = False
 
     def _create_schema(self) -> None:
+        """Every table `Pipeline.start` creates, so the worker's sinks and scrape-time gauges find them."""
         p = self.pipeline
-        p.store.create_schema()
-        p.judgments.create_schema()
-        create_tables(p.store.engine)
-        p.drift_store.create_schema()
+        # replicas start together; concurrent CREATE TABLE IF NOT EXISTS can collide on PostgreSQL
+        with exclusive(p.store.engine, "create-schema"):
+            p.store.create_schema()
+            for part in (p.judgments, getattr(p, "reviews", None), p.drift_store):
+                if part is not None:
+                    part.create_schema()
+            create_tables(p.store.engine)
 
     async def _wait_for_store(self) -> None:
         while True:
             try:
                 await asyncio.to_thread(self._create_schema)
                 return
-            except (StoreUnavailable, sa_exc.OperationalError) as exc:
+            except (StoreUnavailable, sa_exc.OperationalError, sa_exc.IntegrityError) as exc:
                 log.warning("store unavailable at start (%s); retrying", exc)
                 await asyncio.sleep(_SCHEMA_RETRY_S)
 

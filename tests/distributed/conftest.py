@@ -256,7 +256,10 @@ class WorkerProcess:
         raise AssertionError(f"worker condition not met in {timeout}s (last {last}):\n{self.log_tail()}")
 
     def metric(self, name: str, **labels: str) -> float:
-        text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+        response = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5)
+        if response.status_code != 200:
+            raise AssertionError(f"/metrics answered {response.status_code}:\n{self.log_tail()}")
+        text = response.text
         total = 0.0
         for family in text_string_to_metric_families(text):
             for sample in family.samples:

@@ -1,0 +1,210 @@
+"""Distributed mode under faults, with a real broker, real PostgreSQL and `ragmon worker` subprocesses.
+
+Each test ends by asserting the exact number of traces stored (rows in
+PostgreSQL) and counted (`ragmon_traces_total`, summed over the workers that
+counted them), so a lost or doubled trace fails it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+from service.config import KafkaConfig
+from service.kafka_bus import KafkaBus
+from service.metrics import Metrics
+from tests.distributed.conftest import Broker, Postgres, WorkerProcess, count_rows, kafka_settings
+from tests.distributed.traffic import json_traces, traces
+from tests.live_server import live_server
+
+pytestmark = pytest.mark.slow
+
+
+def _settings(bootstrap: str, store_url: str, tmp_path: Path, **sections: Any) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "data_dir": str(tmp_path / "data"),
+        "bus": {"kind": "kafka"},
+        "kafka": kafka_settings(bootstrap, uuid.uuid4().hex[:12]),
+        "store": {"url": store_url, "timeout_s": 5},
+        "judging": {"enabled": False},
+        "drift": {"enabled": False},
+    }
+    for name, values in sections.items():
+        settings[name] = {**settings.get(name, {}), **values}
+    return settings
+
+
+def _publish(settings: dict[str, Any], n: int) -> None:
+    async def run() -> None:
+        bus = KafkaBus(KafkaConfig.model_validate(settings["kafka"]), Metrics())
+        await bus.start()
+        await bus.consume_traces(traces(n))
+        if not await bus.drain(30):
+            raise AssertionError("the test could not publish its traces")
+        await bus.stop()
+
+    asyncio.run(run())
+
+
+def _until(check: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached in {timeout}s")
+        time.sleep(0.2)
+
+
+def _counted(*workers: WorkerProcess) -> float:
+    return sum(w.metric("ragmon_traces_total") for w in workers)
+
+
+def _partitions(worker: WorkerProcess) -> int:
+    """Partitions the worker owns; 0 while it is still starting (a worker that exited fails the test)."""
+    if worker.proc is not None and worker.proc.poll() is not None:
+        raise AssertionError(f"worker exited with {worker.proc.returncode}:\n{worker.log_tail()}")
+    try:
+        return len(worker.health()["partitions"])
+    except httpx.HTTPError:
+        return 0
+
+
+def _lock_waiters(url: str) -> int:
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    )
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def test_worker_killed_mid_batch_another_takes_over_nothing_lost_or_doubled(
+    kafka_bootstrap: str, pg_url: str, tmp_path: Path, workers: Callable[..., WorkerProcess]
+) -> None:
+    n = 400
+    # Every trace is sampled, so each batch writes the judge queue after storing and counting its traces;
+    # blocking that table stops both workers between "stored and counted" and "offsets committed".
+    settings = _settings(
+        kafka_bootstrap,
+        pg_url,
+        tmp_path,
+        kafka={"max_poll_records": 50},
+        store={"timeout_s": 60},
+        judging={"enabled": True, "workers": 0},
+        sampler={"rates": {"base": 1.0}},
+    )
+    a = workers(settings, "sinks")
+    b = workers(settings, "sinks")
+    total_partitions = 2 * settings["kafka"]["partitions"]
+    _until(
+        lambda: (
+            _partitions(a) > 0 and _partitions(b) > 0 and _partitions(a) + _partitions(b) == total_partitions
+        ),
+        what="both workers own partitions",
+    )
+    blocker = sa.create_engine(pg_url, poolclass=NullPool).connect()
+    try:
+        blocker.execute(sa.text("LOCK TABLE judge_queue IN EXCLUSIVE MODE"))
+        _publish(settings, n)
+        _until(lambda: _lock_waiters(pg_url) >= 2, what="both workers blocked mid-batch")
+        killed_counted = a.metric("ragmon_traces_total")
+        stored_before_kill = count_rows(pg_url)
+        assert killed_counted > 0 and stored_before_kill < n
+        a.kill()
+    finally:
+        blocker.rollback()
+        blocker.close()
+    _until(lambda: _partitions(b) == total_partitions, what="the survivor takes over every partition")
+    _until(lambda: count_rows(pg_url) == n, what=f"{n} traces stored")
+    _until(lambda: killed_counted + b.metric("ragmon_traces_total") >= n, what=f"{n} traces counted")
+    time.sleep(1.0)  # anything redelivered late would show up as a count above n
+    assert count_rows(pg_url) == n
+    assert killed_counted + b.metric("ragmon_traces_total") == n
+    assert b.metric("ragmon_kafka_consumer_lag") == 0
+
+
+def test_postgres_restart_workers_retry_and_resume(
+    kafka_bootstrap: str,
+    postgres: Postgres,
+    pg_url: str,
+    tmp_path: Path,
+    workers: Callable[..., WorkerProcess],
+) -> None:
+    settings = _settings(kafka_bootstrap, pg_url, tmp_path)
+    a = workers(settings, "sinks")
+    b = workers(settings, "sinks")
+    _publish(settings, 150)
+    _until(lambda: count_rows(pg_url) == 150, what="first traces stored")
+    postgres.stop()
+    try:
+        _publish(settings, 250)
+        _until(
+            lambda: (
+                a.metric("ragmon_sink_failures_total", sink="kafka", kind="retryable")
+                + b.metric("ragmon_sink_failures_total", sink="kafka", kind="retryable")
+                > 0
+            ),
+            what="a worker notices the store is down",
+        )
+    finally:
+        postgres.start()
+    _until(lambda: count_rows(pg_url) == 400, what="all traces stored after the restart")
+    _until(lambda: _counted(a, b) >= 400, what="all traces counted")
+    time.sleep(1.0)
+    assert count_rows(pg_url) == 400
+    assert _counted(a, b) == 400
+
+
+def test_broker_down_at_ingest_buffers_then_503_then_delivers_when_it_returns(
+    broker_factory: Callable[[], Broker], pg_url: str, tmp_path: Path, workers: Callable[..., WorkerProcess]
+) -> None:
+    broker = broker_factory()  # its port is chosen; nothing listens there yet
+    settings = _settings(broker.bootstrap, pg_url, tmp_path, kafka={"buffer_records": 300})
+    ingest_settings = {k: v for k, v in settings.items() if k != "data_dir"}
+    accepted = 0
+    with live_server(tmp_path / "ingest", **ingest_settings) as server, server.client() as client:
+        refused: httpx.Response | None = None
+        for _ in range(10):
+            response = client.post("/api/v1/traces", json={"traces": json_traces(100)})
+            if response.status_code == 503:
+                refused = response
+                break
+            assert response.status_code == 200, response.text
+            accepted += response.json()["accepted"]
+        assert refused is not None, "ingest never pushed back while the broker was down"
+        assert accepted == 300
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert server.metric("ragmon_ingest_rejected_total", reason="queue_full") >= 1
+        assert server.metric("ragmon_kafka_buffer_fill_ratio") == 1.0
+
+        broker.start()
+        assert server.call(server.pipeline.bus.drain(60), 70), "the buffer was not delivered"
+        assert (
+            server.metric("ragmon_kafka_produced_total", topic=settings["kafka"]["traces_topic"]) == accepted
+        )
+        assert client.post("/api/v1/traces", json={"traces": json_traces(50)}).status_code == 200
+        accepted += 50
+        assert server.call(server.pipeline.bus.drain(30), 40)
+        # distributed mode: ingest counts what it received and refused, never the traces themselves
+        assert server.metric("ragmon_traces_total", app="shop") == 0
+
+    worker = workers(settings, "sinks")
+    _until(lambda: count_rows(pg_url) == accepted, what=f"{accepted} traces stored")
+    _until(lambda: _counted(worker) >= accepted, what="traces counted")
+    assert count_rows(pg_url) == accepted
+    assert _counted(worker) == accepted
