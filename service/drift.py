@@ -393,8 +393,8 @@ class DriftScheduler:
         self.store = store
         self.metrics = metrics
         self.sink = sink
+        # The hook for one scheduler per deployment: `tick()` runs detectors only while this is True.
         self.gate = gate
-        """Hook: `tick()` runs detectors only while this returns True (one scheduler per deployment)."""
         self.embedder = sink.embedder if sink is not None else HashingEmbedder(dim=config.embedder_dim)
         self.settings = CheckSettings(
             alpha=config.alpha, alphas=dict(config.alphas), min_window=config.min_window, seed=config.seed

@@ -214,3 +214,24 @@ async def test_traces_without_vectors_use_the_builtin_embedder_off_the_ingest_pa
     assert [b.model_key for b in batches] == [embedding_model_key(embedder.model_name, embedder.dim)]
     # The sink keeps text only; vectors are computed when the scheduler flushes.
     assert all(o.vector is None and o.query for o in batches[0].observations)
+
+
+def test_demo_topic_shift_through_otlp_is_caught_against_the_pre_shift_release(tmp_path: Path) -> None:
+    from service.demo import run_demo
+    from service.demo_corpus import SHIFT_TOPICS
+
+    with _server(tmp_path) as server, server.client() as client:
+        run_demo(server.url, requests=400, rate=0.0, seed=3, shift_after=200, dim=64)
+        server.flush()
+        pinned = client.post(
+            "/api/v1/drift/references", json={"release": "2.3.0", "app": "support-bot"}
+        ).json()
+        assert [r["release"] for r in pinned["pinned"]] == ["2.3.0"]
+        results = client.post("/api/v1/drift/runs", json={"app": "support-bot"}).json()["items"]
+        mmd = next(r for r in results if r["detector"] == "query_embedding_mmd")
+        assert mmd["drifted"], mmd
+        top = mmd["explanation"][0]
+        assert top["significant"]
+        # The demo's new support-bot topic is about membership tiers and their perks.
+        vocabulary = [v.lower() for values in SHIFT_TOPICS[0].slots.values() for v in values]
+        assert all(any(v in example.lower() for v in vocabulary) for example in top["examples"])
