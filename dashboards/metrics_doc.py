@@ -49,9 +49,13 @@ def exported_metrics() -> list[MetricDoc]:
                     name = value._name
                     labels = tuple(value._labelnames)
                     docs.append(MetricDoc(name, kind, labels, value._documentation))
-            # scrape-time gauges registered by the pipeline (no labels)
+            # scrape-time gauges the pipeline registers: plain, and labelled families
             for name, (documentation, _read) in metrics.state._gauges.items():
                 docs.append(MetricDoc(name, "gauge", (), documentation))
+            for name, (documentation, labels, _read_family) in getattr(
+                metrics.state, "_families", {}
+            ).items():
+                docs.append(MetricDoc(name, "gauge", tuple(labels), documentation))
         finally:
             pipeline.store.close()
     return sorted(docs, key=lambda d: d.name)

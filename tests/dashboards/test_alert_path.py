@@ -1,4 +1,4 @@
-"""End to end: real Prometheus scrapes a live ragmon, evaluates the generated rules, real Alertmanager delivers.
+"""End to end: real Prometheus scrapes a live ragmon and runs the generated rules; real Alertmanager delivers.
 
 Slow traffic must reach a webhook as `RagmonLatencyHigh` carrying app and release;
 normal traffic must not, although Prometheus evaluated the rule on its data for

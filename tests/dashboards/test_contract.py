@@ -1,0 +1,124 @@
+"""The metric contract: every name a rule, dashboard or Grafana alert reads is emitted by a live ragmon
+after demo traffic and judging, and every metric ragmon emits is documented in dashboards/METRICS.md."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dashboards.promql import metric_names
+from service.demo import run_demo
+from tests.dashboards.queries import DASHBOARDS, expressions, recorded_names
+from tests.live_server import live_server
+
+# Series Prometheus itself adds to every scrape.
+PROMETHEUS_SERIES = {"up"}
+# Declared families that only get samples from a drift run (checked below when the drift scheduler ran).
+DRIFT_PREFIXES = (
+    "ragmon_drift_",
+    "ragmon_regeneration_rate_ratio",
+    "ragmon_regeneration_band_",
+    "ragmon_embedding_model_changes",
+)
+# Counters whose label values are known only once the event happens (no pre-created zero series).
+ONLY_ON_EVENT = {
+    "ragmon_judge_failures_total",
+    "ragmon_judge_cost_usd_total",  # the heuristic judge costs nothing
+    "ragmon_judge_skipped_total",
+    "ragmon_empty_retrievals_total",
+}
+
+
+class Exposition:
+    """One scrape of /metrics: the declared families and the sample names that carry values."""
+
+    def __init__(self, text: str) -> None:
+        self.families: dict[str, str] = {}
+        self.samples: set[str] = set()
+        for family in text_string_to_metric_families(text):
+            if family.name.endswith("_created"):
+                continue  # client_python's creation timestamps of counters and histograms
+            self.families[family.name] = family.type
+            self.samples |= {s.name for s in family.samples}
+
+    def declared(self) -> set[str]:
+        """Series names each declared family exposes (counters _total, histograms _bucket/_sum/_count)."""
+        names = set()
+        for name, kind in self.families.items():
+            if kind == "counter":
+                names.add(name + "_total")
+            elif kind == "histogram":
+                names |= {name + "_bucket", name + "_sum", name + "_count"}
+            else:
+                names.add(name)
+        return names
+
+
+@pytest.fixture(scope="module")
+def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exposition]:
+    settings = {
+        "assembler": {"grace_s": 0.05},
+        "sampler": {"rates": {"base": 1.0}},
+        "judging": {"poll_s": 0.05, "estimate_every_s": 0.2},
+        "budget": {"calls_per_minute": 100000, "usd_per_day": 1000},
+    }
+    with live_server(Path(tmp_path_factory.mktemp("contract")), **settings) as server:
+        summary = run_demo(server.url, requests=80, rate=0, seed=7)
+        server.flush()
+        deadline = time.monotonic() + 60
+        while server.pipeline.judge_queue.stats().depth and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.pipeline.judge_queue.stats().depth == 0, "judging did not finish"
+        time.sleep(0.5)  # one more estimator pass
+        with server.client() as client:
+            exposition = Exposition(client.get("/metrics").text)
+        assert summary.traces == 80
+        yield exposition
+
+
+def _used_names() -> dict[str, set[str]]:
+    recorded = recorded_names()
+    used: dict[str, set[str]] = {}
+    for where, expr in expressions().items():
+        for name in metric_names(expr) - recorded - PROMETHEUS_SERIES:
+            used.setdefault(name, set()).add(where)
+    return used
+
+
+def test_queries_read_only_recorded_or_ragmon_names() -> None:
+    used = _used_names()
+    assert used, "no PromQL found"
+    assert {n for n in used if not n.startswith("ragmon_")} == set()
+
+
+def test_every_name_used_is_declared_by_ragmon(scrape: Exposition) -> None:
+    missing = {
+        name: sorted(where)[:3] for name, where in _used_names().items() if name not in scrape.declared()
+    }
+    assert missing == {}, "names used in rules or dashboards that ragmon never declares"
+
+
+def test_every_name_used_has_samples_after_traffic_and_judging(scrape: Exposition) -> None:
+    drift_ran = "ragmon_drift_runs_total" in scrape.samples
+    missing = {
+        name: sorted(where)[:3]
+        for name, where in _used_names().items()
+        if name not in scrape.samples and (drift_ran or not name.startswith(DRIFT_PREFIXES))
+    }
+    assert set(missing) - ONLY_ON_EVENT == set(), missing
+
+
+def test_every_emitted_metric_is_documented(scrape: Exposition) -> None:
+    documented = (DASHBOARDS / "METRICS.md").read_text()
+    undocumented = sorted(
+        name
+        for name in scrape.declared()
+        if name.startswith("ragmon_")
+        and f"`{name.removesuffix('_bucket')}`" not in documented
+        and f"`{name.removesuffix('_sum').removesuffix('_count')}`" not in documented
+    )
+    assert undocumented == [], "run `python -m dashboards.build` to regenerate METRICS.md"
