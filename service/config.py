@@ -189,6 +189,12 @@ class MetricsConfig(_Section):
     max_releases: int = Field(
         20, gt=0, description="distinct release label values before the rest are 'other'"
     )
+    max_probe_categories: int = Field(
+        20, gt=0, description="golden-set category label values on probe gauges before the rest are 'other'"
+    )
+    max_golden_sets: int = Field(
+        10, gt=0, description="golden-set names on probe gauges before the rest are 'other'"
+    )
 
 
 class JudgingConfig(_Section):
@@ -333,12 +339,6 @@ class ProbesConfig(_Section):
     )
     supported_threshold: float = Field(
         0.75, ge=0, le=1, description="faithfulness at or above which a correct answer counts as supported"
-    )
-    max_categories: int = Field(
-        20, gt=0, description="category label values on probe gauges before the rest are 'other'"
-    )
-    max_golden_sets: int = Field(
-        10, gt=0, description="golden-set label values on probe gauges before the rest are 'other'"
     )
 
     @field_validator("ks")
