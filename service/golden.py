@@ -87,6 +87,9 @@ class GoldenQuestion(_Row):
     expected_behaviour: ExpectedBehaviour = "answer"
     category: str | None = None
     tenants: tuple[str, ...] | None = None
+    reference_answer: str | None = Field(default=None, description="a reviewer's model answer")
+    source_trace_id: str | None = Field(default=None, description="the production trace this row came from")
+    reviewer: str | None = Field(default=None, description="who labelled it (review queue export)")
 
     @model_validator(mode="after")
     def _one_kind_of_gold(self) -> GoldenQuestion:
