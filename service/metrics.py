@@ -253,6 +253,7 @@ class Metrics:
         self._declare_drift_metrics()
         self._declare_review_metrics()
         self._declare_kafka_metrics()
+        self._declare_probe_metrics(config)
         self.state = _StateCollector()
         r.register(self.state)
         for stage in STAGES:
@@ -499,6 +500,97 @@ class Metrics:
             ["group", "topic", "partition"],
             registry=r,
         )
+
+    def _declare_probe_metrics(self, config: MetricsConfig) -> None:
+        """Golden-set probe runs: the latest scored run of each golden set, and its delta vs the baseline.
+
+        Set by `service/probe_gauges.py`; `golden` and `category` are capped (`other`), `category`
+        "all" is the whole run, `k` comes from the probes config, `slice` is a closed set.
+        """
+        r = self.registry
+        self.probe_golden_label = BoundedLabel(config.max_golden_sets)
+        self.probe_category_label = BoundedLabel(config.max_probe_categories)
+        self.probe_recall = Gauge(
+            "ragmon_probe_recall_ratio",
+            "mean recall@k over the scored questions of the latest probe run",
+            ["golden", "k", "category"],
+            registry=r,
+        )
+        self.probe_mrr = Gauge(
+            "ragmon_probe_mrr_ratio",
+            "mean reciprocal rank over the scored questions of the latest probe run",
+            ["golden", "category"],
+            registry=r,
+        )
+        self.probe_ndcg = Gauge(
+            "ragmon_probe_ndcg_ratio",
+            "mean graded nDCG@k over the scored questions of the latest probe run",
+            ["golden", "k", "category"],
+            registry=r,
+        )
+        self.probe_questions = Gauge(
+            "ragmon_probe_questions",
+            "questions of the latest probe run by slice (only `scored` enters the means)",
+            ["golden", "slice"],
+            registry=r,
+        )
+        self.probe_false_exclusion = Gauge(
+            "ragmon_probe_filter_false_exclusion_ratio",
+            "share of scored questions with a logged filter whose every eligible gold chunk it excluded",
+            ["golden"],
+            registry=r,
+        )
+        self.probe_correct = Gauge(
+            "ragmon_probe_answer_correct_ratio",
+            "share of judged probe answers stating every expected fact (latest run)",
+            ["golden"],
+            registry=r,
+        )
+        self.probe_diagnoses = Gauge(
+            "ragmon_probe_diagnoses",
+            "probe answers of the latest run by diagnosis (success, retrieval_failure, ...)",
+            ["golden", "diagnosis"],
+            registry=r,
+        )
+        self.probe_last_run = Gauge(
+            "ragmon_probe_last_run_timestamp_seconds",
+            "when the latest scored probe run started",
+            ["golden"],
+            registry=r,
+        )
+        delta = "paired delta (latest run - pinned baseline) of mean"
+        self.probe_recall_delta = Gauge(
+            "ragmon_probe_recall_delta_ratio", f"{delta} recall@k", ["golden", "k"], registry=r
+        )
+        self.probe_recall_delta_lower = Gauge(
+            "ragmon_probe_recall_delta_lower_ratio",
+            "lower bound of the bootstrap interval of the recall@k delta vs the baseline",
+            ["golden", "k"],
+            registry=r,
+        )
+        self.probe_recall_delta_upper = Gauge(
+            "ragmon_probe_recall_delta_upper_ratio",
+            "upper bound of the bootstrap interval of the recall@k delta vs the baseline",
+            ["golden", "k"],
+            registry=r,
+        )
+        self.probe_mrr_delta = Gauge(
+            "ragmon_probe_mrr_delta_ratio", f"{delta} reciprocal rank", ["golden"], registry=r
+        )
+        self.probe_mrr_delta_lower = Gauge(
+            "ragmon_probe_mrr_delta_lower_ratio",
+            "lower bound of the bootstrap interval of the MRR delta vs the baseline",
+            ["golden"],
+            registry=r,
+        )
+        self.probe_mrr_delta_upper = Gauge(
+            "ragmon_probe_mrr_delta_upper_ratio",
+            "upper bound of the bootstrap interval of the MRR delta vs the baseline",
+            ["golden"],
+            registry=r,
+        )
+        # label tuples each gauge holds per golden label, so a new run can drop the series it no longer has
+        self.probe_series: dict[str, dict[str, set[tuple[str, ...]]]] = {}
 
     def count_traces(self, batch: Sequence[RagTrace]) -> None:
         """Count a batch of NEW traces (the caller guarantees each trace id is counted once)."""
