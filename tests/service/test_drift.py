@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,13 @@ import pytest
 
 from detectors import HashingEmbedder, embedding_model_key
 from service.config import DriftConfig
-from service.drift import DriftWindowSink
+from service.demo import run_demo
+from service.demo_corpus import SHIFT_TOPICS
+from service.drift import DriftScheduler, DriftWindowSink
+from service.drift_store import DriftStore
 from service.metrics import Metrics
 from service.model import QueryEmbedding, RagTrace
+from service.store import Store
 from tests.live_server import live_server
 from tests.service.drift_traffic import send, traces
 
@@ -217,9 +222,6 @@ async def test_traces_without_vectors_use_the_builtin_embedder_off_the_ingest_pa
 
 
 def test_demo_topic_shift_through_otlp_is_caught_against_the_pre_shift_release(tmp_path: Path) -> None:
-    from service.demo import run_demo
-    from service.demo_corpus import SHIFT_TOPICS
-
     with _server(tmp_path) as server, server.client() as client:
         run_demo(server.url, requests=400, rate=0.0, seed=3, shift_after=200, dim=64)
         server.flush()
@@ -235,3 +237,49 @@ def test_demo_topic_shift_through_otlp_is_caught_against_the_pre_shift_release(t
         # The demo's new support-bot topic is about membership tiers and their perks.
         vocabulary = [v.lower() for values in SHIFT_TOPICS[0].slots.values() for v in values]
         assert all(any(v in example.lower() for v in vocabulary) for example in top["examples"])
+
+
+def test_a_restarted_server_remembers_models_and_flushes_on_stop(tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    with _server(tmp_path) as server, server.client() as client:
+        send(client, traces(60, seed=9, start=now - timedelta(hours=2), span=timedelta(minutes=10)))
+        server.flush()
+    # Stopping flushed the windows; the next process knows model v1 and sees v2 as a change.
+    with _server(tmp_path) as server, server.client() as client:
+        send(
+            client,
+            traces(
+                10, seed=10, start=now - timedelta(hours=1), span=timedelta(minutes=5), model="shop-embed-v2"
+            ),
+        )
+        server.flush()
+        assert server.metric("ragmon_embedding_model_changes_total", app="shop") == 1.0
+        keys = server.pipeline.drift_store.window_keys("default", since=now - timedelta(days=1), until=now)
+        assert keys == {("shop", "shop-embed-v1@32"): 60}
+
+
+def test_scheduled_runs_wait_for_their_interval_and_the_gate(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'ragmon.db'}")
+    store.create_schema()
+    drift = DriftStore(store.engine)
+    drift.create_schema()
+    metrics = Metrics()
+    sink = DriftWindowSink(DriftConfig(regeneration_min_baseline=1), metrics)
+    open_gate = False
+    scheduler = DriftScheduler(DriftConfig(interval_s=3600.0), drift, metrics, sink, gate=lambda: open_gate)
+    try:
+        asyncio.run(sink.consume_traces([_trace(i, hour=1) for i in range(20)]))
+        assert scheduler.tick() == []  # gate closed: flushed, nothing run
+        assert drift.window_keys(
+            "default", since=datetime(2026, 1, 1, tzinfo=UTC), until=datetime(2026, 1, 2, tzinfo=UTC)
+        )
+        open_gate = True
+        assert scheduler.tick() == []  # not due yet
+        later = datetime.now(UTC) + timedelta(hours=2)
+        ran = scheduler.run_due(later)
+        assert [r.result.detector for r in ran] == ["regeneration_band"]
+        assert ran[0].trigger == "schedule" and ran[0].result.n_window == 20
+        assert scheduler.run_due(later + timedelta(minutes=1)) == []  # the next one is an interval away
+        assert drift.monitor_states()  # the band's baseline survives a restart
+    finally:
+        store.close()
