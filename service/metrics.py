@@ -17,6 +17,7 @@ traces the store reported as new, so a redelivered batch changes no counter.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
@@ -28,6 +29,8 @@ from prometheus_client.registry import Collector
 from service.config import MetricsConfig
 from service.model import Feedback, RagTrace
 from service.otlp import RejectReason
+
+_log = logging.getLogger(__name__)
 
 OTHER = "other"
 NONE = "none"
@@ -116,12 +119,23 @@ class _StateCollector(Collector):
         self._families[name] = (documentation, tuple(labels), read)
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
+        # A gauge whose source fails (the database is down) is left out of this scrape instead of
+        # failing the whole scrape: every other metric must stay visible during an outage.
         for name, (documentation, read) in sorted(self._gauges.items()):
-            yield GaugeMetricFamily(name, documentation, value=float(read()))
+            try:
+                value = float(read())
+            except Exception:
+                _log.debug("scrape-time gauge %s unavailable", name, exc_info=True)
+                continue
+            yield GaugeMetricFamily(name, documentation, value=value)
         for name, (documentation, labels, read_family) in sorted(self._families.items()):
             family = GaugeMetricFamily(name, documentation, labels=labels)
-            for values, value in read_family():
-                family.add_metric(list(values), float(value))
+            try:
+                for values, value in read_family():
+                    family.add_metric(list(values), float(value))
+            except Exception:
+                _log.debug("scrape-time gauge %s unavailable", name, exc_info=True)
+                continue
             yield family
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
