@@ -32,12 +32,14 @@ from service.config import RagmonConfig
 from service.drift import DriftScheduler, DriftWindowSink
 from service.drift_store import DriftStore
 from service.errors import QueueFull
+from service.golden_store import GoldenStore
 from service.judge import build_judge
 from service.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
 from service.judgment_store import JudgmentStore
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 from service.pricing import PriceTable
+from service.probe_gauges import restore_probe_gauges
 from service.regeneration import ReaskDetector
 from service.review_gauges import ReviewGauges
 from service.review_intake import ReviewIntake
@@ -98,6 +100,7 @@ class Pipeline:
             statement_timeout_s=config.store.timeout_s,
         )
         self.judgments = JudgmentStore(self.store.engine)
+        self.golden = GoldenStore(self.store.engine)
         self.reviews = ReviewStore(self.store.engine)
         self.review_intake = ReviewIntake(config.review, config.judging.flag_threshold, self.reviews)
         self.review_gauges = ReviewGauges(config.review, self.reviews, self.metrics)
@@ -248,6 +251,8 @@ class Pipeline:
         await asyncio.to_thread(self.reviews.create_schema)
         await asyncio.to_thread(create_tables, self.store.engine)
         await asyncio.to_thread(self.drift_store.create_schema)
+        await asyncio.to_thread(self.golden.create_schema)
+        await asyncio.to_thread(restore_probe_gauges, self.golden, self.metrics, self.config.probes)
         if not self.distributed:
             if self.config.drift.enabled:
                 await self.drift.start()
