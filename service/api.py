@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from service import drift_api, ingest, reports_api, review, traces_api
+from service import drift_api, ingest, probes_api, reports_api, review, traces_api
 from service.auth import TenantMiddleware, TenantResolver
 from service.config import RagmonConfig
 from service.errors import DecodeError, InvalidInput, RagmonError
@@ -99,6 +99,7 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
     app.include_router(traces_api.router)
     app.include_router(drift_api.router)
     app.include_router(reports_api.router)
+    app.include_router(probes_api.router)
     app.include_router(review.router)  # reviewer sign-in of its own (service/review_session.py)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness: the process answers")
