@@ -177,10 +177,13 @@ def pg_url(postgres: Postgres) -> str:
 
 
 def count_rows(url: str, table: str = "traces") -> int:
+    """Rows in `table`; 0 while no worker has created it yet."""
     engine = sa.create_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as conn:
             return int(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one())
+    except sa.exc.ProgrammingError:
+        return 0
     finally:
         engine.dispose()
 
