@@ -23,5 +23,5 @@ test: install
 	scripts/test.sh
 
 lint: install
-	$(BIN)/ruff check service sampler detectors tests bench
-	$(BIN)/ruff format --check service sampler detectors tests bench
+	$(BIN)/ruff check service sampler detectors dashboards tests bench scripts
+	$(BIN)/ruff format --check service sampler detectors dashboards tests bench scripts

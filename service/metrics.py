@@ -21,12 +21,15 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from sampler.budget import SKIP_REASONS
 from service.config import MetricsConfig
+from service.judgment import FailureReason
 from service.model import Feedback, RagTrace
 from service.otlp import RejectReason
 
@@ -336,6 +339,14 @@ class Metrics:
         self.judge_last_success = Gauge(
             "ragmon_judge_last_success_timestamp_seconds", "when the judge last stored a judgment", registry=r
         )
+        # Series that start at 0, so rate() and alerts see them before the first event.
+        for reason in (*get_args(FailureReason), "trace_missing", "judge_unavailable"):
+            self.judge_failures.labels(reason=reason)
+        for skip in SKIP_REASONS:
+            self.judge_skipped.labels(reason=skip)
+        for judge in ("llm", "heuristic"):
+            self.judge_cost.labels(judge=judge)
+            self.judge_completed.labels(judge=judge)
         self.review_flags = Counter(
             "ragmon_review_flags", "traces flagged for review, by reason", ["app", "reason"], registry=r
         )
