@@ -541,6 +541,17 @@ class DriftScheduler:
                 records.append(self._record(tenant, app_name, None, change, trigger, at))
         return records
 
+    def unreferenced(
+        self, tenant: str, *, app: str | None = None, now: datetime | None = None
+    ) -> list[tuple[str, str]]:
+        """(app, model) pairs with traffic in the current window but no pinned reference to compare with."""
+        at = now or datetime.now(UTC)
+        pinned = {(r.app, r.model_key) for r in self.store.latest_references(tenant, app=app)}
+        since = at - timedelta(seconds=self.config.window_s)
+        return sorted(
+            k for k in self.store.window_keys(tenant, app=app, since=since, until=at) if k not in pinned
+        )
+
     @property
     def _builtin_key(self) -> str:
         return embedding_model_key(self.embedder.model_name, self.embedder.dim)

@@ -69,7 +69,11 @@ async def references(tenant: TenantDep, pipeline: PipelineDep, app: str | None =
 async def run_now(tenant: TenantDep, pipeline: PipelineDep, body: RunIn | None = None) -> dict[str, Any]:
     app = body.app if body is not None else None
     records = await asyncio.to_thread(pipeline.drift.run, tenant=tenant, app=app, trigger="manual")
-    return {"items": [r.to_json() for r in records]}
+    without = await asyncio.to_thread(pipeline.drift.unreferenced, tenant, app=app)
+    return {
+        "items": [r.to_json() for r in records],
+        "without_reference": [{"app": a, "model_key": m} for a, m in without],
+    }
 
 
 @router.get("/runs", summary="Stored drift runs, newest first")

@@ -124,12 +124,7 @@ def _run(args: argparse.Namespace, config: RagmonConfig, drift: DriftStore) -> i
     now = datetime.now(UTC)
     records = scheduler.run(tenant=args.tenant, app=args.app, trigger="manual", now=now)
     since = now - timedelta(seconds=config.drift.window_s)
-    pinned = {(r.app, r.model_key) for r in drift.latest_references(args.tenant, app=args.app)}
-    without = sorted(
-        key
-        for key in drift.window_keys(args.tenant, app=args.app, since=since, until=now)
-        if key not in pinned
-    )
+    without = scheduler.unreferenced(args.tenant, app=args.app, now=now)
     if args.json:
         print(
             json.dumps(

@@ -135,7 +135,9 @@ def test_new_embedding_model_is_its_own_event_with_separate_windows(tmp_path: Pa
         assert events[0]["details"]["dimension_changed"] is True
         assert events[0]["model_key"] == "shop-embed-v2@48"
 
-        results = client.post("/api/v1/drift/runs", json={}).json()["items"]
+        answer = client.post("/api/v1/drift/runs", json={}).json()
+        assert answer["without_reference"] == [{"app": "shop", "model_key": "shop-embed-v2@48"}]
+        results = answer["items"]
         change = [r for r in results if r["detector"] == "embedding_model_change"]
         assert change and change[0]["drifted"] and change[0]["alarm"]
         assert change[0]["details"]["new_models"] == {"shop-embed-v2@48": 200}
