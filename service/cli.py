@@ -261,6 +261,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(export_parser)
     review_export.add_arguments(export_parser)
     export_parser.set_defaults(run=lambda args: review_export.main(args, config_from_args(args).store_url))
+
+    from service import probe_cli
+
+    probe_parser = commands.add_parser(
+        "probe", help="send golden-set probes to an app (on a schedule); score runs, pin a baseline"
+    )
+    probe_cli.add_probe_arguments(probe_parser)
+    probe_parser.set_defaults(run=probe_cli.probe_main)
+    golden_parser = commands.add_parser("golden", help="golden sets: load a JSONL file into ragmon")
+    probe_cli.add_golden_arguments(golden_parser)
+    golden_parser.set_defaults(run=probe_cli.golden_main)
     return parser
 
 
