@@ -288,6 +288,48 @@ def _drift(t: Thresholds) -> list[Alert]:
     ]
 
 
+def _probes(t: Thresholds) -> list[Alert]:
+    p = t.probes
+
+    def dropped(gauge: str, selector: str, budget: float) -> str:
+        # the drop is beyond the budget AND the whole interval is below 0 (not noise)
+        return (
+            f"max without (instance) ({gauge}{selector}) < -{budget:g}\n"
+            f"and max without (instance) ({gauge.replace('_delta_', '_delta_upper_')}{selector}) < 0"
+        )
+
+    return [
+        Alert(
+            "RagmonProbeRecallDropped",
+            dropped("ragmon_probe_recall_delta_ratio", f'{{k="{p.recall_k}"}}', p.recall_drop_budget),
+            "warning",
+            "Golden-probe recall fell below the baseline run",
+            "recall@{{ $labels.k }} of the golden set {{ $labels.golden }} changed by"
+            " {{ $value | humanizePercentage }} against the pinned baseline run (budget "
+            + f"{p.recall_drop_budget:.0%}), and the paired interval of the change excludes 0.",
+        ),
+        Alert(
+            "RagmonProbeMrrDropped",
+            dropped("ragmon_probe_mrr_delta_ratio", "", p.mrr_drop_budget),
+            "warning",
+            "Golden-probe MRR fell below the baseline run",
+            "MRR of the golden set {{ $labels.golden }} moved by {{ $value | humanizePercentage }}"
+            " against the pinned baseline run (budget "
+            + f"{p.mrr_drop_budget:.0%}), and the paired interval of the change excludes 0.",
+        ),
+        Alert(
+            "RagmonProbeFilterFalseExclusionHigh",
+            "max without (instance) (ragmon_probe_filter_false_exclusion_ratio)"
+            f" > {p.false_exclusion_ratio:g}",
+            "warning",
+            "The retrieval filter excludes the right documents",
+            "In the latest probe run of the golden set {{ $labels.golden }}, the filter excluded every"
+            " eligible gold chunk of {{ $value | humanizePercentage }} of the questions (threshold "
+            + f"{p.false_exclusion_ratio:.0%}).",
+        ),
+    ]
+
+
 def _pipeline(t: Thresholds) -> list[Alert]:
     depth = "max without (instance) (ragmon_judge_queue_depth)"
     j, i = t.judge, t.ingest
@@ -365,6 +407,7 @@ def rule_groups(t: Thresholds) -> list[RuleGroup]:
         RuleGroup("ragmon.latency-cost.alerts", tuple(_latency_cost(t))),
         RuleGroup("ragmon.quality.alerts", tuple(_quality(t))),
         RuleGroup("ragmon.drift.alerts", tuple(_drift(t))),
+        RuleGroup("ragmon.probes.alerts", tuple(_probes(t))),
         RuleGroup("ragmon.pipeline.alerts", tuple(_pipeline(t))),
     ]
 

@@ -64,6 +64,13 @@ class Drift(_Section):
     model_change_window: str = Field(pattern=DURATION)
 
 
+class Probes(_Section):
+    recall_k: int = Field(10, ge=1)
+    recall_drop_budget: float = Field(0.05, ge=0, le=1)
+    mrr_drop_budget: float = Field(0.05, ge=0, le=1)
+    false_exclusion_ratio: float = Field(0.05, gt=0, le=1)
+
+
 class Grafana(_Section):
     datasource_uid: str = Field("prometheus", min_length=1)
     folder_uid: str = Field("ragmon", min_length=1, max_length=40)
@@ -82,6 +89,7 @@ class Thresholds(_Section):
     judge: Judge
     ingest: Ingest
     drift: Drift
+    probes: Probes = Probes()
     grafana: Grafana = Grafana()
 
     def model_post_init(self, context: object) -> None:
