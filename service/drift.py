@@ -133,21 +133,25 @@ class DriftWindowSink:
         apps.add(app)
         return True
 
+    def _drop(self, reason: str) -> None:
+        self.dropped += 1
+        self.metrics.drift_dropped.labels(reason=reason).inc()
+
     def _observe(self, trace: RagTrace) -> None:
         tenant, app = trace.tenant, trace.app
         if not self._admit_app(tenant, app):
-            self.dropped += 1
+            self._drop("app_cap")
             return
         self._band(trace)
         model = query_model_key(trace) or self.builtin_key
         if not self._admit_model(trace, model):
-            self.dropped += 1
+            self._drop("model_cap")
             return
         key = (tenant, app, model, bucket_start(trace.start_time, self.config.bucket_s))
         reservoir = self._reservoirs.get(key)
         if reservoir is None:
             if len(self._reservoirs) >= self.config.max_open_buckets:
-                self.dropped += 1
+                self._drop("bucket_cap")
                 return
             self._seeds += 1
             reservoir = Reservoir(

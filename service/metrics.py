@@ -461,6 +461,14 @@ class Metrics:
             ["detector"],
             registry=r,
         )
+        self.drift_dropped = Counter(
+            "ragmon_drift_dropped_observations",
+            "traces the drift windows did not keep because a bound was reached (app, model or bucket cap)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("app_cap", "model_cap", "bucket_cap"):
+            self.drift_dropped.labels(reason=reason)
         self.embedding_model_changes = Counter(
             "ragmon_embedding_model_changes",
             "a new query-embedding model name or vector dimension appeared in traces",
