@@ -232,7 +232,7 @@ class Pipeline:
 
     async def accept_feedback(self, events: Sequence[Feedback]) -> None:
         self._check_room()
-        await self.bus.consume_feedback(events)
+        await self.reask.consume_feedback(events)
 
     async def _retention(self) -> None:
         while True:

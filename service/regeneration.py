@@ -20,10 +20,11 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 from service.config import RegenerationConfig
 from service.consumer import TraceConsumer
-from service.model import RagTrace
+from service.model import Feedback, RagTrace
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _STOP_WORDS = frozenset(
@@ -80,12 +81,19 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
 
 
 class ReaskDetector:
-    """Processor between assembly and the bus: passes every trace on, marking re-asks."""
+    """Processor between assembly and the bus: passes every trace and feedback event on, marking re-asks.
 
-    def __init__(self, config: RegenerationConfig, next: TraceConsumer) -> None:
+    A user who clicks "regenerate" on answer A and then gets answer B to the
+    same question made one regeneration, not two: the `regenerate` feedback on
+    A already counts it, so B is not marked as a re-ask of A. Feedback for A
+    that arrives after B was passed on cannot undo B's mark (documented limit).
+    """
+
+    def __init__(self, config: RegenerationConfig, next: TraceConsumer | Any) -> None:
         self.config = config
         self.next = next
-        self._last: OrderedDict[tuple[str, str], tuple[float, frozenset[str]]] = OrderedDict()
+        self._last: OrderedDict[tuple[str, str], tuple[float, frozenset[str], str]] = OrderedDict()
+        self._regenerated: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def _mark(self, trace: RagTrace) -> RagTrace:
         if not trace.session_id or not trace.query or self.config.window_s <= 0:
@@ -94,20 +102,28 @@ class ReaskDetector:
         words = query_words(trace.query)
         at = trace.start_time.timestamp()
         previous = self._last.get(key)
-        self._last[key] = (at, words)
+        self._last[key] = (at, words, trace.trace_id)
         self._last.move_to_end(key)
         if len(self._last) > self.config.max_sessions:
             self._last.popitem(last=False)
         if previous is None or trace.is_regeneration:
             return trace
-        previous_at, previous_words = previous
-        if (
-            0 <= at - previous_at <= self.config.window_s
-            and jaccard(words, previous_words) >= self.config.similarity
-        ):
+        previous_at, previous_words, previous_id = previous
+        if (trace.tenant, previous_id) in self._regenerated:
+            return trace  # counted once already, by the regenerate feedback on the previous answer
+        near = jaccard(words, previous_words) >= self.config.similarity
+        if 0 <= at - previous_at <= self.config.window_s and near:
             return trace.model_copy(update={"is_regeneration": True, "regeneration_source": "reask"})
         return trace
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
         ordered = sorted(batch, key=lambda t: t.start_time)
         await self.next.consume_traces([self._mark(t) for t in ordered])
+
+    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
+        for event in batch:
+            if event.kind == "regenerate":
+                self._regenerated[(event.tenant, event.trace_id)] = None
+                if len(self._regenerated) > self.config.max_sessions:
+                    self._regenerated.popitem(last=False)
+        await self.next.consume_feedback(batch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from service.config import RegenerationConfig
-from service.model import RagTrace
+from service.model import Feedback, RagTrace
 from service.regeneration import ReaskDetector, jaccard, query_words
 from tests.consumers import SinkConsumer
 
@@ -68,3 +68,14 @@ async def test_session_memory_is_bounded() -> None:
     detector = ReaskDetector(RegenerationConfig(max_sessions=10), sink)
     await detector.consume_traces([trace(i, "same question", session=f"s{i}", at_s=i) for i in range(1, 100)])
     assert len(detector._last) == 10
+
+
+async def test_regenerate_click_then_reask_counts_once() -> None:
+    sink = SinkConsumer()
+    detector = ReaskDetector(RegenerationConfig(window_s=120), sink)
+    await detector.consume_traces([trace(1, "How do I export my data?", at_s=0)])
+    click = Feedback(event_id="e1", trace_id=f"{1:032x}", kind="regenerate", time=T0 + timedelta(seconds=5))
+    await detector.consume_feedback([click])
+    await detector.consume_traces([trace(2, "How do I export my data?", at_s=10)])
+    assert sink.feedback == [click]  # feedback passes through unchanged
+    assert sink.traces[1].is_regeneration is False  # the click already counted this regeneration
