@@ -26,3 +26,7 @@ class TraceConsumer(Protocol):
 
 class FeedbackConsumer(Protocol):
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None: ...
+
+
+class RecordConsumer(TraceConsumer, FeedbackConsumer, Protocol):
+    """Takes both record kinds (the bus, and processors in front of it)."""

@@ -20,10 +20,9 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
 from service.config import RegenerationConfig
-from service.consumer import TraceConsumer
+from service.consumer import RecordConsumer
 from service.model import Feedback, RagTrace
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -89,7 +88,7 @@ class ReaskDetector:
     that arrives after B was passed on cannot undo B's mark (documented limit).
     """
 
-    def __init__(self, config: RegenerationConfig, next: TraceConsumer | Any) -> None:
+    def __init__(self, config: RegenerationConfig, next: RecordConsumer) -> None:
         self.config = config
         self.next = next
         self._last: OrderedDict[tuple[str, str], tuple[float, frozenset[str], str]] = OrderedDict()
