@@ -22,6 +22,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -349,6 +350,49 @@ class ProbesConfig(_Section):
         return sorted(value)
 
 
+class PhoenixConfig(_Section):
+    """Working alongside Arize Phoenix: a tee of OTLP requests, and judgments written back as annotations."""
+
+    endpoint: str | None = Field(
+        None, description="Phoenix base URL, e.g. http://phoenix:6006; unset: nothing is sent to Phoenix"
+    )
+    api_key: SecretStr | None = Field(None, description="Phoenix API key (a Bearer token); never logged")
+    project: str = Field(
+        "default", min_length=1, description="Phoenix project whose root spans get ragmon's annotations"
+    )
+    forward: bool = Field(True, description="forward each accepted OTLP request to Phoenix unchanged (a tee)")
+    annotate: bool = Field(
+        True, description="write judgments (LLM) and reviewers' labels (HUMAN) as root-span annotations"
+    )
+    forward_buffer_requests: int = Field(
+        1000, gt=0, description="OTLP requests waiting for Phoenix before new ones are dropped (counted)"
+    )
+    forward_buffer_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="bytes waiting for Phoenix before new requests are dropped"
+    )
+    forward_concurrency: int = Field(4, gt=0, description="requests in flight to Phoenix")
+    annotate_buffer: int = Field(
+        10_000, gt=0, description="annotations waiting for Phoenix before new ones are dropped (counted)"
+    )
+    annotate_batch: int = Field(100, gt=0, le=1000, description="annotations written per Phoenix request")
+    timeout_s: float = Field(10.0, gt=0, description="whole request to Phoenix, per call")
+    connect_timeout_s: float = Field(2.0, gt=0, description="TCP connect timeout per call to Phoenix")
+    max_attempts: int = Field(
+        8, gt=0, description="tries per request or annotation before it is dropped (counted)"
+    )
+    backoff_base_s: float = Field(0.5, gt=0, description="first retry delay (jittered, doubling)")
+    backoff_max_s: float = Field(30.0, gt=0, description="longest retry delay")
+    drain_s: float = Field(5.0, ge=0, description="on shutdown, time to deliver what is buffered")
+
+    @property
+    def forwarding(self) -> bool:
+        return self.endpoint is not None and self.forward
+
+    @property
+    def annotating(self) -> bool:
+        return self.endpoint is not None and self.annotate
+
+
 class RagmonConfig(_Section):
     """The whole configuration. Defaults run embedded on one machine with no setup."""
 
@@ -372,6 +416,7 @@ class RagmonConfig(_Section):
     drift: DriftConfig = DriftConfig()
     review: ReviewConfig = ReviewConfig()
     probes: ProbesConfig = ProbesConfig()
+    phoenix: PhoenixConfig = PhoenixConfig()
 
     @field_validator("log_level")
     @classmethod
