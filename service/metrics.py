@@ -48,6 +48,16 @@ CHUNK_COUNT_BUCKETS = (0, 1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 100)
 SCORE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 2.0, 5.0, 10.0, 25.0)
 TOKEN_KINDS = ("input", "output")
 RATINGS = ("up", "down")
+# Why a call to Phoenix failed, and why a request or annotation was given up (service/phoenix_*.py).
+PHOENIX_FAILURE_REASONS = (
+    "timeout",
+    "connection_error",
+    "rate_limited",
+    "server_error",
+    "rejected",
+    "not_found",
+)
+PHOENIX_DROP_REASONS = ("buffer_full", "retries_exhausted", "rejected", "root_span_missing", "shutdown")
 REGENERATION_SOURCES = ("attribute", "feedback", "reask")
 # Whole-request refusals; per-span reasons come from `otlp.RejectReason`.
 REQUEST_REJECT_REASONS = (
@@ -271,6 +281,7 @@ class Metrics:
         self._declare_review_metrics()
         self._declare_kafka_metrics()
         self._declare_probe_metrics(config)
+        self._declare_phoenix_metrics()
         self.state = _StateCollector()
         r.register(self.state)
         for stage in STAGES:
@@ -533,6 +544,59 @@ class Metrics:
             ["group", "topic", "partition"],
             registry=r,
         )
+
+    def _declare_phoenix_metrics(self) -> None:
+        """The tee to Arize Phoenix and the annotations written there (`service/phoenix_*.py`)."""
+        r = self.registry
+        self.phoenix_forwarded = Counter(
+            "ragmon_phoenix_forward_requests", "OTLP requests Phoenix accepted from the tee", registry=r
+        )
+        self.phoenix_forwarded_bytes = Counter(
+            "ragmon_phoenix_forward_bytes", "request bytes (as received) Phoenix accepted", registry=r
+        )
+        self.phoenix_forward_failures = Counter(
+            "ragmon_phoenix_forward_failures",
+            "tee attempts that failed (retried until max_attempts), by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.phoenix_forward_dropped = Counter(
+            "ragmon_phoenix_forward_dropped",
+            "OTLP requests never delivered to Phoenix (ragmon itself kept them), by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.phoenix_forward_last_success = Gauge(
+            "ragmon_phoenix_forward_last_success_timestamp_seconds",
+            "when Phoenix last accepted a forwarded request",
+            registry=r,
+        )
+        self.phoenix_annotations = Counter(
+            "ragmon_phoenix_annotations",
+            "annotations written to Phoenix root spans, by annotator kind",
+            ["kind"],
+            registry=r,
+        )
+        self.phoenix_annotation_failures = Counter(
+            "ragmon_phoenix_annotation_failures",
+            "annotation attempts that failed (retried until max_attempts), by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.phoenix_annotations_dropped = Counter(
+            "ragmon_phoenix_annotations_dropped",
+            "annotations never written to Phoenix, by reason",
+            ["reason"],
+            registry=r,
+        )
+        for reason in PHOENIX_FAILURE_REASONS:
+            self.phoenix_forward_failures.labels(reason=reason)
+            self.phoenix_annotation_failures.labels(reason=reason)
+        for reason in PHOENIX_DROP_REASONS:
+            self.phoenix_forward_dropped.labels(reason=reason)
+            self.phoenix_annotations_dropped.labels(reason=reason)
+        for kind in ("llm", "human"):
+            self.phoenix_annotations.labels(kind=kind)
 
     def _declare_probe_metrics(self, config: MetricsConfig) -> None:
         """Golden-set probe runs: the latest scored run of each golden set, and its delta vs the baseline.
