@@ -156,9 +156,9 @@ async def score_run(
     for question_id, record in by_question.items():
         ranking = _ranking(record)
         if _has_duplicates(ranking):
-            duplicate_ids.append(question_id)
-        else:
-            rankings[question_id] = ranking
+            duplicate_ids.append(question_id)  # rejected: out of the means and the false-exclusion rate
+            continue
+        rankings[question_id] = ranking
         context = record.get("context") or {}
         if context.get("filter") is not None or context.get("excluded_ids"):
             excluded[question_id] = list(context.get("excluded_ids") or [])

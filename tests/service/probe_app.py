@@ -61,7 +61,10 @@ class ProbeApp:
                 },
                 **ragmon_probe_fields(headers),
             }
-            httpx.post(f"{self.ragmon_url}/api/v1/traces", json=trace, timeout=10).raise_for_status()
+            sent = httpx.post(f"{self.ragmon_url}/api/v1/traces", json={"traces": [trace]}, timeout=10)
+            sent.raise_for_status()
+            if sent.json()["rejected"]:
+                raise ValueError(f"ragmon refused the trace: {sent.json()['rejected']}")
         return 200
 
 
