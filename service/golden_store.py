@@ -176,7 +176,10 @@ class GoldenStore:
         }
         g = golden_sets.c
         with self._connect() as conn:
-            inserted = conn.execute(self._insert(golden_sets).values(row)).rowcount == 1
+            # RETURNING, not rowcount: drivers differ in what rowcount says after ON CONFLICT
+            inserted = (
+                conn.execute(self._insert(golden_sets).values(row).returning(g.version)).first() is not None
+            )
             stored = conn.execute(
                 sa.select(g.name, g.version, g.source, g.questions, g.loaded_at).where(
                     g.tenant == tenant, g.name == name, g.version == golden.version
