@@ -35,9 +35,12 @@ from service.errors import QueueFull
 from service.golden_store import GoldenStore
 from service.judge import build_judge
 from service.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
+from service.judgment import Judgment
 from service.judgment_store import JudgmentStore
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
+from service.phoenix_annotations import PhoenixAnnotator
+from service.phoenix_forward import PhoenixForwarder
 from service.pricing import PriceTable
 from service.probe_gauges import restore_probe_gauges
 from service.regeneration import ReaskDetector
@@ -106,6 +109,8 @@ class Pipeline:
         self.review_gauges = ReviewGauges(config.review, self.reviews, self.metrics)
         self.judge_queue = SqlJudgeQueue(self.store.engine, max_attempts=config.judging.max_attempts)
         self.judge = build_judge(config.judge, cost_fn=self.prices.cost)
+        self.phoenix_forward = PhoenixForwarder(config.phoenix, self.metrics)
+        self.phoenix_annotations = PhoenixAnnotator(config.phoenix, self.metrics)
         self.sampler = TraceSampler(
             config.sampler,
             judge_version=self.judge.version,
@@ -132,7 +137,7 @@ class Pipeline:
                 self.judgments,
                 self.metrics,
                 worker_id=f"{socket.gethostname()}-{os.getpid()}-{n}",
-                after_judgment=self.review_intake.after_judgment,
+                after_judgment=self._after_judgment,
             )
             for n in range(config.judging.workers if config.judging.enabled else 0)
         ]
@@ -201,6 +206,10 @@ class Pipeline:
         )
         self._stats_cache: tuple[float, Any] = (0.0, None)
 
+    async def _after_judgment(self, judgment: Judgment) -> None:
+        await self.review_intake.after_judgment(judgment)
+        await self.phoenix_annotations.after_judgment(judgment)
+
     def _queue_stats(self) -> Any:
         # one query per scrape, not one per gauge
         at, stats = self._stats_cache
@@ -259,6 +268,8 @@ class Pipeline:
             for worker in self.judge_workers:
                 await worker.start()
             await self.estimator.start()
+        await self.phoenix_annotations.start()
+        await self.phoenix_forward.start()
         await self.bus.start()
         await self.assembler.start()
         self._retention_task = asyncio.create_task(self._retention(), name="retention")
@@ -276,6 +287,8 @@ class Pipeline:
         await self.estimator.stop()
         for worker in self.judge_workers:
             await worker.stop()
+        await self.phoenix_forward.stop()
+        await self.phoenix_annotations.stop()
         await asyncio.to_thread(self.store.close)
 
     async def ready(self) -> tuple[bool, str]:
