@@ -90,6 +90,7 @@ async def export_traces(request: Request, tenant: TenantDep, pipeline: PipelineD
     for reason, count in decoded.rejections.items():
         pipeline.metrics.reject(reason, count)
     await pipeline.accept_spans(decoded.spans, receiver="otlp_http")
+    pipeline.phoenix_forward.offer(raw, media_type, request.headers.get("content-encoding", ""))
     answer = trace_service_pb2.ExportTraceServiceResponse()
     # OTLP allows a message with zero rejected spans as a warning (e.g. dropped attribute values)
     if decoded.rejected_spans or decoded.error_message:
