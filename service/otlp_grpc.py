@@ -59,6 +59,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
             for reason, count in decoded.rejections.items():
                 metrics.reject(reason, count)
             await self.pipeline.accept_spans(decoded.spans, receiver="otlp_grpc")
+            self.pipeline.phoenix_forward.offer_request(request)
         except PermanentError as exc:
             metrics.reject(exc.reason)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
