@@ -88,7 +88,7 @@ by configmap.yaml, so every install and template run passes through here.
 {{- fail (printf "workers: up to %d sinks workers but kafka.partitions is %d; the extra workers would get no partition (raise kafka.partitions or lower the replicas)" $most $partitions) }}
 {{- end }}
 {{- end }}
-{{- if and (hasPrefix "SASL_" .Values.kafka.securityProtocol) (not .Values.kafka.saslMechanism) }}
+{{- if and (include "ragmon.distributed" .) (hasPrefix "SASL_" .Values.kafka.securityProtocol) (not .Values.kafka.saslMechanism) }}
 {{- fail "kafka.securityProtocol is SASL_*: set kafka.saslMechanism" }}
 {{- end }}
 {{- end }}
