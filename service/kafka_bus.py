@@ -183,6 +183,7 @@ class KafkaBus:
             acks="all",
             enable_idempotence=True,
             linger_ms=c.linger_ms,
+            compression_type=None if c.compression == "none" else c.compression,
             max_block_ms=int(c.max_block_s * 1000),
             delivery_timeout_ms=int(c.delivery_timeout_s * 1000),
             **client_settings(c),
