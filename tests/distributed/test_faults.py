@@ -8,6 +8,7 @@ counted them), so a lost or doubled trace fails it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from service.kafka_bus import KafkaBus
 from service.metrics import Metrics
 from tests.distributed.conftest import Broker, Postgres, WorkerProcess, count_rows, kafka_settings
 from tests.distributed.traffic import json_traces, traces
+from tests.fake_openai import FakeOpenAI, Reply
 from tests.live_server import live_server
 
 pytestmark = pytest.mark.slow
@@ -208,3 +210,78 @@ def test_broker_down_at_ingest_buffers_then_503_then_delivers_when_it_returns(
     _until(lambda: _counted(worker) >= accepted, what="traces counted")
     assert count_rows(pg_url) == accepted
     assert _counted(worker) == accepted
+
+
+FAITHFUL = json.dumps(
+    {
+        "claims": ["Refunds are possible within 30 days."],
+        "supported": [0],
+        "unsupported": [],
+        "outcome": "scored",
+        "failure_mode": "none",
+        "context_sufficient": True,
+        "rationale": "stated in the context",
+    }
+)
+
+
+def _queue_states(url: str) -> dict[str, int]:
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT state, count(*) FROM judge_queue GROUP BY state")).all()
+            return {str(state): int(n) for state, n in rows}
+    except sa.exc.ProgrammingError:
+        return {}
+    finally:
+        engine.dispose()
+
+
+def test_judge_endpoint_down_the_queue_holds_the_work_until_it_returns(
+    kafka_bootstrap: str, pg_url: str, tmp_path: Path, workers: Callable[..., WorkerProcess]
+) -> None:
+    n = 30
+    fake = FakeOpenAI()  # its port is bound but nothing answers until start(): the endpoint is down
+    try:
+        settings = _settings(
+            kafka_bootstrap,
+            pg_url,
+            tmp_path,
+            judging={"enabled": True, "workers": 1, "poll_s": 0.1},
+            sampler={"rates": {"base": 1.0}},
+            budget={"calls_per_minute": 100000, "usd_per_day": 1000},
+            judge={
+                "base_url": fake.base_url,
+                "api_key": "test",
+                "model": "gpt-4o-mini",
+                "backoff_base_s": 0.05,
+                "backoff_max_s": 0.2,
+                "timeout_s": 2,
+                "connect_timeout_s": 1,
+            },
+        )
+        worker = workers(settings, "sinks", "judge")
+        _publish(settings, n)
+        _until(lambda: count_rows(pg_url) == n, what="traces stored")
+        _until(lambda: sum(_queue_states(pg_url).values()) == n, what="every trace queued for judging")
+        _until(
+            lambda: worker.metric("ragmon_judge_failures_total") > 0,
+            what="the worker meets the dead endpoint",
+        )
+        time.sleep(3.0)
+        states = _queue_states(pg_url)
+        assert count_rows(pg_url, "judgments") == 0
+        assert states.get("failed", 0) == 0 and states.get("done", 0) == 0, states
+        fake.start()
+        fake.set_default(Reply(content=FAITHFUL))
+        _until(lambda: _queue_states(pg_url).get("done", 0) == n, what="every queued trace judged")
+        assert count_rows(pg_url, "judgments") == n
+        assert worker.metric("ragmon_judge_completed_total") == n
+        assert count_rows(pg_url) == n
+        assert _counted(worker) == n
+    finally:
+        if fake._thread.is_alive():
+            fake.stop()
+        else:
+            fake._sock.close()
+            fake._control.close()

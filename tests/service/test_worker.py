@@ -1,0 +1,48 @@
+"""`service/worker.py` without a broker: role checks and the judge-only worker on an embedded store."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from service.config import ConfigError, load_config
+from service.worker import Worker
+
+
+def test_sinks_role_needs_the_kafka_bus(tmp_path: Path) -> None:
+    config = load_config(environ={}, overrides={"data_dir": str(tmp_path)})
+    with pytest.raises(ValueError, match="kafka"):
+        Worker(config, ["sinks"])
+    with pytest.raises(ValueError, match="role"):
+        Worker(config, [])
+
+
+def test_kafka_timeouts_the_client_would_refuse_are_refused_at_load() -> None:
+    with pytest.raises(ConfigError, match="delivery_timeout_s"):
+        load_config(environ={}, overrides={"kafka": {"request_timeout_s": 40, "delivery_timeout_s": 30}})
+    with pytest.raises(ConfigError, match="heartbeat"):
+        load_config(environ={}, overrides={"kafka": {"session_timeout_s": 6, "heartbeat_interval_s": 6}})
+
+
+async def test_judge_and_drift_worker_starts_leads_and_stops(tmp_path: Path) -> None:
+    config = load_config(environ={}, overrides={"data_dir": str(tmp_path), "judging": {"poll_s": 0.05}})
+    worker = Worker(config, ["judge", "drift"])
+    await worker.start()
+    try:
+        health = worker.health()
+        assert health["status"] == "ok"
+        assert health["roles"] == ["drift", "judge"]
+        assert health["partitions"] == []
+        assert worker.pipeline.drift.gate() is True
+        assert worker.leader.held
+        other = Worker(config, ["drift"])
+        assert other.pipeline.drift is not worker.pipeline.drift
+        assert other.leader.acquire() is False, "one drift leader per deployment"
+        other.pipeline.store.close()
+        await asyncio.sleep(0.1)
+    finally:
+        await worker.stop()
+    assert not worker.leader.held
+    assert worker.health()["status"] == "starting"
