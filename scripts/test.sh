@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${VENV:-.venv}/bin
 export PATH="$PWD/$BIN:$PATH"
+# helm and kubectl from .ci/get_helm.sh, for tests/helm
+if [[ -d .tools/bin ]]; then export PATH="$PWD/.tools/bin:$PATH"; fi
 
 PG_BASE=""
 cleanup() {
