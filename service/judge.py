@@ -100,6 +100,14 @@ class JudgeConfig(BaseModel):
     when_unavailable: Literal["raise", "record"] = Field(
         default="raise", description="endpoint down: keep the item queued (raise) or record a failure"
     )
+    backend: Literal["ragmon", "phoenix_evals"] = Field(
+        default="ragmon",
+        description="ragmon: claim-level judge; phoenix_evals: Arize Phoenix evals' template on the same "
+        "endpoint (service/phoenix_judge.py)",
+    )
+    phoenix_template: Literal["faithfulness", "hallucination"] = Field(
+        default="faithfulness", description="the Phoenix evals template of the phoenix_evals backend"
+    )
 
     def endpoint_configured(self, environ: Mapping[str, str] | None = None) -> bool:
         """Whether an endpoint is configured here or in the environment (else the offline judge runs)."""
@@ -388,8 +396,14 @@ class LlmJudge:
 
 
 def build_judge(config: JudgeConfig | None = None, *, cost_fn: CostFn | None = None) -> Judge:
-    """The judge to run: the LLM judge when an endpoint is configured, else the offline heuristic."""
+    """The judge to run: phoenix_evals when `judge.backend` says so, else the LLM judge when an endpoint is
+    configured, else the offline heuristic. Raises ValueError for phoenix_evals without an endpoint."""
     config = config or JudgeConfig()
+    if config.backend == "phoenix_evals":
+        # arize-phoenix-evals is needed only by this backend
+        from service.phoenix_judge import PhoenixEvalsJudge
+
+        return PhoenixEvalsJudge(config, cost_fn=cost_fn)
     if config.endpoint_configured():
         return LlmJudge(config, cost_fn=cost_fn)
     return HeuristicJudge()
