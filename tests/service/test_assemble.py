@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
+
+import pytest
 
 from service.assemble import SpanAssembler
 from service.config import AssemblerConfig
@@ -146,3 +150,31 @@ async def test_builder_failure_is_counted_and_other_traces_survive() -> None:
     await assembler.flush_due()
     assert [t.trace_id[-1] for t in sink.traces] == ["8"]
     assert counter(metrics, "ragmon_assembly_failures_total") == 1
+
+
+async def test_build_runs_off_the_event_loop_and_a_cancelled_emission_loses_nothing() -> None:
+    started, release = threading.Event(), threading.Event()
+    loop_thread = threading.get_ident()
+    build_threads: list[int] = []
+
+    def slow_build(spans: Sequence[Span], partial: bool) -> RagTrace:
+        build_threads.append(threading.get_ident())
+        started.set()
+        release.wait(10)
+        return build(spans, partial)
+
+    sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
+    assembler = SpanAssembler(AssemblerConfig(grace_s=0.5, timeout_s=10), sink, slow_build, metrics, clock)
+    await assembler.consume_spans([span(7, 0, root=True), span(7, 1)])
+    clock.now += 1
+    emitting = asyncio.create_task(assembler.flush_due())
+    # the loop stays free while the builder works: this wait would never end if build ran on the loop
+    await asyncio.to_thread(started.wait, 10)
+    emitting.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await emitting
+    await assembler.stop()
+    assert loop_thread not in build_threads
+    assert [t.trace_id for t in sink.traces] == [f"{7:032x}"]
+    assert counter(metrics, "ragmon_assembled_traces_total", reason="complete") == 1
