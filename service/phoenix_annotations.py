@@ -39,11 +39,9 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
-from phoenix.client import AsyncClient
-from phoenix.client.resources.spans import SpanAnnotationData
 
 from service.config import PhoenixConfig
 from service.judgment import Judgment
@@ -51,6 +49,11 @@ from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.phoenix_client import RETRYABLE, backoff_s, http_client, reason_of_error
 from service.review_model import ReviewRecord
+
+if TYPE_CHECKING:
+    # arize-phoenix-client (the `phoenix` extra) is imported only when annotating is on
+    from phoenix.client import AsyncClient
+    from phoenix.client.resources.spans import SpanAnnotationData
 
 __all__ = ["ANNOTATION_NAME", "Annotation", "PhoenixAnnotator", "judgment_annotation", "review_annotation"]
 
@@ -83,14 +86,14 @@ class Annotation:
         result: dict[str, Any] = {"label": self.label, "explanation": self.explanation}
         if self.score is not None:
             result["score"] = self.score
-        return SpanAnnotationData(
-            name=ANNOTATION_NAME,
-            annotator_kind=self.annotator_kind,
-            span_id=span_id,
-            result=result,  # type: ignore[typeddict-item]
-            metadata=dict(self.metadata),
-            identifier=self.identifier,
-        )
+        return {
+            "name": ANNOTATION_NAME,
+            "annotator_kind": self.annotator_kind,
+            "span_id": span_id,
+            "result": result,  # type: ignore[typeddict-item]
+            "metadata": dict(self.metadata),
+            "identifier": self.identifier,
+        }
 
 
 def _cut(text: str) -> str:
@@ -186,6 +189,13 @@ class PhoenixAnnotator:
         self.metrics = metrics
         self.enabled = config.annotating
         self._rng = rng or random.Random()
+        if self.enabled:
+            try:
+                import phoenix.client  # noqa: F401
+            except ImportError as exc:
+                raise ValueError(
+                    "phoenix.annotate needs the arize-phoenix-client package: pip install 'ragmon[phoenix]'"
+                ) from exc
         self._buffer: deque[Annotation] = deque()
         self._in_flight = 0
         self._ready = asyncio.Event()
@@ -332,6 +342,8 @@ class PhoenixAnnotator:
     def _launch(self) -> None:
         # Processes that never call start() (a Kafka judge worker) start writing on first use.
         if self._task is None:
+            from phoenix.client import AsyncClient
+
             self._http = http_client(self.config, 4)
             self._client = AsyncClient(http_client=self._http)
             self._task = asyncio.get_running_loop().create_task(self._run(), name="phoenix-annotations")
