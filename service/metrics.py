@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from typing import get_args
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -165,6 +165,8 @@ class Metrics:
         self.model_label = BoundedLabel(config.max_models)
         self.intent_label = BoundedLabel(config.max_intents, config.intents)
         self.release_label = BoundedLabel(config.max_releases)
+        # (metric, label values) -> child, for the per-trace counters; see `_child`
+        self._children: dict[tuple[Counter | Histogram, tuple[str, ...]], Any] = {}
         r = self.registry
 
         self.traces = Counter("ragmon_traces", "RAG traces received and stored, by app", ["app"], registry=r)
@@ -689,16 +691,30 @@ class Metrics:
         # label tuples each gauge holds per golden label, so a new run can drop the series it no longer has
         self.probe_series: dict[str, dict[str, set[tuple[str, ...]]]] = {}
 
+    def _child(self, metric: Counter | Histogram, *values: str) -> Any:
+        """`metric.labels(*values)` (values in declaration order), remembered.
+
+        prometheus-client's `labels()` validates and locks on every call (~5 us);
+        `count_traces` makes about 15 such calls a trace. The memo holds one entry
+        per labelled series, so it is bounded by the same label caps as the series.
+        """
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def count_traces(self, batch: Sequence[RagTrace]) -> None:
         """Count a batch of NEW traces (the caller guarantees each trace id is counted once)."""
+        child = self._child
         for trace in batch:
             app = self.app_label(trace.app)
-            self.traces.labels(app=app).inc()
+            child(self.traces, app).inc()
             intent = self.intent_label(trace.intent)
-            self.requests_by_intent.labels(app=app, intent=intent).inc()
-            self.release_traces.labels(app=app, release=self.release_label(trace.release)).inc()
+            child(self.requests_by_intent, app, intent).inc()
+            child(self.release_traces, app, self.release_label(trace.release)).inc()
             if trace.partial:
-                self.partial_traces.labels(app=app).inc()
+                child(self.partial_traces, app).inc()
             t = trace.timings
             for stage, value in (
                 ("total", t.total_s),
@@ -708,33 +724,31 @@ class Metrics:
                 ("generation", t.generation_s),
             ):
                 if value is not None:
-                    self.stage_duration.labels(app=app, stage=stage).observe(value)
+                    child(self.stage_duration, app, stage).observe(value)
             if t.ttft_s is not None:
-                self.ttft.labels(app=app).observe(t.ttft_s)
+                child(self.ttft, app).observe(t.ttft_s)
             for usage in trace.usage:
                 model = self.model_label(usage.model)
                 if usage.input_tokens:
-                    self.tokens.labels(app=app, model=model, kind="input").inc(usage.input_tokens)
+                    child(self.tokens, app, model, "input").inc(usage.input_tokens)
                 if usage.output_tokens:
-                    self.tokens.labels(app=app, model=model, kind="output").inc(usage.output_tokens)
+                    child(self.tokens, app, model, "output").inc(usage.output_tokens)
                 if usage.cost_usd is not None:
-                    self.cost.labels(app=app, model=model).inc(usage.cost_usd)
+                    child(self.cost, app, model).inc(usage.cost_usd)
                 else:
-                    self.unpriced_calls.labels(app=app, model=model).inc()
+                    child(self.unpriced_calls, app, model).inc()
             cost = trace.cost_usd
             if cost is not None:
-                self.trace_cost.labels(app=app).observe(cost)
+                child(self.trace_cost, app).observe(cost)
             if trace.retrieval.retriever is not None or trace.retrieval.chunks:
-                self.retrieved_chunks.labels(app=app).observe(len(trace.retrieval.chunks))
+                child(self.retrieved_chunks, app).observe(len(trace.retrieval.chunks))
                 if not trace.retrieval.chunks:
-                    self.empty_retrievals.labels(app=app).inc()
+                    child(self.empty_retrievals, app).inc()
             top1 = trace.retrieval.top1_score
             if top1 is not None:
-                self.top1_score.labels(app=app).observe(top1)
+                child(self.top1_score, app).observe(top1)
             if trace.is_regeneration:
-                self.regenerations.labels(
-                    app=app, intent=intent, source=trace.regeneration_source or "attribute"
-                ).inc()
+                child(self.regenerations, app, intent, trace.regeneration_source or "attribute").inc()
 
     def count_feedback(
         self, batch: Sequence[Feedback], traces: Mapping[str, tuple[str | None, str | None]]
