@@ -462,7 +462,7 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 def _env_layer(environ: dict[str, str]) -> dict[str, Any]:
-    """The RAGMON_* variables as a nested mapping (values parsed as JSON when they are JSON).
+    """The RAGMON_* variables as a nested mapping (objects and lists parsed as JSON).
 
     Variables whose first part names no setting section are ignored, so tools
     may keep their own RAGMON_* variables; inside a known section, an unknown
@@ -475,10 +475,14 @@ def _env_layer(environ: dict[str, str]) -> dict[str, Any]:
         path = name[len("RAGMON_") :].lower().split("__")
         if path[0] not in RagmonConfig.model_fields:
             continue
-        try:
-            value: Any = json.loads(raw)
-        except ValueError:
-            value = raw
+        # Only objects and lists are JSON; scalars stay strings for pydantic to convert by field type,
+        # so a secret made of digits stays a string.
+        value: Any = raw
+        if raw.lstrip().startswith(("{", "[")):
+            try:
+                value = json.loads(raw)
+            except ValueError as exc:
+                raise ConfigError(f"environment variable {name} is not valid JSON: {exc}") from exc
         node = layer
         for part in path[:-1]:
             node = node.setdefault(part, {})

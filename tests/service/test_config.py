@@ -67,3 +67,11 @@ def test_every_setting_is_documented() -> None:
     names = [r[0] for r in rows]
     assert "RAGMON_SERVER__PORT" in names and "RAGMON_ASSEMBLER__MAX_SPANS" in names
     assert all(description for *_, description in rows)
+
+
+def test_scalar_env_values_stay_strings_so_numeric_secrets_survive() -> None:
+    config = load_config(environ={"RAGMON_JUDGE__API_KEY": "0123456789", "RAGMON_SERVER__PORT": "5001"})
+    assert config.judge.api_key is not None and config.judge.api_key.get_secret_value() == "0123456789"
+    assert config.server.port == 5001  # converted by field type
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(environ={"RAGMON_AUTH__API_KEYS": "{broken"})
