@@ -37,7 +37,7 @@ def drain(server: LiveServer) -> None:
     assert server.call(pipeline.phoenix_annotations.drain(30), 35)
 
 
-def annotations(url: str, project: str, span_ids: list[str]) -> list[dict[str, Any]]:
+def on_spans(url: str, project: str, span_ids: list[str]) -> list[dict[str, Any]]:
     found = Client(base_url=url).spans.get_span_annotations(
         span_ids=span_ids, project_identifier=project, include_annotation_names=["faithfulness"]
     )
@@ -72,13 +72,13 @@ def test_judgments_and_reviews_land_on_root_spans_once(phoenix: PhoenixServer, t
         wait_until(lambda: all(reviews.find("acme", "blind", t.trace_id) is not None for t in sent))
         drain(server)
         roots = [t.root_span_id for t in sent]
-        wait_until(lambda: len(annotations(phoenix.url, project, roots)) == 2)
+        wait_until(lambda: len(on_spans(phoenix.url, project, roots)) == 2)
 
         version = server.pipeline.judge.version
         for trace in sent:
             judgment = stored_judgment(server, trace.trace_id)
             (found,) = [
-                a for a in annotations(phoenix.url, project, roots) if a["span_id"] == trace.root_span_id
+                a for a in on_spans(phoenix.url, project, roots) if a["span_id"] == trace.root_span_id
             ]
             assert found["name"] == "faithfulness"
             assert found["annotator_kind"] == "LLM"
@@ -95,13 +95,13 @@ def test_judgments_and_reviews_land_on_root_spans_once(phoenix: PhoenixServer, t
         )
 
         # a redelivered judgment (same judge version) updates, never duplicates
-        before = {a["span_id"]: a["id"] for a in annotations(phoenix.url, project, roots)}
+        before = {a["span_id"]: a["id"] for a in on_spans(phoenix.url, project, roots)}
         for trace in sent:
             server.call(
                 server.pipeline.phoenix_annotations.after_judgment(stored_judgment(server, trace.trace_id))
             )
         drain(server)
-        after = annotations(phoenix.url, project, roots)
+        after = on_spans(phoenix.url, project, roots)
         assert {a["span_id"]: a["id"] for a in after} == before
 
         # a reviewer's label becomes a HUMAN annotation next to the judge's
@@ -117,10 +117,10 @@ def test_judgments_and_reviews_land_on_root_spans_once(phoenix: PhoenixServer, t
         finally:
             client.close()
         drain(server)
-        wait_until(lambda: len(annotations(phoenix.url, project, [unfaithful.root_span_id])) == 2)
+        wait_until(lambda: len(on_spans(phoenix.url, project, [unfaithful.root_span_id])) == 2)
         (human,) = [
             a
-            for a in annotations(phoenix.url, project, [unfaithful.root_span_id])
+            for a in on_spans(phoenix.url, project, [unfaithful.root_span_id])
             if a["annotator_kind"] == "HUMAN"
         ]
         assert human["identifier"] == "review/alice"
