@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from service.judge import JudgeConfig, build_judge
 from service.model import Chunk, RagTrace, Retrieval
 from service.phoenix_judge import NOT_ASSESSED, PhoenixEvalsJudge
 from tests.fake_openai import FakeOpenAI, Reply
+from tests.live_server import live_server
 
 QUERY = "How long do refunds take?"
 CHUNK = "Refunds take 30 days after delivery."
@@ -172,3 +175,41 @@ def test_the_backend_needs_an_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(ValueError, match="phoenix_evals needs an OpenAI-compatible endpoint"):
         build_judge(JudgeConfig(backend="phoenix_evals"))
+
+
+def test_a_running_ragmon_judges_with_the_backend_it_is_configured_with(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    fake.reset()
+    fake.set_default(label("unfaithful", "not in the context"))
+    judge = config(fake).model_dump(mode="json") | {"api_key": "test"}
+    settings: dict[str, Any] = {
+        "assembler": {"grace_s": 0.05},
+        "sampler": {"rates": {"base": 1.0}},
+        "judging": {"poll_s": 0.05},
+        "budget": {"calls_per_minute": 100000, "usd_per_day": 1000},
+        "judge": judge,
+    }
+    records = [
+        {
+            "trace_id": f"{0xFEED00 + n:032x}",
+            "app": "shop",
+            "query": QUERY,
+            "answer": ANSWER,
+            "retrieval": {"chunks": [{"id": "p1", "content": CHUNK}]},
+        }
+        for n in range(3)
+    ]
+    with live_server(tmp_path, **settings) as server:
+        assert server.pipeline.judge.version.startswith("phoenix_evals/faithfulness/")
+        with server.client() as client:
+            assert client.post("/api/v1/traces", json={"traces": records}).status_code == 200
+        server.flush()
+        deadline = time.monotonic() + 30
+        while server.metric("ragmon_judge_verdicts_total", app="shop", verdict="unfaithful", judge="llm") < 3:
+            assert time.monotonic() < deadline, "judgments did not arrive"
+            time.sleep(0.05)
+        stored, _ = server.pipeline.judgments.for_trace("default", records[0]["trace_id"])
+    assert stored[0]["judge_version"] == server.pipeline.judge.version
+    assert stored[0]["faithfulness"] == 0.0
+    assert len(fake.requests()) == 3
