@@ -77,8 +77,12 @@ class BusConfig(_Section):
         "memory",
         description="memory (embedded) or kafka (ingest publishes; `ragmon worker` runs the sinks)",
     )
+    # A queued trace holds its query vector as Python floats and its chunk texts: ~25 KB for a
+    # 256-dim vector and 2.5 KB of chunks, ~60 KB at 1,536 dims. 2,000 keeps the bus under
+    # ~50-120 MB and is still four sink batches of slack; 50,000 let RSS climb past 1 GB when the
+    # sinks fell behind a closed-loop sender (bench/RESULTS.md, ingest).
     capacity: int = Field(
-        50_000, gt=0, description="traces held in the in-process bus before ingest answers 503"
+        2_000, gt=0, description="traces held in the in-process bus before ingest answers 503"
     )
     batch_size: int = Field(500, gt=0, description="largest batch handed to a sink")
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 503 when the bus is full")
