@@ -25,10 +25,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from service.attribute_values import first_count, first_text, indexed, json_object, number, parse_json, vector
+from service.call_usage import Call, span_call, usage_rows
 from service.model import RagTrace
 from service.otlp import decode_protobuf
 from service.pricing import PriceTable
 from service.semconv import RagmonAttributes, attribute_kind, build_trace, span_stage
+from service.span_content import SpanContent
 from service.spans import Span, SpanEvent
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -825,3 +828,107 @@ def test_sdk_spans_through_the_decoder_build_the_same_trace(
 )
 def test_app_is_service_name_else_phoenix_project(resource: dict[str, Any], app: str) -> None:
     assert build([span(1, None, 0, 1, resource=resource)]).app == app
+
+
+# ---------------------------------------------------------------- the modules build_trace reads through
+
+
+def test_vector_reader_takes_finite_numbers_and_refuses_the_rest() -> None:
+    assert vector([0.5, -1.0]) == (0.5, -1.0)
+    assert all(type(x) is float for x in vector([1, 2.5]) or ()), "integers become floats"
+    assert vector(["0.5", 1.0]) == (0.5, 1.0), "numeric strings are read as numbers"
+    refused_values: list[Any] = [[1.0, True], [1.0, float("nan")], [float("inf")], [1.0, "x"], [1.0, None]]
+    refused_values += [[], "1.0", None]
+    for refused in refused_values:
+        assert vector(refused) is None, refused
+
+
+def test_number_and_count_readers() -> None:
+    assert (number(3), number(2.5), number(" 4 "), number(True), number("nan"), number(None)) == (
+        3.0,
+        2.5,
+        4.0,
+        None,
+        None,
+        None,
+    )
+    attributes: dict[str, Any] = {"a": -1, "b": 2.5, "c": True, "d": "7", "e": 9}
+    assert first_count(attributes, "a", "b", "c", "d", "e") == 7, "negative, fractional, boolean skipped"
+    assert first_text({"x": "  ", "y": 12, "z": "t"}, "x", "y", "z") == "12"
+
+
+def test_json_readers_parse_only_objects_and_lists() -> None:
+    assert parse_json(' {"a": [1, 2]} ') == {"a": [1, 2]}
+    assert parse_json("{'a': (1, 2)}") == {"a": (1, 2)}, "a Python literal, as str(dict) writes it"
+    assert parse_json('{"a": 1} trailing') == '{"a": 1} trailing', "not JSON, not a literal: left as is"
+    assert parse_json("plain text") == "plain text"
+    assert json_object('{"page": 4}') == {"page": 4}
+    assert json_object("{'pages': (1, 2), 'at': b'x'}") == {"pages": [1, 2], "at": "b'x'"}, "made JSON-safe"
+    assert json_object("[1]") is None and json_object("{}") is None and json_object(7) is None
+
+
+def _random_attributes(rng: random.Random) -> dict[str, Any]:
+    prefixes = ["retrieval.documents", "llm.input_messages", "gen_ai.prompt", "a.b", "x"]
+    rests = ["document.id", "message.role", "content", "", "x.y"]
+    indexes = ["0", "1", "2", "00", "10", "x", "²", ""]
+    attributes: dict[str, Any] = {}
+    for _ in range(rng.randrange(12)):
+        key = ".".join(
+            p
+            for p in (rng.choice(prefixes), rng.choice(indexes), rng.choice(rests))
+            if p or rng.random() < 0.3
+        )
+        attributes[key] = rng.random()
+    return attributes
+
+
+def test_span_content_lists_match_a_plain_scan_and_are_laid_out_per_key_sequence() -> None:
+    rng = random.Random(3)
+    for _ in range(300):
+        attributes = _random_attributes(rng)
+        first, second = (
+            SpanContent(span(1, None, 0, 1, attributes)),
+            SpanContent(span(2, None, 0, 1, dict(attributes))),
+        )
+        for prefix in ("retrieval.documents", "llm.input_messages", "gen_ai.prompt", "a.b"):
+            expected = indexed(attributes, prefix)
+            assert first.indexed(prefix) == expected
+            assert second.indexed(prefix) == expected, "a cached layout reads the second span's own values"
+    other = SpanContent(span(3, None, 0, 1, {"retrieval.documents.0.document.id": "mine"}))
+    assert other.indexed("retrieval.documents") == [{"document.id": "mine"}]
+
+
+def test_non_ascii_digit_in_a_list_index_is_ignored_not_fatal() -> None:
+    attributes = {
+        KIND: RETRIEVER,
+        f"{DOCS}.².{DocumentAttributes.DOCUMENT_ID}": "d",
+        **docs(DOCS, ("a", 0.5)),
+    }
+    assert [c.id for c in build([span(1, None, 0, 10, attributes)]).retrieval.chunks] == ["a"]
+
+
+def test_usage_rows_are_unpriced_when_any_call_is() -> None:
+    calls = [
+        Call("m", "llm", 10, 1, 0.5, "app"),
+        Call("m", "llm", 5, 1, None, "unpriced"),
+        Call("e", "embedding", 3, 0, 0.25, "price_table"),
+        Call("e", "embedding", 4, 0, 0.5, "app"),
+    ]
+    rows = {row["model"]: row for row in usage_rows(calls)}
+    assert (rows["m"]["cost_usd"], rows["m"]["cost_source"], rows["m"]["input_tokens"]) == (
+        None,
+        "unpriced",
+        15,
+    )
+    assert (rows["e"]["cost_usd"], rows["e"]["cost_source"]) == (0.75, "price_table")
+    llm = span(
+        1,
+        None,
+        0,
+        1,
+        {KIND: LLM, SpanAttributes.LLM_MODEL_NAME: "gpt-4o", SpanAttributes.LLM_COST_PROMPT: -1},
+    )
+    call = span_call(llm, "llm", PRICES)
+    assert call is not None and (call.cost, call.source) == (None, "unpriced"), (
+        "a negative app cost is not used"
+    )

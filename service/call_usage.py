@@ -1,0 +1,118 @@
+"""Token usage and cost of the model calls in one trace, one row per (model, kind).
+
+`span_call` reads one span's call: tokens in and out (a total stands in for
+a missing input count), the app's own cost when it sent one (it wins), else
+the price table's, else "unpriced". `usage_rows` sums calls per model and
+kind; a row is "unpriced" when any of its calls is, so a cost is never
+understated. Nesting (which calls count) is the caller's rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from openinference.semconv.trace import RerankerAttributes, SpanAttributes
+
+from service.attribute_values import first_count, first_text, number
+from service.model import CostSource
+from service.pricing import PriceTable
+from service.span_attributes import GenAIAttributes, TraceloopAttributes
+from service.spans import Span
+
+__all__ = ["Call", "UsageKind", "span_call", "usage_rows"]
+
+UsageKind = Literal["llm", "embedding", "reranker"]
+_GENERIC_MODEL_KEYS = (
+    GenAIAttributes.RESPONSE_MODEL,
+    GenAIAttributes.REQUEST_MODEL,
+    SpanAttributes.LLM_RESPONSE_MODEL_NAME,
+    SpanAttributes.LLM_REQUEST_MODEL_NAME,
+)
+_MODEL_KEYS: dict[UsageKind, tuple[str, ...]] = {
+    "llm": (SpanAttributes.LLM_MODEL_NAME, *_GENERIC_MODEL_KEYS),
+    "embedding": (SpanAttributes.EMBEDDING_MODEL_NAME, *_GENERIC_MODEL_KEYS),
+    "reranker": (RerankerAttributes.RERANKER_MODEL_NAME, *_GENERIC_MODEL_KEYS),
+}
+_INPUT_TOKEN_KEYS = (
+    SpanAttributes.LLM_TOKEN_COUNT_PROMPT,
+    GenAIAttributes.USAGE_INPUT_TOKENS,
+    GenAIAttributes.USAGE_PROMPT_TOKENS,
+)
+_OUTPUT_TOKEN_KEYS = (
+    SpanAttributes.LLM_TOKEN_COUNT_COMPLETION,
+    GenAIAttributes.USAGE_OUTPUT_TOKENS,
+    GenAIAttributes.USAGE_COMPLETION_TOKENS,
+)
+_TOTAL_TOKEN_KEYS = (SpanAttributes.LLM_TOKEN_COUNT_TOTAL, TraceloopAttributes.USAGE_TOTAL_TOKENS)
+
+
+@dataclass(slots=True)
+class Call:
+    """One model call as a span reports it."""
+
+    model: str
+    kind: UsageKind
+    input_tokens: int
+    output_tokens: int
+    cost: float | None
+    source: CostSource
+
+
+def span_call(span: Span, kind: UsageKind, prices: PriceTable) -> Call | None:
+    a = span.attributes
+    input_tokens = first_count(a, *_INPUT_TOKEN_KEYS)
+    output_tokens = first_count(a, *_OUTPUT_TOKEN_KEYS)
+    total = first_count(a, *_TOTAL_TOKEN_KEYS)
+    split_known = input_tokens is not None or kind == "embedding" or output_tokens is not None
+    if input_tokens is None and total is not None:
+        input_tokens = max(total - (output_tokens or 0), 0)
+    app_cost = number(a.get(SpanAttributes.LLM_COST_TOTAL))
+    if app_cost is None:
+        prompt_cost = number(a.get(SpanAttributes.LLM_COST_PROMPT))
+        completion_cost = number(a.get(SpanAttributes.LLM_COST_COMPLETION))
+        if prompt_cost is not None or completion_cost is not None:
+            app_cost = (prompt_cost or 0.0) + (completion_cost or 0.0)
+    has_usage = input_tokens is not None or output_tokens is not None or app_cost is not None
+    model = first_text(a, *_MODEL_KEYS[kind])
+    if not has_usage and (kind != "llm" or model is None):
+        return None
+    tokens_in, tokens_out = input_tokens or 0, output_tokens or 0
+    cost: float | None
+    source: CostSource
+    if app_cost is not None and app_cost >= 0:
+        cost, source = float(app_cost), "app"
+    elif model is not None and (input_tokens is not None or output_tokens is not None) and split_known:
+        cost = prices.cost(model, tokens_in, tokens_out)
+        source = "price_table" if cost is not None else "unpriced"
+    else:
+        cost, source = None, "unpriced"
+    return Call(model or "unknown", kind, tokens_in, tokens_out, cost, source)
+
+
+def usage_rows(calls: Iterable[Call]) -> list[dict[str, Any]]:
+    """`ModelUsage` fields per (model, kind), summed over the calls."""
+    grouped: dict[tuple[str, str], list[Call]] = {}
+    for call in calls:
+        grouped.setdefault((call.model, call.kind), []).append(call)
+    usage: list[dict[str, Any]] = []
+    for (model, _), group in grouped.items():
+        sources = {c.source for c in group}
+        if "unpriced" in sources:
+            cost: float | None = None
+            source: CostSource = "unpriced"
+        else:
+            cost = sum(c.cost or 0.0 for c in group)
+            source = "app" if sources == {"app"} else "price_table"
+        usage.append(
+            {
+                "model": model,
+                "kind": group[0].kind,
+                "input_tokens": sum(c.input_tokens for c in group),
+                "output_tokens": sum(c.output_tokens for c in group),
+                "cost_usd": cost,
+                "cost_source": source,
+            }
+        )
+    return usage
