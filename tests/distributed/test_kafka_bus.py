@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from service.config import KafkaConfig
@@ -123,13 +123,13 @@ class _FlakyStore:
         self.down = True
         self.refused = 0
 
-    async def consume_traces(self, batch: list[RagTrace]) -> None:
+    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
         if self.down:
             self.refused += 1
             raise StoreUnavailable("down for the test")
         await self.sinks.consume_traces(batch)
 
-    async def consume_feedback(self, batch: list[Feedback]) -> None:
+    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
         await self.sinks.consume_feedback(batch)
 
 

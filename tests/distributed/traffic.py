@@ -32,7 +32,7 @@ def traces(n: int, app: str = "shop") -> list[RagTrace]:
 def feedback_for(batch: list[RagTrace], kind: str = "up") -> list[Feedback]:
     now = datetime.now(UTC)
     return [
-        Feedback(event_id=uuid.uuid4().hex, trace_id=t.trace_id, app=t.app, kind=kind, time=now)  # type: ignore[arg-type]
+        Feedback(event_id=uuid.uuid4().hex, trace_id=t.trace_id, app=t.app, kind=kind, time=now)
         for t in batch
     ]
 
