@@ -62,7 +62,9 @@ class StrataRates(BaseModel):
     base: float = Field(default=0.02, ge=0.0, le=1.0, description="every trace, at random")
     thumbs_down: float = Field(default=1.0, ge=0.0, le=1.0, description="traces a user rated down")
     regeneration: float = Field(default=0.25, ge=0.0, le=1.0, description="regenerated answers")
-    drift_outlier: float = Field(default=0.5, ge=0.0, le=1.0, description="queries the drift side marks as outliers")
+    drift_outlier: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="queries the drift side marks as outliers"
+    )
     low_retrieval: float = Field(
         default=0.25, ge=0.0, le=1.0, description="top-1 retrieval score under low_retrieval_threshold"
     )

@@ -78,8 +78,12 @@ class JudgeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint; else $OPENAI_BASE_URL")
-    api_key: SecretStr | None = Field(default=None, description="endpoint key; else $OPENAI_API_KEY; never logged")
+    base_url: str | None = Field(
+        default=None, description="OpenAI-compatible endpoint; else $OPENAI_BASE_URL"
+    )
+    api_key: SecretStr | None = Field(
+        default=None, description="endpoint key; else $OPENAI_API_KEY; never logged"
+    )
     model: str = Field(
         default_factory=_default_model, min_length=1, description="judge model; else $RAGMON_JUDGE_MODEL"
     )

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-AttrValue = Union[str, bool, int, float, bytes, list["AttrValue"], dict[str, "AttrValue"], None]
+# Union, not `|`: the recursive forward references are strings, which `|` cannot combine at runtime.
+AttrValue = Union[str, bool, int, float, bytes, list["AttrValue"], dict[str, "AttrValue"], None]  # noqa: UP007
 Attributes = dict[str, AttrValue]
 
 

@@ -462,7 +462,7 @@ class Store:
         )
 
     def feedback_for(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[Feedback]]:
-        """(tenant, trace_id) -> the feedback stored for it, oldest first; keys without feedback are absent."""
+        """(tenant, trace_id) -> its stored feedback, oldest first; keys without feedback are absent."""
         wanted = list(dict.fromkeys(keys))
         found: dict[tuple[str, str], list[Feedback]] = {}
         if not wanted:
@@ -471,16 +471,25 @@ class Store:
         with self._read("read feedback") as conn:
             for start in range(0, len(wanted), 500):
                 chunk = wanted[start : start + 500]
-                rows = conn.execute(
-                    sa.select(feedback)
-                    .where(sa.tuple_(f.tenant, f.trace_id).in_(chunk))
-                    .order_by(f.time, f.event_id)
-                ).mappings().all()
+                rows = (
+                    conn.execute(
+                        sa.select(feedback)
+                        .where(sa.tuple_(f.tenant, f.trace_id).in_(chunk))
+                        .order_by(f.time, f.event_id)
+                    )
+                    .mappings()
+                    .all()
+                )
                 for row in rows:
                     found.setdefault((row["tenant"], row["trace_id"]), []).append(
                         Feedback(
-                            event_id=row["event_id"], trace_id=row["trace_id"], tenant=row["tenant"],
-                            app=row["app"], kind=row["kind"], reason=row["reason"], text=row["text"],
+                            event_id=row["event_id"],
+                            trace_id=row["trace_id"],
+                            tenant=row["tenant"],
+                            app=row["app"],
+                            kind=row["kind"],
+                            reason=row["reason"],
+                            text=row["text"],
                             time=to_utc(row["time"]),
                         )
                     )
@@ -608,7 +617,8 @@ class StoreSink:
     `store_traces` returns the trace ids that were new. When `new_traces` is
     given, `consume_traces` hands it just the new traces (first occurrence in
     the batch), so a downstream counter sees each trace once however often the
-    bus redelivers it; `new_feedback` gets the new feedback events likewise. That hand-off happens after the commit: if it fails, a
+    bus redelivers it; `new_feedback` gets the new feedback events likewise.
+    That hand-off happens after the commit: if it fails, a
     redelivery will not repeat it (at most once downstream). The sink does not
     own the store: `stop` leaves it open.
     """
