@@ -10,7 +10,10 @@ dropped without a count.
 
 Spans for a trace that was already emitted are counted as late
 (`ragmon_late_spans_total`) and not re-assembled: downstream stages are
-idempotent by trace id and would ignore a second version anyway.
+idempotent by trace id and would ignore a second version anyway. Emitted ids
+are remembered for `timeout_s` (and at most 200,000 of them): a span later
+than that starts a new partial trace, which the store ignores as a
+redelivery. Remembering them for good made memory grow with every trace.
 
 Guarantees: `consume_spans` never blocks on I/O and never raises for bad span
 content (bad spans were rejected by the receiver); `stop()` emits every open
@@ -41,7 +44,8 @@ log = logging.getLogger(__name__)
 TraceKey = tuple[str, str]  # (tenant, trace_id)
 TraceBuilder = Callable[[Sequence[Span], bool], RagTrace]
 
-# Emitted trace ids remembered to recognise late spans; bounded like everything else.
+# Emitted trace ids remembered to recognise late spans: for `timeout_s`, and never more than this
+# many (~240 bytes each), whatever the rate.
 _RECENT_LIMIT = 200_000
 
 
@@ -71,7 +75,7 @@ class SpanAssembler:
         self.clock = clock
         self._open: OrderedDict[TraceKey, _OpenTrace] = OrderedDict()
         self._root_deadlines: deque[tuple[float, TraceKey]] = deque()
-        self._recent: OrderedDict[TraceKey, None] = OrderedDict()
+        self._recent: OrderedDict[TraceKey, float] = OrderedDict()  # -> when emitted (clock time)
         self._span_count = 0
         self._byte_count = 0
         self._pending: list[tuple[_OpenTrace, str]] = []
@@ -130,12 +134,16 @@ class SpanAssembler:
         open_trace = self._open.pop(key)
         self._span_count -= len(open_trace.spans)
         self._byte_count -= open_trace.size_bytes
-        self._recent[key] = None
+        self._recent[key] = self.clock()
         if len(self._recent) > _RECENT_LIMIT:
             self._recent.popitem(last=False)
         self._pending.append((open_trace, reason))
 
     def _collect_due(self, now: float, everything: bool = False) -> None:
+        # Insertion order is emission order, so expired ids sit at the front.
+        forget_before = now - self.config.timeout_s
+        while self._recent and next(iter(self._recent.values())) < forget_before:
+            self._recent.popitem(last=False)
         while self._root_deadlines and (everything or self._root_deadlines[0][0] <= now):
             _, key = self._root_deadlines.popleft()
             if key in self._open:
