@@ -178,3 +178,17 @@ async def test_build_runs_off_the_event_loop_and_a_cancelled_emission_loses_noth
     assert loop_thread not in build_threads
     assert [t.trace_id for t in sink.traces] == [f"{7:032x}"]
     assert counter(metrics, "ragmon_assembled_traces_total", reason="complete") == 1
+
+
+async def test_emitted_ids_are_forgotten_after_timeout_so_memory_does_not_grow_per_trace() -> None:
+    assembler, sink, clock, metrics = make()  # timeout_s=10
+    await assembler.consume_spans([span(4, 0, root=True)])
+    clock.now += 1
+    await assembler.flush_due()
+    clock.now += 10.5  # the id was emitted 10.5 s ago: past timeout_s, so it is no longer remembered
+    await assembler.flush_due()
+    await assembler.consume_spans([span(4, 6)])
+    clock.now += 10.5
+    await assembler.flush_due()
+    assert counter(metrics, "ragmon_late_spans_total") == 0
+    assert [(t.span_count, t.partial) for t in sink.traces] == [(1, False), (1, True)]
