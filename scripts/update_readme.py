@@ -1,4 +1,7 @@
-"""Regenerate the README's configuration table from the settings models (`ragmon config --markdown`).
+"""Regenerate the README's generated sections: the configuration table and the metrics list.
+
+The configuration table comes from the settings models (`ragmon config --markdown`); the metrics list is the
+table of `dashboards/METRICS.md` (itself generated from the registry by `python -m dashboards.build`).
 
 python scripts/update_readme.py          # rewrite README.md in place
 python scripts/update_readme.py --check  # exit 1 if README.md is out of date (tests run this)
@@ -13,13 +16,24 @@ from pathlib import Path
 from service.config import settings_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
+METRICS = README.parent / "dashboards" / "METRICS.md"
+
+
+def metrics_table() -> str:
+    lines = METRICS.read_text(encoding="utf-8").splitlines()
+    return "\n".join(line for line in lines if line.startswith("|"))
+
+
+def _replace(text: str, name: str, body: str) -> str:
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}\n{end}{tail}"
 
 
 def render(text: str) -> str:
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{settings_table()}\n{END}{tail}"
+    text = _replace(text, "config-table", settings_table())
+    return _replace(text, "metrics-table", metrics_table())
 
 
 def main() -> int:
