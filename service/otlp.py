@@ -57,6 +57,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,9 @@ _WIRE_DOUBLE_ITEM = 11
 _VECTOR_TYPES = frozenset({float, int})
 _FLOAT_ONLY = frozenset({float})
 _SPECIAL_DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# Attribute keys repeat from span to span; the kind of each is looked up once. Bounded, because
+# keys come from clients (an LRU of at most 4,096 keys).
+_kind_of = lru_cache(maxsize=4096)(attribute_kind)
 
 
 class RejectReason(StrEnum):
@@ -273,7 +277,11 @@ def _finish_attributes(
     attributes: Attributes = {}
     size = 0
     for key, value in raw:
-        kind = attribute_kind(key)
+        kind = _kind_of(key)
+        if kind is None and type(value) is str:  # most values: nothing to check, sized without `_size`
+            attributes[key] = value
+            size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(value)
+            continue
         if kind is not None and (kind != "vector" or dims is not None):
             try:
                 value = _normalize(key, kind, value)
@@ -292,22 +300,18 @@ def _finish_attributes(
 # ---------------------------------------------------------------- protobuf
 
 
+_PB_SCALARS = frozenset({"string_value", "int_value", "double_value", "bool_value", "bytes_value"})
+
+
 def _pb_value(value: AnyValue) -> AttrValue:
     which = value.WhichOneof("value")
-    if which == "string_value":
-        return value.string_value
-    if which == "int_value":
-        return value.int_value
-    if which == "double_value":
-        return value.double_value
-    if which == "bool_value":
-        return value.bool_value
+    if which in _PB_SCALARS:
+        scalar: AttrValue = getattr(value, which)
+        return scalar
     if which == "array_value":
         return _pb_array(value.array_value)
     if which == "kvlist_value":
         return {kv.key: _pb_value(kv.value) for kv in value.kvlist_value.values}
-    if which == "bytes_value":
-        return value.bytes_value
     return None
 
 
