@@ -78,9 +78,8 @@ class Worker:
         # replicas start together; concurrent CREATE TABLE IF NOT EXISTS can collide on PostgreSQL
         with exclusive(p.store.engine, "create-schema"):
             p.store.create_schema()
-            for part in (p.judgments, getattr(p, "reviews", None), p.drift_store):
-                if part is not None:
-                    part.create_schema()
+            for part in (p.judgments, p.reviews, p.drift_store, p.golden):
+                part.create_schema()
             create_tables(p.store.engine)
 
     async def _wait_for_store(self) -> None:
@@ -101,6 +100,8 @@ class Worker:
         await self._wait_for_store()
         p = self.pipeline
         if "judge" in self.roles:
+            # judgments are annotated onto Phoenix (when configured) by the process that makes them
+            await p.phoenix_annotations.start()
             for judge_worker in p.judge_workers:
                 await judge_worker.start()
             await p.estimator.start()
@@ -125,6 +126,7 @@ class Worker:
         await p.estimator.stop()
         for judge_worker in p.judge_workers:
             await judge_worker.stop()
+        await p.phoenix_annotations.stop()
         await asyncio.to_thread(self.leader.release)
         await asyncio.to_thread(p.store.close)
 
