@@ -474,7 +474,8 @@ class Store:
                 rows = (
                     conn.execute(
                         sa.select(feedback)
-                        .where(sa.tuple_(f.tenant, f.trace_id).in_(chunk))
+                        # not a row-value IN: SQLite scans the whole feedback table for that
+                        .where(_keys_in(f.tenant, f.trace_id, chunk))
                         .order_by(f.time, f.event_id)
                     )
                     .mappings()
