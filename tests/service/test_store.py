@@ -746,3 +746,38 @@ def test_sink_passes_store_errors_to_the_caller(store_url: str) -> None:
         asyncio.run(sink.consume_traces([make_trace(1)]))
     with pytest.raises(StoreUnavailable):
         asyncio.run(sink.consume_feedback([make_feedback("e", 1)]))
+
+
+def test_feedback_for_returns_each_keys_events_oldest_first_and_uses_the_index(
+    store: Store, raw: sa.Engine
+) -> None:
+    store.insert_feedback(
+        [
+            make_feedback("late", 1, kind="down", time=T0 + timedelta(seconds=5)),
+            make_feedback("early", 1, time=T0),
+            make_feedback("other-trace", 2),
+            make_feedback("other-tenant", 1, tenant="acme"),
+        ]
+    )
+    executed: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        executed.append((statement, parameters))
+
+    sa.event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        found = store.feedback_for(
+            [("default", trace_id(1)), ("acme", trace_id(1)), ("default", trace_id(3))]
+        )
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", record)
+    assert {k: [f.event_id for f in v] for k, v in found.items()} == {
+        ("default", trace_id(1)): ["early", "late"],
+        ("acme", trace_id(1)): ["other-tenant"],
+    }
+    if raw.dialect.name == "sqlite":
+        # runs for every new-trace batch: a scan of the whole feedback table would grow with it
+        (statement, parameters), *_ = [e for e in executed if "FROM feedback" in e[0]]
+        with raw.connect() as conn:
+            plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
+        assert any("ix_feedback_tenant_trace" in row[-1] for row in plan), plan
