@@ -160,9 +160,12 @@ class JudgmentStore:
         raised = flags_for(judgment, flag_threshold)
         now = datetime.now(UTC)
         with self._connect() as conn:
-            inserted = conn.execute(self._insert(judgments).values(row).on_conflict_do_nothing()).rowcount
+            # RETURNING, not rowcount: psycopg reports -1 for INSERT ... ON CONFLICT DO NOTHING
+            inserted = conn.execute(
+                self._insert(judgments).values(row).on_conflict_do_nothing().returning(judgments.c.trace_id)
+            ).first()
             new_flags = [flag for flag in raised if self._add_flag(conn, flag, now)]
-        return inserted == 1, new_flags
+        return inserted is not None, new_flags
 
     def _add_flag(self, conn: Connection, flag: Flag, now: datetime) -> bool:
         result = conn.execute(
@@ -177,8 +180,9 @@ class JudgmentStore:
                 created_at=now,
             )
             .on_conflict_do_nothing()
+            .returning(flags.c.reason)
         )
-        return bool(result.rowcount == 1)
+        return result.first() is not None
 
     def for_trace(self, tenant: str, trace_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(judgments as JSON-ready dicts, flags) of one trace of one tenant."""

@@ -278,11 +278,6 @@ def test_judge_endpoint_down_the_queue_holds_the_work_until_it_returns(
         assert count_rows(pg_url, "judgments") == n
         assert count_rows(pg_url) == n
         assert _counted(worker) == n
-        if worker.metric("ragmon_judge_completed_total") != n:
-            # JudgmentStore.save reads `rowcount` of INSERT .. ON CONFLICT DO NOTHING, which is -1 on
-            # PostgreSQL (SQLAlchemy 2.1 + psycopg), so judge counters never count there; the work itself
-            # (asserted above) is done. Remove this once the judgment store uses RETURNING.
-            pytest.xfail("judge counters do not count on PostgreSQL (JudgmentStore.save rowcount)")
         assert worker.metric("ragmon_judge_completed_total") == n
     finally:
         if fake._thread.is_alive():
