@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -180,13 +180,12 @@ class SpanAssembler:
                 # result is dropped, so each trace is still handed on (and counted) once.
                 self._pending[:0] = pending
                 raise
-            traces: list[RagTrace] = []
-            for (_, reason), trace in zip(pending, built, strict=True):
-                self.metrics.assembled.labels(reason=reason).inc()
-                if trace is None:
-                    self.metrics.assembly_failures.inc()
-                else:
-                    traces.append(trace)
+            traces = [trace for trace in built if trace is not None]
+            # one increment per reason, not per trace: `labels()` costs microseconds on the loop
+            for reason, count in Counter(reason for _, reason in pending).items():
+                self.metrics.assembled.labels(reason=reason).inc(count)
+            if len(traces) < len(built):
+                self.metrics.assembly_failures.inc(len(built) - len(traces))
             if traces:
                 await self.next.consume_traces(traces)
 
