@@ -91,6 +91,8 @@ def parse_json(value: AttrValue) -> Any:
         return value
     try:
         return parse_json_string(stripped)
+    except RecursionError:
+        return value  # nested deeper than the parser goes: keep the text, never fail the trace
     except ValueError:
         return _literal(stripped, value)
 
@@ -114,8 +116,17 @@ def _literal(stripped: str, value: str) -> Any:
 
 
 def json_safe(value: Any) -> JsonValue:
-    """`value` with what JSON cannot hold (tuples, sets, bytes, ...) made into JSON types or strings."""
-    return json.loads(json.dumps(value, default=str))  # type: ignore[no-any-return]
+    """`value` with what JSON cannot hold (tuples, sets, bytes, non-text keys) made JSON values or text."""
+    return json.loads(json.dumps(_string_keys(value), default=str))  # type: ignore[no-any-return]
+
+
+def _string_keys(value: Any) -> Any:
+    # json.dumps refuses dict keys that are tuples (a Python literal can have them); make them text
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _string_keys(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_string_keys(v) for v in value]
+    return value
 
 
 def json_object(value: AttrValue) -> dict[str, JsonValue] | None:
@@ -125,6 +136,8 @@ def json_object(value: AttrValue) -> dict[str, JsonValue] | None:
         if stripped[:1] == "{":
             try:
                 parsed = parse_json_string(stripped)
+            except RecursionError:
+                return None
             except ValueError:
                 parsed = _literal(stripped, value)
             else:

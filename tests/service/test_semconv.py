@@ -932,3 +932,12 @@ def test_usage_rows_are_unpriced_when_any_call_is() -> None:
     assert call is not None and (call.cost, call.source) == (None, "unpriced"), (
         "a negative app cost is not used"
     )
+
+
+def test_hostile_json_strings_stay_text_instead_of_failing_the_trace() -> None:
+    from service.attribute_values import json_object, parse_json
+
+    assert json_object("{(1, 2): 'x'}") == {"(1, 2)": "x"}  # tuple keys become text, not a crash
+    deep = "[" * 100_000 + "]" * 100_000
+    assert parse_json(deep) == deep  # deeper than the parser recurses: kept as text
+    assert json_object("{" * 100_000 + "}" * 100_000) is None
