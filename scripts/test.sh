@@ -21,7 +21,9 @@ trap cleanup EXIT
 if [[ -z "${DATABASE_URL:-}" ]] && find /usr/lib/postgresql -maxdepth 3 -name pg_ctl 2>/dev/null | grep -q .; then
   PG_BASE=$(mktemp -d /tmp/ragmon-pg.XXXXXX)
   chmod 755 "$PG_BASE"
-  DATABASE_URL=$(PGPORT=${PGPORT:-25432} .ci/start_postgres.sh "$PG_BASE")
+  # a free port unless PGPORT says otherwise: another server may hold the usual one
+  port=${PGPORT:-$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+  DATABASE_URL=$(PGPORT=$port .ci/start_postgres.sh "$PG_BASE")
   export DATABASE_URL
   echo "PostgreSQL for tests: $DATABASE_URL"
 fi
