@@ -479,10 +479,12 @@ def _env_layer(environ: dict[str, str]) -> dict[str, Any]:
         path = name[len("RAGMON_") :].lower().split("__")
         if path[0] not in RagmonConfig.model_fields:
             continue
-        # Only objects and lists are JSON; scalars stay strings for pydantic to convert by field type,
-        # so a secret made of digits stays a string.
+        # Objects, lists and quoted strings are JSON (Helm writes every value JSON-encoded); other scalars
+        # stay strings for pydantic to convert by field type, so a secret made of digits stays a string.
         value: Any = raw
-        if raw.lstrip().startswith(("{", "[")):
+        if raw == "null":
+            value = None
+        elif raw.lstrip().startswith(("{", "[", '"')):
             try:
                 value = json.loads(raw)
             except ValueError as exc:
