@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from service.errors import StoreUnavailable
 from service.judgment import Judgment
+from service.tables import UtcDateTime
 
 FlagReason = Literal["unfaithful", "low_faithfulness", "judge_failure", "retrieval_failure"]
 FLAG_REASONS: tuple[FlagReason, ...] = (
@@ -34,23 +35,6 @@ FLAG_REASONS: tuple[FlagReason, ...] = (
 )
 
 metadata = sa.MetaData()
-
-
-class _UtcDateTime(sa.TypeDecorator[datetime]):
-    """Timestamps stored naive-UTC on SQLite and timestamptz on PostgreSQL, always read back aware."""
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            raise ValueError("timestamps must be timezone-aware")
-        return value
-
-    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value
 
 
 judgments = sa.Table(
@@ -68,7 +52,7 @@ judgments = sa.Table(
     sa.Column("failure_mode", sa.String(32)),
     sa.Column("failure_reason", sa.String(32)),
     sa.Column("cost_usd", sa.Float),
-    sa.Column("judged_at", _UtcDateTime, nullable=False),
+    sa.Column("judged_at", UtcDateTime, nullable=False),
     sa.Column("record", sa.Text, nullable=False),  # the whole Judgment as JSON
     sa.Index("judgments_by_time", "judged_at"),
 )
@@ -82,7 +66,7 @@ flags = sa.Table(
     sa.Column("app", sa.Text, nullable=False),
     sa.Column("detail", sa.Text),
     sa.Column("judge_version", sa.String(64)),
-    sa.Column("created_at", _UtcDateTime, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Index("review_flags_by_time", "created_at"),
 )
 
@@ -141,6 +125,8 @@ class JudgmentStore:
 
     def save(self, judgment: Judgment, flag_threshold: float) -> tuple[bool, list[Flag]]:
         """Store a judgment and its flags; returns (was it new, the flags that were new)."""
+        if judgment.judged_at.tzinfo is None:
+            raise ValueError("judged_at must be timezone-aware")
         row = {
             "tenant": judgment.tenant,
             "trace_id": judgment.trace_id,
