@@ -26,7 +26,6 @@ openai exceptions are caught here and nowhere else (STYLE.md §2).
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import os
 import random
 import time
@@ -44,6 +43,7 @@ from service.heuristic_judge import HeuristicJudge
 from service.judge_prompt import PROMPT_VERSION, build_messages, prompt_fingerprint
 from service.judgment import TRANSIENT_REASONS, FailureReason, Judge, JudgeCall, JudgeName, Judgment, Verdict
 from service.model import RagTrace
+from service.retry_after import retry_after_seconds
 
 __all__ = ["CostFn", "JudgeConfig", "LlmJudge", "build_judge"]
 
@@ -138,18 +138,7 @@ def _retry_after(headers: httpx2.Headers) -> float | None:
             return max(0.0, float(ms) / 1000)
         except ValueError:
             pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    return retry_after_seconds(headers.get("retry-after"))
 
 
 def _usage(body: object) -> tuple[int | None, int | None, bool]:

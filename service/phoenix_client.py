@@ -9,13 +9,12 @@ worth a retry; any other 4xx is not (the same request fails the same way).
 
 from __future__ import annotations
 
-import email.utils
 import random
-from datetime import UTC, datetime
 
 import httpx
 
 from service.config import PhoenixConfig
+from service.retry_after import retry_after_seconds
 
 __all__ = ["RETRYABLE", "backoff_s", "http_client", "reason_of_error", "reason_of_status", "retry_after_s"]
 
@@ -67,18 +66,7 @@ def reason_of_error(exc: httpx.HTTPError) -> str:
 
 def retry_after_s(headers: httpx.Headers) -> float | None:
     """The delay the server asked for in `Retry-After` (seconds or an HTTP date), if any."""
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    return retry_after_seconds(headers.get("retry-after"))
 
 
 def backoff_s(config: PhoenixConfig, failures: int, asked_s: float | None, rng: random.Random) -> float:
