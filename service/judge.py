@@ -185,7 +185,10 @@ class LlmJudge:
         *,
         cost_fn: CostFn | None = None,
         rng: random.Random | None = None,
+        client: openai.AsyncOpenAI | None = None,
     ) -> None:
+        """`client` replaces the SDK client built from `config` (a custom transport or proxy); its own
+        retries should be off, since the judge counts and paces its retries itself."""
         self.config = config or JudgeConfig()
         if cost_fn is None:
             from service.pricing import PriceTable
@@ -197,6 +200,10 @@ class LlmJudge:
         if api_key is None and not os.environ.get("OPENAI_API_KEY") and self.config.endpoint_configured():
             api_key = _NO_KEY
         timeout = httpx2.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
+        self._version = f"llm/{self.config.model}/p{PROMPT_VERSION}-{prompt_fingerprint()}"
+        if client is not None:
+            self._client = client
+            return
         try:
             self._client = openai.AsyncOpenAI(
                 api_key=api_key,
@@ -213,7 +220,6 @@ class LlmJudge:
             )
         except openai.OpenAIError as exc:
             raise ValueError(f"judge endpoint is not configured: {exc}") from exc
-        self._version = f"llm/{self.config.model}/p{PROMPT_VERSION}-{prompt_fingerprint()}"
 
     @property
     def name(self) -> JudgeName:

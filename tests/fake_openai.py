@@ -35,6 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["FakeOpenAI", "Gullible", "Reply", "create_app"]
 
+# Longer than any pause between a client's bursts: uvicorn's default (5 s) closes pooled connections that a
+# client may be reusing at that instant, and the client then sees a read error the real API would not cause.
+KEEP_ALIVE_S = 120
+
 
 class Reply(BaseModel):
     """One scripted answer of the fake model."""
@@ -202,7 +206,9 @@ class FakeOpenAI:
         self.port: int = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = f"{self.url}/v1"
-        config = uvicorn.Config(create_app(), log_level="warning", lifespan="off", ws="none")
+        config = uvicorn.Config(
+            create_app(), log_level="warning", lifespan="off", ws="none", timeout_keep_alive=KEEP_ALIVE_S
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
@@ -258,7 +264,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=29300)
     args = parser.parse_args()
     uvicorn.run(
-        create_app(), host="127.0.0.1", port=args.port, log_level="warning", lifespan="off", ws="none"
+        create_app(),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        lifespan="off",
+        ws="none",
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
 
 

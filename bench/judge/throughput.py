@@ -7,6 +7,12 @@ response format, timeout and connection pool, both at the same concurrency.
 Reports judgments/s and client CPU (process time) per judgment for each, and
 ragmon's overhead over the bare client's CPU per call (medians over rounds).
 
+The CPU of 64 calls in flight against a server on the same two cores is noisy
+(a few percent between rounds), so the overhead is also measured a second way:
+both clients call one after another through an in-process transport that hands
+back the same canned reply (no network, no server), in alternating rounds.
+That isolates exactly what ragmon adds around the SDK call.
+
     python bench/judge/throughput.py [--n 600] [--concurrency 64] [--rounds 3] [--delay 0.3]
 """
 
@@ -151,12 +157,76 @@ async def bench(base_url: str, n: int, concurrency: int, rounds: int) -> dict[st
     return results
 
 
+def canned_transport() -> httpx2.MockTransport:
+    """An httpx transport that answers every request with the stub's verdict, without a socket."""
+    body = json.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "gpt-4o-mini",
+            "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": VERDICT}}
+            ],
+            "usage": {"prompt_tokens": 400, "completion_tokens": 60, "total_tokens": 460},
+        }
+    ).encode()
+    headers = {"content-type": "application/json"}
+    return httpx2.MockTransport(lambda request: httpx2.Response(200, content=body, headers=headers))
+
+
+async def sequential_cpu(n: int, rounds: int) -> dict[str, list[float]]:
+    """CPU seconds per call of ragmon's judge and of the bare SDK parse, one call at a time, no network."""
+    config = JudgeConfig(base_url="http://canned/v1", api_key="bench", model="gpt-4o-mini")
+    sdk = {
+        name: openai.AsyncOpenAI(
+            base_url=config.base_url,
+            api_key="bench",
+            max_retries=0,
+            http_client=httpx2.AsyncClient(transport=canned_transport()),
+        )
+        for name in ("ragmon", "bare")
+    }
+    judge = LlmJudge(config, client=sdk["ragmon"])
+    traces = [trace(i) for i in range(n)]
+
+    async def ragmon_one(t: RagTrace) -> object:
+        return await judge.judge(t)
+
+    async def bare_one(t: RagTrace) -> object:
+        completion = await sdk["bare"].chat.completions.parse(
+            model=config.model,
+            messages=build_messages(t.query or "", [CONTEXT], t.answer or ""),
+            response_format=Verdict,
+            temperature=0,
+            max_completion_tokens=config.max_completion_tokens,
+        )
+        return completion.choices[0].message.parsed
+
+    results: dict[str, list[float]] = {"ragmon": [], "bare": []}
+    order = [("ragmon", ragmon_one), ("bare", bare_one)]
+    for _, one in order:  # warm up
+        for t in traces[:100]:
+            await one(t)
+    for r in range(rounds):
+        for name, one in order if r % 2 == 0 else order[::-1]:
+            cpu = time.process_time()
+            for t in traces:
+                await one(t)
+            results[name].append((time.process_time() - cpu) / n)
+    for client in sdk.values():
+        await client.close()
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=600)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--delay", type=float, default=0.3)
+    parser.add_argument("--sequential-n", type=int, default=1000, help="calls a round, no-network check")
+    parser.add_argument("--sequential-rounds", type=int, default=6)
     args = parser.parse_args()
     proc, base_url = start_stub(args.delay)
     try:
@@ -173,6 +243,15 @@ def main() -> int:
     print(f"bare SDK parse  : {med['bare_rate']:7.1f} calls/s,     CPU {med['bare_cpu'] * 1e3:.2f} ms/call")
     print(f"ragmon CPU overhead over the bare client: {overhead * 100:+.1f} %")
     print("per round:", {k: [round(x, 5) for x in v] for k, v in res.items()})
+    seq = asyncio.run(sequential_cpu(args.sequential_n, args.sequential_rounds))
+    ours, bare_cpu = statistics.median(seq["ragmon"]), statistics.median(seq["bare"])
+    setup = f"{args.sequential_n} calls x {args.sequential_rounds} rounds"
+    overhead = (ours - bare_cpu) / bare_cpu
+    print(
+        f"one call at a time, in-process transport ({setup}): "
+        f"ragmon {ours * 1e3:.2f} ms, bare {bare_cpu * 1e3:.2f} ms, overhead {overhead * 100:+.1f} %"
+    )
+    print("per round:", {k: [round(x * 1e3, 3) for x in v] for k, v in seq.items()})
     return 0
 
 
