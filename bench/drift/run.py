@@ -432,8 +432,8 @@ out-of-scope queries. ragmon runs the exact MMD permutation test (`MmdDrift`, 20
 as `detectors.registry.embedding_detector` does. alibi-detect 0.13 MMDDrift uses its defaults (PyTorch,
 CPU, 100 permutations); KSDrift is feature-wise KS with Bonferroni correction. The peers are slow, so they
 run on the first windows of the no-shift and 10 % settings only (the same windows ragmon sees).
-Times are wall-clock on a shared 2-core machine that other jobs were loading at the same time, so
-they are upper bounds; the ratios compare runs interleaved window by window."""
+Times are wall-clock on a 2-core machine (the recorded run had it to itself: load average about 2,
+the benchmark's own two threads); the ratios compare runs interleaved window by window."""
 
 
 def write_results(text: str) -> None:
