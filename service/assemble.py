@@ -79,6 +79,8 @@ class SpanAssembler:
         self._span_count = 0
         self._byte_count = 0
         self._pending: list[tuple[_OpenTrace, str]] = []
+        self._building = 0  # traces in the build running now
+        self._ended_open = 0  # open traces whose root has ended: complete, waiting for grace or a tick
         self._task: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
 
@@ -94,6 +96,17 @@ class SpanAssembler:
     @property
     def open_bytes(self) -> int:
         return self._byte_count
+
+    @property
+    def backlog(self) -> int:
+        """Traces that are done arriving and not yet handed on: complete but still in the buffer
+        (grace, or the tick is busy building), taken and waiting, or being built.
+
+        Ingest counts them with the bus when it decides whether to take more, so a
+        build that falls behind is back-pressure (503), not a buffer that grows.
+        Open traces whose root has not arrived are not counted: they are bounded by
+        `max_spans`/`max_bytes` and leave by timeout."""
+        return self._ended_open + len(self._pending) + self._building
 
     @property
     def fill_ratio(self) -> float:
@@ -115,6 +128,7 @@ class SpanAssembler:
             self._byte_count += span.size_bytes
             if span.is_root and open_trace.root_ended_at is None:
                 open_trace.root_ended_at = now
+                self._ended_open += 1
                 self._root_deadlines.append((now + self.config.grace_s, key))
             self._evict_over_bounds(keep=key)
         if self._pending:
@@ -132,6 +146,8 @@ class SpanAssembler:
 
     def _take(self, key: TraceKey, reason: str) -> None:
         open_trace = self._open.pop(key)
+        if open_trace.root_ended_at is not None:
+            self._ended_open -= 1
         self._span_count -= len(open_trace.spans)
         self._byte_count -= open_trace.size_bytes
         self._recent[key] = self.clock()
@@ -173,6 +189,7 @@ class SpanAssembler:
                 return
             # Building costs ~0.5 ms of CPU a trace; on the event loop a tick's worth of traces
             # would hold every request waiting for tens of milliseconds, so it runs in a thread.
+            self._building = len(pending)
             try:
                 built = await asyncio.to_thread(self._build_all, pending)
             except asyncio.CancelledError:
@@ -180,6 +197,8 @@ class SpanAssembler:
                 # result is dropped, so each trace is still handed on (and counted) once.
                 self._pending[:0] = pending
                 raise
+            finally:
+                self._building = 0
             traces = [trace for trace in built if trace is not None]
             # one increment per reason, not per trace: `labels()` costs microseconds on the loop
             for reason, count in Counter(reason for _, reason in pending).items():

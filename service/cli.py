@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from service.config import ConfigError, RagmonConfig, load_config, settings_table
+from service.runtime import tune_for_service
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -49,11 +49,7 @@ async def serve(config: RagmonConfig) -> None:
 
     from service.api import create_app
 
-    # Ingest allocates hundreds of container objects a trace. With the default thresholds (700, 10,
-    # 10) the cyclic collector ran every few traces and took ~25 % of server CPU in bench/ingest
-    # (~450 us a trace); these take ~50 us. Objects made at import time are frozen out of it.
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
+    tune_for_service()
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(config),
@@ -151,6 +147,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return demo.main(args)
     config = config_from_args(args)
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_for_service()
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(config),

@@ -82,7 +82,7 @@ class BusConfig(_Section):
     # ~50-120 MB and is still four sink batches of slack; 50,000 let RSS climb past 1 GB when the
     # sinks fell behind a closed-loop sender (bench/RESULTS.md, ingest).
     capacity: int = Field(
-        2_000, gt=0, description="traces held in the in-process bus before ingest answers 503"
+        2_000, gt=0, description="traces waiting to be built or in the bus before ingest answers 503"
     )
     batch_size: int = Field(500, gt=0, description="largest batch handed to a sink")
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 503 when the bus is full")

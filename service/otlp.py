@@ -282,19 +282,32 @@ def _finish_attributes(
             attributes[key] = value
             size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(value)
             continue
-        if kind is not None and (kind != "vector" or dims is not None):
-            try:
-                value = _normalize(key, kind, value)
-            except _Invalid as problem:
-                if problem.reason is not RejectReason.INVALID_ATTRIBUTE:
-                    raise
-                batch._count(problem.reason, f"{where}: {problem.detail}")
-                continue
-            if kind == "vector" and dims is not None and isinstance(value, list):
-                dims.add(len(value))
-        attributes[key] = value
-        size += _ENTRY_OVERHEAD + len(key) + _size(value)
+        size += _add_checked(attributes, key, value, kind, batch, where, dims)
     return attributes, size
+
+
+def _add_checked(
+    attributes: Attributes,
+    key: str,
+    value: AttrValue,
+    kind: AttributeKind | None,
+    batch: DecodedBatch,
+    where: str,
+    dims: set[int] | None,
+) -> int:
+    """Add one attribute that may need checking (see `_finish_attributes`); returns its estimated size."""
+    if kind is not None and (kind != "vector" or dims is not None):
+        try:
+            value = _normalize(key, kind, value)
+        except _Invalid as problem:
+            if problem.reason is not RejectReason.INVALID_ATTRIBUTE:
+                raise
+            batch._count(problem.reason, f"{where}: {problem.detail}")
+            return 0
+        if kind == "vector" and dims is not None and isinstance(value, list):
+            dims.add(len(value))
+    attributes[key] = value
+    return _ENTRY_OVERHEAD + len(key) + _size(value)
 
 
 # ---------------------------------------------------------------- protobuf
@@ -337,8 +350,24 @@ def _pb_array(array: ArrayValue) -> list[AttrValue]:
     return [_pb_value(item) for item in array.values]
 
 
-def _pb_pairs(attributes: Iterable[KeyValue]) -> Iterable[tuple[str, AttrValue]]:
-    return ((kv.key, _pb_value(kv.value)) for kv in attributes)
+def _pb_attributes(
+    pairs: Iterable[KeyValue], batch: DecodedBatch, where: str, dims: set[int] | None
+) -> tuple[Attributes, int]:
+    """`_finish_attributes` over protobuf KeyValues, with the common case (a string value of a key
+    that needs no check) read inline: a span carries dozens of attributes, and the generator and
+    the calls per attribute were a fifth of decoding."""
+    attributes: Attributes = {}
+    size = 0
+    for kv in pairs:
+        key, any_value = kv.key, kv.value
+        kind = _kind_of(key)
+        if kind is None and any_value.WhichOneof("value") == "string_value":
+            text = any_value.string_value
+            attributes[key] = text
+            size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(text)
+            continue
+        size += _add_checked(attributes, key, _pb_value(any_value), kind, batch, where, dims)
+    return attributes, size
 
 
 def _pb_span(
@@ -364,10 +393,10 @@ def _pb_span(
             RejectReason.INVALID_TIME, f"{where}: start {start} / end {end} is not a valid interval"
         )
     vector_dims: set[int] = set()
-    attributes, size = _finish_attributes(_pb_pairs(span.attributes), batch, where, vector_dims)
+    attributes, size = _pb_attributes(span.attributes, batch, where, vector_dims)
     events: list[SpanEvent] = []
     for event in span.events:
-        event_attributes, event_size = _finish_attributes(_pb_pairs(event.attributes), batch, where, None)
+        event_attributes, event_size = _pb_attributes(event.attributes, batch, where, None)
         events.append(SpanEvent(event.name, event.time_unix_nano, event_attributes))
         size += _EVENT_OVERHEAD + len(event.name) + event_size
     _check_dims(attributes, vector_dims, dims, where)
@@ -404,9 +433,7 @@ def decode_request(msg: ExportTraceServiceRequest, tenant: str) -> DecodedBatch:
     batch = DecodedBatch()
     dims = _VectorDims()
     for r, resource_spans in enumerate(msg.resource_spans):
-        resource, _ = _finish_attributes(
-            _pb_pairs(resource_spans.resource.attributes), batch, f"resource {r}", None
-        )
+        resource, _ = _pb_attributes(resource_spans.resource.attributes, batch, f"resource {r}", None)
         for s, scope_spans in enumerate(resource_spans.scope_spans):
             for i, span in enumerate(scope_spans.spans):
                 where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"

@@ -185,9 +185,14 @@ class Pipeline:
         )
         state.add("ragmon_bus_queue_depth", "records waiting in the bus", lambda: self.bus.depth)
         state.add(
+            "ragmon_build_backlog_traces",
+            "traces taken from the open-trace buffer and waiting to be built",
+            lambda: self.assembler.backlog,
+        )
+        state.add(
             "ragmon_bus_capacity",
-            "records the bus holds before ingest answers 503",
-            lambda: self.config.bus.capacity,
+            "records waiting to be built or in the bus before ingest answers 503",
+            lambda: self.capacity,
         )
         state.add(
             "ragmon_judge_queue_depth",
@@ -222,11 +227,25 @@ class Pipeline:
         oldest = self._queue_stats().oldest_enqueued_at
         return 0.0 if oldest is None else max(0.0, (datetime.now(UTC) - oldest).total_seconds())
 
+    @property
+    def backlog(self) -> int:
+        """Records accepted and not yet delivered: waiting to be built, then in the bus."""
+        return self.assembler.backlog + self.bus.depth
+
+    @property
+    def capacity(self) -> int:
+        """The backlog at which ingest answers 503: `bus.capacity` (`kafka.buffer_records` in Kafka mode)."""
+        return self.config.kafka.buffer_records if self.distributed else self.config.bus.capacity
+
+    def has_room(self) -> bool:
+        return self.backlog < self.capacity
+
     def _check_room(self) -> None:
-        """Refuse new work while the bus is over capacity (the receiver counts the refusal)."""
-        if not self.bus.has_room():
+        """Refuse new work while the backlog is at capacity (the receiver counts the refusal)."""
+        if not self.has_room():
             raise QueueFull(
-                f"ragmon is behind ({self.bus.depth} records queued); retry later",
+                f"ragmon is behind ({self.assembler.backlog} traces to build, {self.bus.depth} records "
+                "queued); retry later",
                 retry_after_s=self.config.bus.retry_after_s,
             )
 
@@ -294,8 +313,8 @@ class Pipeline:
     async def ready(self) -> tuple[bool, str]:
         if not self.started:
             return False, "starting"
-        if not self.bus.has_room():
-            return False, "bus full"
+        if not self.has_room():
+            return False, "behind: backlog at capacity"
         try:
             await asyncio.to_thread(self.store.ping)
         except Exception as exc:

@@ -42,6 +42,7 @@ from service.kafka_bus import KafkaReceiver
 from service.leader import exclusive, leader_lock
 from service.metrics import Metrics
 from service.pipeline import Pipeline
+from service.runtime import tune_for_service
 
 __all__ = ["DRIFT_LOCK", "Worker", "add_arguments", "create_worker_app", "main"]
 
@@ -202,6 +203,7 @@ def main(args: argparse.Namespace, config: RagmonConfig) -> int:
         f"http://{config.worker.host}:{config.worker.port}, store {config.store_url}",
         flush=True,
     )
+    tune_for_service()
     server = uvicorn.Server(
         uvicorn.Config(
             app,

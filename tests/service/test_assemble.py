@@ -180,6 +180,33 @@ async def test_build_runs_off_the_event_loop_and_a_cancelled_emission_loses_noth
     assert counter(metrics, "ragmon_assembled_traces_total", reason="complete") == 1
 
 
+async def test_backlog_counts_traces_taken_but_not_yet_handed_on() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow_build(spans: Sequence[Span], partial: bool) -> RagTrace:
+        started.set()
+        release.wait(10)
+        return build(spans, partial)
+
+    sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
+    assembler = SpanAssembler(AssemblerConfig(grace_s=0.5, timeout_s=10), sink, slow_build, metrics, clock)
+    await assembler.consume_spans([span(1, 0, root=True), span(2, 0, root=True), span(3, 1)])
+    # 1 and 2 are complete (in their grace period); 3 has no root yet and is not counted
+    assert (assembler.open_traces, assembler.backlog) == (3, 2)
+    clock.now += 1
+    emitting = asyncio.create_task(assembler.flush_due())
+    await asyncio.to_thread(started.wait, 10)
+    # both left the open buffer but neither reached the next stage: ingest must still see them
+    assert (assembler.open_traces, assembler.backlog, sink.traces) == (1, 2, [])
+    await assembler.consume_spans([span(3, 0, root=True)])
+    assert assembler.backlog == 3  # 3 is complete while the build of 1 and 2 runs
+    release.set()
+    await emitting
+    clock.now += 1
+    await assembler.flush_due()
+    assert (assembler.backlog, len(sink.traces)) == (0, 3)
+
+
 async def test_emitted_ids_are_forgotten_after_timeout_so_memory_does_not_grow_per_trace() -> None:
     assembler, sink, clock, metrics = make()  # timeout_s=10
     await assembler.consume_spans([span(4, 0, root=True)])

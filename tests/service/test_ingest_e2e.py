@@ -5,8 +5,9 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from service.model import RagTrace
+from service.spans import Span
 from tests.live_server import LiveServer, live_server
 
 KIND = SpanAttributes.OPENINFERENCE_SPAN_KIND
@@ -366,6 +369,44 @@ def test_full_bus_answers_503_with_retry_after(tmp_path: Path) -> None:
             assert response.headers["retry-after"] == "1"
             assert client.get("/readyz").status_code == 503
         assert busy.metric("ragmon_ingest_rejected_total", reason="queue_full") == 2
+
+
+def test_traces_waiting_to_be_built_count_against_capacity(tmp_path: Path) -> None:
+    """A build that falls behind is back-pressure (503), not a queue that grows in memory."""
+    started, release = threading.Event(), threading.Event()
+
+    def otlp_trace_body(n: int) -> bytes:
+        memory = InMemorySpanExporter()
+        rag_request(provider_with(memory, app="backlog-app"), f"question {n}")
+        return encode_spans(list(memory.get_finished_spans())).SerializeToString()
+
+    with live_server(tmp_path, bus={"capacity": 2}, assembler={"grace_s": 0.0}) as busy:
+        assembler = busy.pipeline.assembler
+        real_build = assembler.build
+
+        def stalled_build(spans: Sequence[Span], partial: bool) -> RagTrace:
+            started.set()
+            release.wait(30)
+            return real_build(spans, partial)
+
+        assembler.build = stalled_build
+        try:
+            with busy.client() as client:
+                first = otlp_trace_body(1)
+                assert client.post("/v1/traces", content=first, headers=PROTOBUF).status_code == 200
+                assert started.wait(10)
+                second = otlp_trace_body(2)
+                assert client.post("/v1/traces", content=second, headers=PROTOBUF).status_code == 200
+                # one trace in the stalled build, one complete behind it; the bus itself is empty
+                assert assembler.backlog == 2 and busy.pipeline.bus.depth == 0
+                refused = client.post("/v1/traces", content=otlp_trace_body(3), headers=PROTOBUF)
+                assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+                assert busy.metric("ragmon_build_backlog_traces") == 2
+        finally:
+            release.set()
+        busy.flush()
+        assert busy.metric("ragmon_ingest_rejected_total", reason="queue_full") == 1
+        assert busy.metric("ragmon_traces_total", app="backlog-app") == 2
 
 
 def test_metrics_endpoint_and_probes(server: LiveServer) -> None:
