@@ -1,9 +1,9 @@
 """The bus between assembly and the sinks. Embedded mode: `MemoryBus`, an in-process bounded queue.
 
 The bus accepts every trace the assembler emits (the assembler's own buffer
-is bounded, so the total held is bounded too) and tells ingest through
-`has_room()` when it is above capacity; ingest then answers 503 with
-Retry-After instead of taking more spans. Nothing is dropped.
+is bounded, so the total held is bounded too). Ingest adds its `depth` to
+the assembler's backlog (`Pipeline.has_room`) and answers 503 with
+Retry-After at `bus.capacity` instead of taking more spans. Nothing is dropped.
 
 Delivery: one task takes batches of up to `batch_size` records and hands
 each batch to the subscriber. A `RetryableError` from the subscriber keeps

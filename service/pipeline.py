@@ -10,8 +10,9 @@
 are started by the API once this returns); `stop()` runs the other way round
 and flushes every open trace, so each stage drains into a live consumer.
 
-Back-pressure: `accept_*` raise `QueueFull` (503 + Retry-After) while the bus
-holds more than its capacity; nothing is taken that cannot be delivered.
+Back-pressure: `accept_*` raise `QueueFull` (503 + Retry-After) while the
+backlog (traces complete but not yet built, plus the bus) is at capacity;
+nothing is taken that cannot be delivered.
 """
 
 from __future__ import annotations
