@@ -71,7 +71,8 @@ class LoadResult:
     server_cpu_s: float | None = None
     load_avg_1m: tuple[float, float] = (0.0, 0.0)
     timeline: list[tuple[float, int]] = field(default_factory=list, repr=False)
-    rss_timeline: list[tuple[float, int]] = field(default_factory=list, repr=False)  # (s, bytes), ~200 samples
+    # (seconds from start, bytes), about 200 samples: shows a plateau from a slope
+    rss_timeline: list[tuple[float, int]] = field(default_factory=list, repr=False)
 
     @property
     def accepted_per_s(self) -> float:
@@ -212,7 +213,8 @@ def run_phase(
     result.timeline = [(round(t - t0, 2), n) for t, n in watch.timeline]
     if server.rss:
         samples = [(at, rss) for at, rss in server.rss.samples if at >= t0]
-        result.rss_timeline = [(round(at - t0, 1), rss) for at, rss in samples[:: max(1, len(samples) // 200)]]
+        step = max(1, len(samples) // 200)
+        result.rss_timeline = [(round(at - t0, 1), rss) for at, rss in samples[::step]]
     result.load_avg_1m = (load_before, os.getloadavg()[0])
     return watch
 
