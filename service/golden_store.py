@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from service.errors import InvalidInput, StoreUnavailable
 from service.golden import GoldenSet, parse_golden
+from service.store import WRITES_OPTION
 from service.tables import UtcDateTime, trace_contexts, trace_record, traces
 
 __all__ = ["GoldenInfo", "GoldenStore", "ProbeRun", "metadata"]
@@ -144,14 +145,19 @@ class GoldenStore:
 
     def create_schema(self) -> None:
         """Create the three tables if missing; safe to repeat."""
-        with self._connect() as conn:
+        with self._connect(writes=True) as conn:
             metadata.create_all(conn, checkfirst=True)
 
     @contextmanager
-    def _connect(self) -> Iterator[Connection]:
+    def _connect(self, *, writes: bool = False) -> Iterator[Connection]:
         try:
-            with self.engine.begin() as conn:
-                yield conn
+            with self.engine.connect() as conn:
+                if writes:
+                    # BEGIN IMMEDIATE on SQLite: a read-then-write transaction (pin, score) queues for
+                    # the write lock instead of failing to upgrade its read lock while ingest writes.
+                    conn.execution_options(**{WRITES_OPTION: True})
+                with conn.begin():
+                    yield conn
         except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
             raise StoreUnavailable(f"golden store unavailable: {type(exc.orig).__name__}") from exc
 
@@ -175,7 +181,7 @@ class GoldenStore:
             "content": golden.to_jsonl(),
         }
         g = golden_sets.c
-        with self._connect() as conn:
+        with self._connect(writes=True) as conn:
             # RETURNING, not rowcount: drivers differ in what rowcount says after ON CONFLICT
             inserted = (
                 conn.execute(self._insert(golden_sets).values(row).returning(g.version)).first() is not None
@@ -225,7 +231,7 @@ class GoldenStore:
             "golden_version": golden_version,
             "started_at": started_at,
         }
-        with self._connect() as conn:
+        with self._connect(writes=True) as conn:
             conn.execute(self._insert(probe_runs).values(row))
             stored = self._run_row(conn, tenant, run_id)
         if stored is None or (stored.golden_name, stored.golden_version) != (golden_name, golden_version):
@@ -260,7 +266,7 @@ class GoldenStore:
             raise ValueError("save_score needs a scored run")
         p = probe_runs.c
         text = json.dumps(run.result, separators=(",", ":"), allow_nan=False)
-        with self._connect() as conn:
+        with self._connect(writes=True) as conn:
             conn.execute(
                 self._insert(probe_runs).values(
                     tenant=tenant,
@@ -331,7 +337,7 @@ class GoldenStore:
     def pin_baseline(self, tenant: str, run_id: str) -> ProbeRun:
         """Make a scored run the baseline of its golden set (replacing the earlier pin)."""
         b = probe_baselines.c
-        with self._connect() as conn:
+        with self._connect(writes=True) as conn:
             run = self._run_row(conn, tenant, run_id)
             if run is None or run.scored_at is None:
                 raise InvalidInput(f"probe run {run_id!r} has not been scored; score it before pinning it")

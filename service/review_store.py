@@ -50,6 +50,7 @@ from service.review_model import (
     ReviewRecord,
     severity_of,
 )
+from service.store import WRITES_OPTION
 from service.tables import UtcDateTime, to_utc
 
 __all__ = ["ReviewStore", "metadata", "review_items", "review_reasons", "reviews"]
@@ -108,7 +109,6 @@ reviews = sa.Table(
 
 
 _ANY = ItemFilters()
-_WRITES_OPTION = "ragmon_writes"  # the execution option `service.store.Store` reads in its begin hook
 
 
 def _now() -> datetime:
@@ -141,7 +141,7 @@ class ReviewStore:
                     # The trace store's begin hook then opens SQLite transactions with BEGIN
                     # IMMEDIATE, so a read-then-write transaction queues for the write lock
                     # instead of failing to upgrade its read lock.
-                    conn.execution_options(**{_WRITES_OPTION: True})
+                    conn.execution_options(**{WRITES_OPTION: True})
                 with conn.begin():
                     yield conn
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:

@@ -70,7 +70,7 @@ MAX_PAGE_SIZE = 1000
 _FEEDBACK_KINDS: frozenset[str] = frozenset({"up", "down", "regenerate"})
 # Marks a connection whose transaction will write: on SQLite it takes the
 # write lock at BEGIN, so a later read-then-write cannot deadlock on upgrade.
-_WRITES = "ragmon_writes"
+WRITES_OPTION = "ragmon_writes"  # execution option: open the SQLite transaction with BEGIN IMMEDIATE
 
 
 class TraceFilters(TypedDict, total=False):
@@ -253,7 +253,7 @@ class Store:
 
         @sa.event.listens_for(engine, "begin")
         def _begin(connection: Connection) -> None:
-            writes = connection.get_execution_options().get(_WRITES, False)
+            writes = connection.get_execution_options().get(WRITES_OPTION, False)
             connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
 
         return engine
@@ -308,7 +308,7 @@ class Store:
     @contextmanager
     def _write(self, action: str) -> Iterator[Connection]:
         with self._translated(action), self._engine.connect() as conn:
-            conn.execution_options(**{_WRITES: True})
+            conn.execution_options(**{WRITES_OPTION: True})
             with conn.begin():
                 yield conn
 
