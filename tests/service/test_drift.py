@@ -37,6 +37,13 @@ def _by_detector(items: list[dict[str, Any]], model_key: str | None = None) -> d
     }
 
 
+def _test_now() -> datetime:
+    """Half past the previous hour: where the tests' traffic falls in the hourly buckets (and so which
+    buckets a reservoir shares, or an alarm's window overlaps) no longer depends on the minute the test
+    runs. With the wall clock, runs in the first and last minutes of an hour failed."""
+    return datetime.now(UTC).replace(minute=30, second=0, microsecond=0) - timedelta(hours=1)
+
+
 def _pin_past(client: Any, start: datetime, end: datetime, **extra: Any) -> dict[str, Any]:
     response = client.post(
         "/api/v1/drift/references", json={"from": start.isoformat(), "to": end.isoformat(), **extra}
@@ -47,7 +54,7 @@ def _pin_past(client: Any, start: datetime, end: datetime, **extra: Any) -> dict
 
 
 def test_shifted_traffic_drifts_with_explanation_and_alarmed_window_is_never_pinned(tmp_path: Path) -> None:
-    now = datetime.now(UTC)
+    now = _test_now()
     past = now - timedelta(days=3)
     with _server(tmp_path) as server, server.client() as client:
         send(client, traces(400, seed=1, start=past, span=timedelta(hours=6)))
@@ -93,7 +100,7 @@ def test_shifted_traffic_drifts_with_explanation_and_alarmed_window_is_never_pin
 
 
 def test_unshifted_traffic_does_not_drift(tmp_path: Path) -> None:
-    now = datetime.now(UTC)
+    now = _test_now()
     past = now - timedelta(days=3)
     with _server(tmp_path) as server, server.client() as client:
         send(client, traces(400, seed=3, start=past, span=timedelta(hours=6)))
@@ -109,7 +116,7 @@ def test_unshifted_traffic_does_not_drift(tmp_path: Path) -> None:
 
 
 def test_new_embedding_model_is_its_own_event_with_separate_windows(tmp_path: Path) -> None:
-    now = datetime.now(UTC)
+    now = _test_now()
     past = now - timedelta(days=2)
     with _server(tmp_path) as server, server.client() as client:
         send(client, traces(200, seed=5, start=past, span=timedelta(hours=3)))
@@ -155,7 +162,7 @@ def test_new_embedding_model_is_its_own_event_with_separate_windows(tmp_path: Pa
 
 
 def test_regeneration_band_is_exported_and_hysteresis_delays_the_alarm(tmp_path: Path) -> None:
-    now = datetime.now(UTC)
+    now = _test_now()
     records = traces(
         600, seed=7, start=now - timedelta(hours=1), span=timedelta(minutes=30), regeneration_rate=0.1
     )
@@ -242,7 +249,7 @@ def test_demo_topic_shift_through_otlp_is_caught_against_the_pre_shift_release(t
 
 
 def test_a_restarted_server_remembers_models_and_flushes_on_stop(tmp_path: Path) -> None:
-    now = datetime.now(UTC)
+    now = _test_now()
     with _server(tmp_path) as server, server.client() as client:
         send(client, traces(60, seed=9, start=now - timedelta(hours=2), span=timedelta(minutes=10)))
         server.flush()
