@@ -124,6 +124,9 @@ def stalled_phoenix() -> Iterator[str]:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
+TRANSPORT = ("timeout", "connection_error")
+
+
 @pytest.mark.parametrize("down", ["stalled", "refusing"])
 def test_phoenix_down_during_a_burst_loses_nothing_in_ragmon(
     down: str, stalled_phoenix: str, tmp_path: Path
@@ -169,8 +172,9 @@ def test_phoenix_down_during_a_burst_loses_nothing_in_ragmon(
         assert dropped["retries_exhausted"] > 0
         assert sum(dropped.values()) == burst
         assert server.metric("ragmon_phoenix_forward_requests_total") == 0
+        # Every dropped request failed max_attempts (2) times. Mostly for the expected reason, but on a
+        # loaded machine a connect to the refusing port can also time out, so the bound is on the sum.
         reason = "timeout" if down == "stalled" else "connection_error"
-        assert (
-            server.metric("ragmon_phoenix_forward_failures_total", reason=reason)
-            >= 2 * dropped["retries_exhausted"]
-        )
+        failures = {r: server.metric("ragmon_phoenix_forward_failures_total", reason=r) for r in TRANSPORT}
+        assert sum(failures.values()) >= 2 * dropped["retries_exhausted"]
+        assert failures[reason] >= dropped["retries_exhausted"]
