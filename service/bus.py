@@ -98,8 +98,10 @@ class MemoryBus:
     def depth(self) -> int:
         return len(self._traces.items) + len(self._feedback.items)
 
-    def has_room(self) -> bool:
-        return self.depth < self.config.capacity
+    @property
+    def capacity(self) -> int:
+        """Records held (with the assembler's backlog) before ingest answers 503: `bus.capacity`."""
+        return self.config.capacity
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
         self._traces.put(batch)

@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from service.errors import InvalidInput, StoreUnavailable
 from service.golden import GoldenSet, parse_golden
-from service.store import WRITES_OPTION
+from service.store import transaction
 from service.tables import UtcDateTime, trace_contexts, trace_record, traces
 
 __all__ = ["GoldenInfo", "GoldenStore", "ProbeRun", "metadata"]
@@ -151,13 +151,8 @@ class GoldenStore:
     @contextmanager
     def _connect(self, *, writes: bool = False) -> Iterator[Connection]:
         try:
-            with self.engine.connect() as conn:
-                if writes:
-                    # BEGIN IMMEDIATE on SQLite: a read-then-write transaction (pin, score) queues for
-                    # the write lock instead of failing to upgrade its read lock while ingest writes.
-                    conn.execution_options(**{WRITES_OPTION: True})
-                with conn.begin():
-                    yield conn
+            with transaction(self.engine, writes=writes) as conn:
+                yield conn
         except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
             raise StoreUnavailable(f"golden store unavailable: {type(exc.orig).__name__}") from exc
 

@@ -196,14 +196,14 @@ class LlmJudge:
             cost_fn = PriceTable.default().cost
         self._cost_fn = cost_fn
         self._rng = rng or random.Random()
-        api_key = self.config.api_key.get_secret_value() if self.config.api_key else None
-        if api_key is None and not os.environ.get("OPENAI_API_KEY") and self.config.endpoint_configured():
-            api_key = _NO_KEY
-        timeout = httpx2.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
         self._version = f"llm/{self.config.model}/p{PROMPT_VERSION}-{prompt_fingerprint()}"
         if client is not None:
             self._client = client
             return
+        api_key = self.config.api_key.get_secret_value() if self.config.api_key else None
+        if api_key is None and not os.environ.get("OPENAI_API_KEY") and self.config.endpoint_configured():
+            api_key = _NO_KEY
+        timeout = httpx2.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
         try:
             self._client = openai.AsyncOpenAI(
                 api_key=api_key,

@@ -156,8 +156,13 @@ class KafkaBus:
         """Records accepted but not yet acknowledged by the broker."""
         return len(self._buffer)
 
+    @property
+    def capacity(self) -> int:
+        """Records held (with the assembler's backlog) before ingest answers 503: `kafka.buffer_records`."""
+        return self.config.buffer_records
+
     def has_room(self) -> bool:
-        return len(self._buffer) < self.config.buffer_records
+        return len(self._buffer) < self.capacity
 
     def _put(self, records: list[_Record]) -> None:
         if records:

@@ -187,13 +187,13 @@ class Pipeline:
         state.add("ragmon_bus_queue_depth", "records waiting in the bus", lambda: self.bus.depth)
         state.add(
             "ragmon_build_backlog_traces",
-            "traces taken from the open-trace buffer and waiting to be built",
+            "traces done arriving and not yet in the bus: complete in the buffer or waiting to be built",
             lambda: self.assembler.backlog,
         )
         state.add(
             "ragmon_bus_capacity",
             "records waiting to be built or in the bus before ingest answers 503",
-            lambda: self.capacity,
+            lambda: self.bus.capacity,
         )
         state.add(
             "ragmon_judge_queue_depth",
@@ -233,13 +233,8 @@ class Pipeline:
         """Records accepted and not yet delivered: waiting to be built, then in the bus."""
         return self.assembler.backlog + self.bus.depth
 
-    @property
-    def capacity(self) -> int:
-        """The backlog at which ingest answers 503: `bus.capacity` (`kafka.buffer_records` in Kafka mode)."""
-        return self.config.kafka.buffer_records if self.distributed else self.config.bus.capacity
-
     def has_room(self) -> bool:
-        return self.backlog < self.capacity
+        return self.backlog < self.bus.capacity
 
     def _check_room(self) -> None:
         """Refuse new work while the backlog is at capacity (the receiver counts the refusal)."""

@@ -50,7 +50,7 @@ from service.review_model import (
     ReviewRecord,
     severity_of,
 )
-from service.store import WRITES_OPTION
+from service.store import transaction
 from service.tables import UtcDateTime, to_utc
 
 __all__ = ["ReviewStore", "metadata", "review_items", "review_reasons", "reviews"]
@@ -136,14 +136,8 @@ class ReviewStore:
     @contextmanager
     def _connect(self, *, writes: bool = False) -> Iterator[Connection]:
         try:
-            with self.engine.connect() as conn:
-                if writes:
-                    # The trace store's begin hook then opens SQLite transactions with BEGIN
-                    # IMMEDIATE, so a read-then-write transaction queues for the write lock
-                    # instead of failing to upgrade its read lock.
-                    conn.execution_options(**{WRITES_OPTION: True})
-                with conn.begin():
-                    yield conn
+            with transaction(self.engine, writes=writes) as conn:
+                yield conn
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
             raise StoreUnavailable(f"review store unavailable: {type(exc.orig).__name__}") from exc
 

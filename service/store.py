@@ -73,6 +73,18 @@ _FEEDBACK_KINDS: frozenset[str] = frozenset({"up", "down", "regenerate"})
 WRITES_OPTION = "ragmon_writes"  # execution option: open the SQLite transaction with BEGIN IMMEDIATE
 
 
+@contextmanager
+def transaction(engine: Engine, *, writes: bool = False) -> Iterator[Connection]:
+    """One transaction on `engine`. With `writes`, SQLite opens it with BEGIN IMMEDIATE (through the
+    begin hook of `Store`), so a read-then-write queues for the write lock instead of failing to
+    upgrade its read lock while another connection writes."""
+    with engine.connect() as conn:
+        if writes:
+            conn.execution_options(**{WRITES_OPTION: True})
+        with conn.begin():
+            yield conn
+
+
 class TraceFilters(TypedDict, total=False):
     """Filters shared by `Store.list_traces` and `Store.count_traces`; all are ANDed.
 
@@ -307,10 +319,8 @@ class Store:
 
     @contextmanager
     def _write(self, action: str) -> Iterator[Connection]:
-        with self._translated(action), self._engine.connect() as conn:
-            conn.execution_options(**{WRITES_OPTION: True})
-            with conn.begin():
-                yield conn
+        with self._translated(action), transaction(self._engine, writes=True) as conn:
+            yield conn
 
     @contextmanager
     def _read(self, action: str) -> Iterator[Connection]:

@@ -95,6 +95,18 @@ def trace(i: int) -> RagTrace:
     )
 
 
+async def bare_parse(client: openai.AsyncOpenAI, config: JudgeConfig, t: RagTrace) -> object:
+    """The bare SDK call ragmon's judge is compared with: same messages, schema and limits, nothing else."""
+    completion = await client.chat.completions.parse(
+        model=config.model,
+        messages=build_messages(t.query or "", [CONTEXT], t.answer or ""),
+        response_format=Verdict,
+        temperature=0,
+        max_completion_tokens=config.max_completion_tokens,
+    )
+    return completion.choices[0].message.parsed
+
+
 async def run(n: int, concurrency: int, one: Callable[[int], Awaitable[object]]) -> tuple[float, float]:
     """(wall seconds, client CPU seconds) for n calls of `one`, at most `concurrency` in flight."""
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -133,15 +145,7 @@ async def bench(base_url: str, n: int, concurrency: int, rounds: int) -> dict[st
         return judgment
 
     async def bare_one(i: int) -> object:
-        t = traces[i]
-        completion = await bare.chat.completions.parse(
-            model=config.model,
-            messages=build_messages(t.query or "", [CONTEXT], t.answer or ""),
-            response_format=Verdict,
-            temperature=0,
-            max_completion_tokens=config.max_completion_tokens,
-        )
-        return completion.choices[0].message.parsed
+        return await bare_parse(bare, config, traces[i])
 
     results: dict[str, list[float]] = {k: [] for k in ("ragmon_rate", "ragmon_cpu", "bare_rate", "bare_cpu")}
     await run(min(n, 100), concurrency, ragmon_one)  # warm up connections and imports
@@ -194,14 +198,7 @@ async def sequential_cpu(n: int, rounds: int) -> dict[str, list[float]]:
         return await judge.judge(t)
 
     async def bare_one(t: RagTrace) -> object:
-        completion = await sdk["bare"].chat.completions.parse(
-            model=config.model,
-            messages=build_messages(t.query or "", [CONTEXT], t.answer or ""),
-            response_format=Verdict,
-            temperature=0,
-            max_completion_tokens=config.max_completion_tokens,
-        )
-        return completion.choices[0].message.parsed
+        return await bare_parse(sdk["bare"], config, t)
 
     results: dict[str, list[float]] = {"ragmon": [], "bare": []}
     order = [("ragmon", ragmon_one), ("bare", bare_one)]
