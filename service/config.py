@@ -52,6 +52,12 @@ class ServerConfig(_Section):
     max_body_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="largest accepted request body (after gzip)"
     )
+    decode_processes: int | None = Field(
+        None,
+        ge=0,
+        description="worker processes that decode OTLP bodies; 0 decodes in a thread; "
+        "unset: one per CPU beyond the first, at most 4",
+    )
 
 
 class AuthConfig(_Section):

@@ -19,6 +19,8 @@ Exceptions from kafka-python, SQLAlchemy and openai are caught only in
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class RagmonError(Exception):
     """Base of every error ragmon raises on purpose. `reason` is a metric label value."""
@@ -33,6 +35,18 @@ class RagmonError(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(reason={self.reason!r}, message={self.message!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors cross process boundaries (service/decode_pool.py). The default pickling
+        # calls `cls(*args)` and loses keyword-only state such as `reason` and `retry_after_s`.
+        return (_restore, (type(self), self.message, dict(self.__dict__)))
+
+
+def _restore(cls: type[RagmonError], message: str, state: dict[str, Any]) -> RagmonError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
 
 
 class PermanentError(RagmonError):

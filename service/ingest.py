@@ -1,8 +1,9 @@
 """Receivers: OTLP/HTTP (`POST /v1/traces`) and the plain JSON API (`/api/v1/traces`, `/api/v1/feedback`).
 
 Order of work per request (STYLE.md §5): size cap (413, middleware) →
-content type and encoding (415) → decompress with a cap and decode in a
-thread → hand the spans to the pipeline, which refuses with `QueueFull`
+content type and encoding (415) → refuse early when the pipeline is behind →
+decompress with a cap and decode in a worker process (`decode_pool.py`) →
+hand the spans to the pipeline, which refuses with `QueueFull`
 (503 + Retry-After) when the bus is over capacity → answer. An OTLP request
 with some bad spans is answered 200 with `partial_success` (rejected count and
 message) and its good spans are kept, as the OTLP spec says. Errors are
@@ -15,18 +16,15 @@ Nothing slow happens here; every rejection is counted by reason.
 from __future__ import annotations
 
 import json
-import zlib
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 
-from service import otlp
 from service.deps import PipelineDep, TenantDep
-from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
+from service.errors import UnsupportedMediaType
 from service.model import (
     Chunk,
     CostSource,
@@ -53,24 +51,6 @@ otlp_router = APIRouter(tags=["otlp"])
 api_router = APIRouter(prefix="/api/v1", tags=["ingest"])
 
 
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """gzip/deflate/identity body → bytes, refusing more than `limit` decompressed bytes (zip bombs)."""
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; use gzip or identity")
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise DecodeError(f"body is not valid {encoding}: {exc}") from exc
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise PayloadTooLarge(f"decompressed body is over the limit of {limit} bytes")
-    return out
-
-
 @otlp_router.post(
     "/v1/traces",
     summary="OTLP/HTTP trace export (protobuf or JSON, optionally gzip)",
@@ -83,10 +63,14 @@ async def export_traces(request: Request, tenant: TenantDep, pipeline: PipelineD
             f"Content-Type {media_type or '(none)'!r} is not OTLP; use {PROTOBUF} or {JSON}"
         )
     raw = await request.body()
-    limit = pipeline.config.server.max_body_bytes
-    body = await run_in_threadpool(_decompress, raw, request.headers.get("content-encoding", ""), limit)
-    decode = otlp.decode_protobuf if media_type == PROTOBUF else otlp.decode_json
-    decoded = await run_in_threadpool(decode, body, tenant)
+    pipeline.check_room()  # refuse before decoding what could not be taken
+    decoded = await pipeline.decoder.decode(
+        raw,
+        json_body=media_type == JSON,
+        encoding=request.headers.get("content-encoding", ""),
+        tenant=tenant,
+        limit=pipeline.config.server.max_body_bytes,
+    )
     for reason, count in decoded.rejections.items():
         pipeline.metrics.reject(reason, count)
     await pipeline.accept_spans(decoded.spans, receiver="otlp_http")

@@ -255,6 +255,12 @@ class Metrics:
         self.spans_received = Counter(
             "ragmon_spans_received", "spans accepted by a receiver", ["receiver"], registry=r
         )
+        self.decode_pool_restarts = Counter(
+            "ragmon_decode_pool_restarts",
+            "times a decode worker process died and its pool was replaced (its requests were decoded "
+            "in the server process)",
+            registry=r,
+        )
         self.late_spans = Counter(
             "ragmon_late_spans",
             "spans that arrived after their trace was already assembled and handed on",

@@ -54,6 +54,7 @@ import binascii
 import json
 import math
 import re
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -66,7 +67,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-from service.errors import DecodeError
+from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
 from service.semconv import AttributeKind, attribute_kind, embedding_model_of
 from service.spans import Attributes, AttrValue, Span, SpanEvent
 
@@ -679,6 +680,36 @@ def decode_json(body: bytes, tenant: str) -> DecodedBatch:
                 except _Invalid as problem:
                     batch._reject(problem.reason, problem.detail)
     return batch
+
+
+# ---------------------------------------------------------------- a body off the wire
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """gzip/deflate/identity body → bytes, refusing more than `limit` decompressed bytes (zip bombs)."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; use gzip or identity")
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise DecodeError(f"body is not valid {encoding}: {exc}") from exc
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise PayloadTooLarge(f"decompressed body is over the limit of {limit} bytes")
+    return out
+
+
+def decode_body(body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int) -> DecodedBatch:
+    """An OTLP body as it came off the wire (maybe compressed) → `DecodedBatch`.
+
+    The one function the receivers hand to `DecodePool`: module-level and with
+    plain arguments, so a worker process can run it."""
+    plain = decompress(body, encoding, limit)
+    return decode_json(plain, tenant) if json_body else decode_protobuf(plain, tenant)
 
 
 def _check_tenant(tenant: str) -> None:

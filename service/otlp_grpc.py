@@ -4,6 +4,10 @@ Same rules as the HTTP receiver: API key from the `authorization` (Bearer)
 or `x-api-key` metadata, loopback-only when no keys exist; per-span problems
 answered with `partial_success`; an undecodable request is INVALID_ARGUMENT;
 a full bus is UNAVAILABLE, which OTLP exporters retry with backoff.
+
+The method is registered without a request deserializer: the handler gets the
+raw protobuf bytes and decodes them in the pipeline's `DecodePool`, like the
+HTTP receiver, instead of parsing on the event loop.
 """
 
 from __future__ import annotations
@@ -12,12 +16,12 @@ import logging
 from typing import Any
 
 import grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from service import otlp
 from service.auth import TenantResolver, key_from_headers
 from service.errors import PermanentError, RetryableError
 from service.pipeline import Pipeline
+from service.responses import PROTOBUF
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +36,16 @@ def _peer_host(peer: str) -> str | None:
     return None
 
 
-class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+
+
+class _TraceService:
     def __init__(self, pipeline: Pipeline, resolver: TenantResolver) -> None:
         self.pipeline = pipeline
         self.resolver = resolver
 
-    async def Export(
-        self,
-        request: trace_service_pb2.ExportTraceServiceRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+    async def export(
+        self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trace_service_pb2.ExportTraceServiceResponse:
         metrics = self.pipeline.metrics
         metadata = [(m.key, m.value) for m in context.invocation_metadata() or () if isinstance(m.value, str)]
@@ -55,11 +60,15 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
             )
             await context.abort(code, exc.message)
         try:
-            decoded = otlp.decode_request(request, tenant)
+            self.pipeline.check_room()
+            # grpc has already undone any transport compression
+            decoded = await self.pipeline.decoder.decode(
+                request, json_body=False, encoding="", tenant=tenant, limit=len(request)
+            )
             for reason, count in decoded.rejections.items():
                 metrics.reject(reason, count)
             await self.pipeline.accept_spans(decoded.spans, receiver="otlp_grpc")
-            self.pipeline.phoenix_forward.offer_request(request)
+            self.pipeline.phoenix_forward.offer(request, PROTOBUF)
         except PermanentError as exc:
             metrics.reject(exc.reason)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
@@ -89,9 +98,12 @@ class OtlpGrpcReceiver:
 
     async def start(self) -> None:
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", self.max_bytes)])
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            _TraceService(self.pipeline, self.resolver), server
+        export = grpc.unary_unary_rpc_method_handler(
+            _TraceService(self.pipeline, self.resolver).export,
+            request_deserializer=None,  # raw bytes: decoded in the DecodePool
+            response_serializer=trace_service_pb2.ExportTraceServiceResponse.SerializeToString,
         )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {"Export": export}),))
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.bound_port = server.add_insecure_port(f"{host}:{self.port}")
         await server.start()

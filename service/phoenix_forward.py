@@ -174,12 +174,6 @@ class PhoenixForwarder:
         self._ready.set()
         return True
 
-    def offer_request(self, request: trace_service_pb2.ExportTraceServiceRequest) -> bool:
-        """`offer` for a decoded request (the gRPC receiver); serialized only when the tee is on."""
-        if not self.enabled:
-            return False
-        return self.offer(request.SerializeToString(), PROTOBUF)
-
     def _drop(self, reason: str, count: int = 1) -> None:
         self.metrics.phoenix_forward_dropped.labels(reason=reason).inc(count)
         self._dropped_since_warning += count

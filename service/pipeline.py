@@ -30,6 +30,7 @@ from sampler import JudgeBudget, SqlJudgeQueue, TraceSampler, create_tables
 from service.assemble import SpanAssembler
 from service.bus import MemoryBus
 from service.config import RagmonConfig
+from service.decode_pool import DecodePool
 from service.drift import DriftScheduler, DriftWindowSink
 from service.drift_store import DriftStore
 from service.errors import QueueFull
@@ -156,6 +157,7 @@ class Pipeline:
             self.bus = MemoryBus(
                 config.bus, traces_to=self.sinks, feedback_to=self.sinks, metrics=self.metrics
             )
+        self.decoder = DecodePool(config.server.decode_processes, self.metrics)
         self.reask = ReaskDetector(config.regeneration, next=self.bus)
         self.assembler = SpanAssembler(
             config.assembler,
@@ -183,6 +185,11 @@ class Pipeline:
             "ragmon_open_trace_buffer_fill_ratio",
             "open-trace buffer use (0-1) of its span or byte bound",
             lambda: self.assembler.fill_ratio,
+        )
+        state.add(
+            "ragmon_decode_processes",
+            "worker processes decoding OTLP bodies (0: decoded in a server thread)",
+            lambda: self.decoder.processes,
         )
         state.add("ragmon_bus_queue_depth", "records waiting in the bus", lambda: self.bus.depth)
         state.add(
@@ -236,7 +243,7 @@ class Pipeline:
     def has_room(self) -> bool:
         return self.backlog < self.bus.capacity
 
-    def _check_room(self) -> None:
+    def check_room(self) -> None:
         """Refuse new work while the backlog is at capacity (the receiver counts the refusal)."""
         if not self.has_room():
             raise QueueFull(
@@ -246,16 +253,16 @@ class Pipeline:
             )
 
     async def accept_spans(self, spans: Sequence[Span], receiver: str) -> None:
-        self._check_room()
+        self.check_room()
         await self.assembler.consume_spans(spans)
         self.metrics.spans_received.labels(receiver=receiver).inc(len(spans))
 
     async def accept_traces(self, traces: Sequence[RagTrace]) -> None:
-        self._check_room()
+        self.check_room()
         await self.reask.consume_traces(traces)
 
     async def accept_feedback(self, events: Sequence[Feedback]) -> None:
-        self._check_room()
+        self.check_room()
         await self.reask.consume_feedback(events)
 
     async def _retention(self) -> None:
@@ -287,6 +294,7 @@ class Pipeline:
         await self.phoenix_forward.start()
         await self.bus.start()
         await self.assembler.start()
+        await self.decoder.start()
         self._retention_task = asyncio.create_task(self._retention(), name="retention")
         self.started = True
 
@@ -296,6 +304,7 @@ class Pipeline:
         if self._retention_task is not None:
             self._retention_task.cancel()
             self._retention_task = None
+        await self.decoder.stop()
         await self.assembler.stop()
         await self.bus.stop()
         await self.drift.stop()
