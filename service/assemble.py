@@ -17,10 +17,14 @@ redelivery. Remembering them for good made memory grow with every trace.
 
 Guarantees: `consume_spans` never blocks on I/O and never raises for bad span
 content (bad spans were rejected by the receiver); `stop()` emits every open
-trace before returning. `build` runs in a worker thread (it must be
-thread-safe), so the event loop keeps serving requests while traces are built;
-a trace taken for emission is handed on exactly once, even when the emitting
-task is cancelled mid-build.
+trace before returning. `build` is a coroutine over a batch of traces: the
+pipeline's runs it in worker processes (service/ingest_pool.py), `in_thread`
+adapts a plain per-trace function for a worker thread, so the event loop keeps
+serving requests while traces are built. A trace taken for emission is handed
+on exactly once, even when the emitting task is cancelled mid-build.
+
+Spans are buffered as `Span` or `PackedSpan`: the assembler reads only their
+tenant, trace id, root flag and size.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from service.config import AssemblerConfig
@@ -37,22 +41,48 @@ from service.consumer import TraceConsumer
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import RagTrace
-from service.spans import Span
+from service.spans import AnySpan, Span
 
 log = logging.getLogger(__name__)
 
 TraceKey = tuple[str, str]  # (tenant, trace_id)
 TraceBuilder = Callable[[Sequence[Span], bool], RagTrace]
+# (spans, partial) per trace; the spans may be packed
+SpanGroups = Sequence[tuple[Sequence[AnySpan], bool]]
+# one trace per group, None where it could not be built
+BatchBuilder = Callable[[SpanGroups], Awaitable[list[RagTrace | None]]]
 
 # Emitted trace ids remembered to recognise late spans: for `timeout_s`, and never more than this
 # many (~240 bytes each), whatever the rate.
 _RECENT_LIMIT = 200_000
 
 
+def build_each(build: TraceBuilder, groups: Sequence[tuple[Sequence[Span], bool]]) -> list[RagTrace | None]:
+    """One `build` per group; None (and a logged error) where it raised: a builder bug must not
+    take the pipeline down."""
+    built: list[RagTrace | None] = []
+    for spans, partial in groups:
+        try:
+            built.append(build(spans, partial))
+        except Exception:
+            built.append(None)
+            log.exception("could not assemble trace %s", spans[0].trace_id)
+    return built
+
+
+def in_thread(build: TraceBuilder) -> BatchBuilder:
+    """A per-trace builder of unpacked spans, run over each batch in a worker thread."""
+
+    async def build_batch(groups: SpanGroups) -> list[RagTrace | None]:
+        return await asyncio.to_thread(build_each, build, groups)  # type: ignore[arg-type]
+
+    return build_batch
+
+
 @dataclass(slots=True)
 class _OpenTrace:
     first_seen: float
-    spans: list[Span] = field(default_factory=list)
+    spans: list[AnySpan] = field(default_factory=list)
     size_bytes: int = 0
     root_ended_at: float | None = None
 
@@ -64,7 +94,7 @@ class SpanAssembler:
         self,
         config: AssemblerConfig,
         next: TraceConsumer,
-        build: TraceBuilder,
+        build: BatchBuilder,
         metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -112,7 +142,7 @@ class SpanAssembler:
     def fill_ratio(self) -> float:
         return max(self._span_count / self.config.max_spans, self._byte_count / self.config.max_bytes)
 
-    async def consume_spans(self, batch: Sequence[Span]) -> None:
+    async def consume_spans(self, batch: Sequence[AnySpan]) -> None:
         now = self.clock()
         for span in batch:
             key = (span.tenant, span.trace_id)
@@ -171,29 +201,20 @@ class SpanAssembler:
                 break
             self._take(key, reason="timeout" if open_trace.root_ended_at is None else "complete")
 
-    def _build_all(self, pending: Sequence[tuple[_OpenTrace, str]]) -> list[RagTrace | None]:
-        """One `build` per pending trace; None where the builder failed."""
-        built: list[RagTrace | None] = []
-        for open_trace, reason in pending:
-            try:
-                built.append(self.build(open_trace.spans, reason != "complete"))
-            except Exception:  # a builder bug must not take the pipeline down
-                built.append(None)
-                log.exception("could not assemble trace %s", open_trace.spans[0].trace_id)
-        return built
-
     async def _emit_pending(self) -> None:
         async with self._flush_lock:
             pending, self._pending = self._pending, []
             if not pending:
                 return
-            # Building costs ~0.5 ms of CPU a trace; on the event loop a tick's worth of traces
-            # would hold every request waiting for tens of milliseconds, so it runs in a thread.
+            # Building costs ~0.2-0.5 ms of CPU a trace; on the event loop a tick's worth of
+            # traces would hold every request waiting for tens of milliseconds.
             self._building = len(pending)
             try:
-                built = await asyncio.to_thread(self._build_all, pending)
+                built = await self.build(
+                    [(open_trace.spans, reason != "complete") for open_trace, reason in pending]
+                )
             except asyncio.CancelledError:
-                # The taken traces must not be lost: `stop()` emits them again. The thread's
+                # The taken traces must not be lost: `stop()` emits them again. The build's
                 # result is dropped, so each trace is still handed on (and counted) once.
                 self._pending[:0] = pending
                 raise

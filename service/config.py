@@ -52,11 +52,11 @@ class ServerConfig(_Section):
     max_body_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="largest accepted request body (after gzip)"
     )
-    decode_processes: int | None = Field(
+    ingest_processes: int | None = Field(
         None,
         ge=0,
-        description="worker processes that decode OTLP bodies; 0 decodes in a thread; "
-        "unset: one per CPU beyond the first, at most 4",
+        description="worker processes that decode OTLP bodies and build traces; 0: threads of the "
+        "server process; unset: one per CPU beyond the first, at most 4",
     )
 
 

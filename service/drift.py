@@ -116,10 +116,14 @@ class DriftWindowSink:
                 except (KeyError, TypeError, ValueError):
                     log.warning("drift: ignoring an unreadable regeneration-band state for %s", band_key)
 
-    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
+    def _observe_all(self, batch: Sequence[RagTrace]) -> None:
         with self._lock:
             for trace in batch:
                 self._observe(trace)
+
+    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
+        # in a thread: sorting a batch into the reservoirs on the event loop delayed requests
+        await asyncio.to_thread(self._observe_all, batch)
 
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
         """Feedback carries nothing the windows keep (the band counts the traces' own flags)."""

@@ -21,6 +21,7 @@ trace, same verdict) and makes no network call. How it decides:
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import unicodedata
@@ -219,7 +220,8 @@ class HeuristicJudge:
                 latency_s=time.perf_counter() - started,
                 judged_at=judged_at,
             )
-        verdict = self.verdict(trace.query or "", texts, trace.answer or "")
+        # in a thread: ~20 ms for a long answer, which on the event loop delays ingest requests
+        verdict = await asyncio.to_thread(self.verdict, trace.query or "", texts, trace.answer or "")
         return Judgment.from_verdict(
             trace,
             verdict,

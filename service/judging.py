@@ -141,13 +141,17 @@ class JudgeQueueSink:
             else:
                 self.metrics.judge_skipped.labels(reason=item.skip_reason).inc()
 
-    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
+    def _select_and_enqueue(self, batch: Sequence[RagTrace]) -> None:
         # Feedback that arrived before its trace: the summary must include it, or a
         # thumbs-down that came first would never raise the inclusion probability.
-        early = await asyncio.to_thread(self.store.feedback_for, [(t.tenant, t.trace_id) for t in batch])
+        early = self.store.feedback_for([(t.tenant, t.trace_id) for t in batch])
         summaries = [TraceSummary.of(t, early.get((t.tenant, t.trace_id), ())) for t in batch]
-        items = self.sampler.select(summaries)
-        await asyncio.to_thread(self._enqueue, items)
+        self._enqueue(self.sampler.select(summaries))
+
+    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
+        # all in a thread: summarising and sampling a batch on the event loop held requests
+        # waiting for tens of milliseconds (bench/RESULTS.md, p99)
+        await asyncio.to_thread(self._select_and_enqueue, batch)
 
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
         relevant = [f for f in batch if f.kind in ("down", "regenerate")]

@@ -255,10 +255,11 @@ class Metrics:
         self.spans_received = Counter(
             "ragmon_spans_received", "spans accepted by a receiver", ["receiver"], registry=r
         )
-        self.decode_pool_restarts = Counter(
-            "ragmon_decode_pool_restarts",
-            "times a decode worker process died and its pool was replaced (its requests were decoded "
-            "in the server process)",
+        self.ingest_pool_restarts = Counter(
+            "ragmon_ingest_pool_restarts",
+            "times an ingest worker process died and its pool was replaced (the calls it held ran "
+            "in the server process), by role (decoder, builder)",
+            ["role"],
             registry=r,
         )
         self.late_spans = Counter(

@@ -706,7 +706,7 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
 def decode_body(body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int) -> DecodedBatch:
     """An OTLP body as it came off the wire (maybe compressed) → `DecodedBatch`.
 
-    The one function the receivers hand to `DecodePool`: module-level and with
+    The one function the receivers hand to `IngestPool`: module-level and with
     plain arguments, so a worker process can run it."""
     plain = decompress(body, encoding, limit)
     return decode_json(plain, tenant) if json_body else decode_protobuf(plain, tenant)

@@ -6,7 +6,7 @@ answered with `partial_success`; an undecodable request is INVALID_ARGUMENT;
 a full bus is UNAVAILABLE, which OTLP exporters retry with backoff.
 
 The method is registered without a request deserializer: the handler gets the
-raw protobuf bytes and decodes them in the pipeline's `DecodePool`, like the
+raw protobuf bytes and decodes them in the pipeline's `IngestPool`, like the
 HTTP receiver, instead of parsing on the event loop.
 """
 
@@ -62,7 +62,7 @@ class _TraceService:
         try:
             self.pipeline.check_room()
             # grpc has already undone any transport compression
-            decoded = await self.pipeline.decoder.decode(
+            decoded = await self.pipeline.ingest_pool.decode(
                 request, json_body=False, encoding="", tenant=tenant, limit=len(request)
             )
             for reason, count in decoded.rejections.items():
@@ -100,7 +100,7 @@ class OtlpGrpcReceiver:
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", self.max_bytes)])
         export = grpc.unary_unary_rpc_method_handler(
             _TraceService(self.pipeline, self.resolver).export,
-            request_deserializer=None,  # raw bytes: decoded in the DecodePool
+            request_deserializer=None,  # raw bytes: decoded in the IngestPool
             response_serializer=trace_service_pb2.ExportTraceServiceResponse.SerializeToString,
         )
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {"Export": export}),))

@@ -30,11 +30,11 @@ from sampler import JudgeBudget, SqlJudgeQueue, TraceSampler, create_tables
 from service.assemble import SpanAssembler
 from service.bus import MemoryBus
 from service.config import RagmonConfig
-from service.decode_pool import DecodePool
 from service.drift import DriftScheduler, DriftWindowSink
 from service.drift_store import DriftStore
 from service.errors import QueueFull
 from service.golden_store import GoldenStore
+from service.ingest_pool import IngestPool
 from service.judge import build_judge
 from service.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
 from service.judgment import Judgment
@@ -49,8 +49,7 @@ from service.regeneration import ReaskDetector
 from service.review_gauges import ReviewGauges
 from service.review_intake import ReviewIntake
 from service.review_store import ReviewStore
-from service.semconv import build_trace
-from service.spans import Span
+from service.spans import AnySpan
 from service.store import Store, StoreSink
 
 if TYPE_CHECKING:
@@ -69,7 +68,8 @@ class MetricsSink:
         self.store = store
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
-        self.metrics.count_traces(batch)
+        # ~50 us a trace: on the event loop a batch held requests waiting (bench/RESULTS.md, p99)
+        await asyncio.to_thread(self.metrics.count_traces, batch)
 
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
         labels = await asyncio.to_thread(self.store.trace_labels, {(f.tenant, f.trace_id) for f in batch})
@@ -157,13 +157,11 @@ class Pipeline:
             self.bus = MemoryBus(
                 config.bus, traces_to=self.sinks, feedback_to=self.sinks, metrics=self.metrics
             )
-        self.decoder = DecodePool(config.server.decode_processes, self.metrics)
         self.reask = ReaskDetector(config.regeneration, next=self.bus)
+        # decodes OTLP bodies (for the receivers) and builds traces (for the assembler)
+        self.ingest_pool = IngestPool(config.server.ingest_processes, self.prices, self.metrics)
         self.assembler = SpanAssembler(
-            config.assembler,
-            next=self.reask,
-            build=lambda spans, partial: build_trace(spans, partial=partial, prices=self.prices),
-            metrics=self.metrics,
+            config.assembler, next=self.reask, build=self.ingest_pool.build_traces, metrics=self.metrics
         )
         self._retention_task: asyncio.Task[None] | None = None
         self.started = False
@@ -187,9 +185,9 @@ class Pipeline:
             lambda: self.assembler.fill_ratio,
         )
         state.add(
-            "ragmon_decode_processes",
-            "worker processes decoding OTLP bodies (0: decoded in a server thread)",
-            lambda: self.decoder.processes,
+            "ragmon_ingest_processes",
+            "worker processes per role (decoder, builder) running for ingest (0: threads of the server)",
+            lambda: self.ingest_pool.running,
         )
         state.add("ragmon_bus_queue_depth", "records waiting in the bus", lambda: self.bus.depth)
         state.add(
@@ -252,7 +250,7 @@ class Pipeline:
                 retry_after_s=self.config.bus.retry_after_s,
             )
 
-    async def accept_spans(self, spans: Sequence[Span], receiver: str) -> None:
+    async def accept_spans(self, spans: Sequence[AnySpan], receiver: str) -> None:
         self.check_room()
         await self.assembler.consume_spans(spans)
         self.metrics.spans_received.labels(receiver=receiver).inc(len(spans))
@@ -294,7 +292,7 @@ class Pipeline:
         await self.phoenix_forward.start()
         await self.bus.start()
         await self.assembler.start()
-        await self.decoder.start()
+        await self.ingest_pool.start()
         self._retention_task = asyncio.create_task(self._retention(), name="retention")
         self.started = True
 
@@ -304,7 +302,7 @@ class Pipeline:
         if self._retention_task is not None:
             self._retention_task.cancel()
             self._retention_task = None
-        await self.decoder.stop()
+        await self.ingest_pool.stop()
         await self.assembler.stop()
         await self.bus.stop()
         await self.drift.stop()

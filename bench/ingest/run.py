@@ -44,6 +44,7 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
+from scipy.stats import binom
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -89,6 +90,20 @@ class LoadResult:
     def latency_ms(self, q: float) -> float:
         return float(np.percentile(self.latencies_s, q) * 1000) if self.latencies_s else float("nan")
 
+    def latency_ci_ms(self, q: float, confidence: float = 0.95) -> tuple[float, float | None]:
+        """Distribution-free interval for the q-th latency percentile: the order statistics whose
+        ranks cover it with `confidence` (binomial). A p99 of 150 requests is about the second
+        slowest and pins little down; this says how little. Upper None: beyond the slowest seen."""
+        ordered = sorted(self.latencies_s)
+        n = len(ordered)
+        if not n:
+            return float("nan"), None
+        tail = (1 - confidence) / 2
+        low_rank = int(binom.ppf(tail, n, q / 100))  # X(low_rank) is below the percentile
+        high_rank = int(binom.ppf(1 - tail, n, q / 100)) + 1  # X(high_rank) is above it
+        low = ordered[max(low_rank, 1) - 1] * 1000
+        return low, (ordered[high_rank - 1] * 1000 if high_rank <= n else None)
+
     def summary(self) -> dict[str, object]:
         out = {k: v for k, v in asdict(self).items() if k != "latencies_s"}
         out |= {
@@ -97,6 +112,8 @@ class LoadResult:
             "persisted_per_s": self.persisted_per_s,
             "p50_ms": self.latency_ms(50),
             "p99_ms": self.latency_ms(99),
+            "p99_ci_ms": self.latency_ci_ms(99),
+            "requests_timed": len(self.latencies_s),
         }
         return out
 
@@ -226,15 +243,17 @@ def _mb(n: float) -> str:
 def _row(r: LoadResult) -> str:
     persisted = f"{r.persisted_per_s:,.0f}" if r.persisted_per_s else f"timeout ({r.persisted}/{r.traces})"
     cpu = f"{r.cpu_ms_per_trace:.1f}" if r.cpu_ms_per_trace is not None else "-"
+    low, high = r.latency_ci_ms(99)
+    p99 = f"{r.latency_ms(99):.0f} [{low:.0f}, {f'{high:.0f}' if high is not None else 'max'}]"
     return (
         f"| {r.server} | {r.traces:,} | {r.accepted_per_s:,.0f} | {persisted} | {r.latency_ms(50):.0f} | "
-        f"{r.latency_ms(99):.0f} | {_mb(r.peak_rss_bytes)} | {cpu} | {r.retried_503} | {r.failed} | "
+        f"{p99} | {_mb(r.peak_rss_bytes)} | {cpu} | {r.retried_503} | {r.failed} | "
         f"{r.load_avg_1m[0]:.1f}/{r.load_avg_1m[1]:.1f} |"
     )
 
 
 TABLE_HEAD = (
-    "| server | traces | accepted traces/s | persisted traces/s | p50 ms | p99 ms | peak RSS "
+    "| server | traces | accepted traces/s | persisted traces/s | p50 ms | p99 ms [95 % CI] | peak RSS "
     "| server CPU ms/trace | 503s | failed | load 1m before/after |\n"
     "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 )
@@ -263,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--traces", type=int, default=20_000, help="traces sent to ragmon (closed loop)")
     add("--phoenix-traces", type=int, default=2_000, help="traces sent to Phoenix (the same first N)")
     add("--concurrency", type=int, default=4, help="closed-loop senders")
-    add("--open-seconds", type=float, default=20.0, help="length of the open-loop phase")
+    add("--open-seconds", type=float, default=60.0, help="length of the open-loop phase")
     add("--open-fraction", type=float, default=0.8, help="open-loop rate / ragmon's persisted rate")
     add("--long", action="store_true", help="also RSS of ragmon after 10k and after --long-traces traces")
     add("--long-traces", type=int, default=200_000)

@@ -141,7 +141,7 @@ class Server:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            cwd=REPO,
+            cwd=self.cwd,
         )
         log.close()
         deadline = t0 + self.start_timeout_s

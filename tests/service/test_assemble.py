@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.assemble import SpanAssembler
+from service.assemble import SpanAssembler, in_thread
 from service.config import AssemblerConfig
 from service.metrics import Metrics
 from service.model import RagTrace
@@ -51,7 +51,7 @@ def span(trace: int, n: int, root: bool = False, size: int = 100, tenant: str = 
 def make(config: AssemblerConfig | None = None) -> tuple[SpanAssembler, SinkConsumer, FakeClock, Metrics]:
     sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
     assembler = SpanAssembler(
-        config or AssemblerConfig(grace_s=0.5, timeout_s=10), sink, build, metrics, clock
+        config or AssemblerConfig(grace_s=0.5, timeout_s=10), sink, in_thread(build), metrics, clock
     )
     return assembler, sink, clock, metrics
 
@@ -144,7 +144,7 @@ async def test_builder_failure_is_counted_and_other_traces_survive() -> None:
             raise ValueError("boom")
         return build(spans, partial)
 
-    assembler = SpanAssembler(AssemblerConfig(grace_s=0), sink, fragile, metrics, clock)
+    assembler = SpanAssembler(AssemblerConfig(grace_s=0), sink, in_thread(fragile), metrics, clock)
     await assembler.consume_spans([span(7, 0, root=True), span(8, 0, root=True)])
     clock.now += 0.1
     await assembler.flush_due()
@@ -164,7 +164,9 @@ async def test_build_runs_off_the_event_loop_and_a_cancelled_emission_loses_noth
         return build(spans, partial)
 
     sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
-    assembler = SpanAssembler(AssemblerConfig(grace_s=0.5, timeout_s=10), sink, slow_build, metrics, clock)
+    assembler = SpanAssembler(
+        AssemblerConfig(grace_s=0.5, timeout_s=10), sink, in_thread(slow_build), metrics, clock
+    )
     await assembler.consume_spans([span(7, 0, root=True), span(7, 1)])
     clock.now += 1
     emitting = asyncio.create_task(assembler.flush_due())
@@ -189,7 +191,9 @@ async def test_backlog_counts_traces_taken_but_not_yet_handed_on() -> None:
         return build(spans, partial)
 
     sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
-    assembler = SpanAssembler(AssemblerConfig(grace_s=0.5, timeout_s=10), sink, slow_build, metrics, clock)
+    assembler = SpanAssembler(
+        AssemblerConfig(grace_s=0.5, timeout_s=10), sink, in_thread(slow_build), metrics, clock
+    )
     await assembler.consume_spans([span(1, 0, root=True), span(2, 0, root=True), span(3, 1)])
     # 1 and 2 are complete (in their grace period); 3 has no root yet and is not counted
     assert (assembler.open_traces, assembler.backlog) == (3, 2)

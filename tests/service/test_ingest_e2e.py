@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from service.assemble import SpanGroups
 from service.model import RagTrace
-from service.spans import Span
 from tests.live_server import LiveServer, live_server
 
 KIND = SpanAttributes.OPENINFERENCE_SPAN_KIND
@@ -384,10 +385,10 @@ def test_traces_waiting_to_be_built_count_against_capacity(tmp_path: Path) -> No
         assembler = busy.pipeline.assembler
         real_build = assembler.build
 
-        def stalled_build(spans: Sequence[Span], partial: bool) -> RagTrace:
+        async def stalled_build(groups: SpanGroups) -> list[RagTrace | None]:
             started.set()
-            release.wait(30)
-            return real_build(spans, partial)
+            await asyncio.to_thread(release.wait, 30)
+            return await real_build(groups)
 
         assembler.build = stalled_build
         try:

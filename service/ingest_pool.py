@@ -1,0 +1,302 @@
+"""`IngestPool`: OTLP bodies are decoded, and traces built, in worker processes.
+
+Why processes: decoding a body and building a `RagTrace` from its spans are
+pure-Python work (~0.29 ms and ~0.2 ms of CPU for a 4-span RAG trace, together
+over half of all ingest CPU). In threads they share one core with the event
+loop and the store through the GIL; in a worker process they run on another.
+bench/RESULTS.md ("Decode and build in worker processes") has the numbers.
+
+What crosses the process boundary is kept cheap to unpickle. A worker returns
+each decoded span as a `PackedSpan`: the four fields the assembler routes by,
+and the rest as pickled bytes the server process never opens. When the
+assembler hands a trace on, its packed spans go back to a worker, which
+unpacks them and builds the trace; the server unpickles only the finished
+`RagTrace`. A build call carries at most `BUILD_CHUNK` traces, and the next is
+sent only when it returns, so a request's decode never waits behind a long
+build.
+
+`processes` (config `server.ingest_processes`): 0 decodes and builds in threads
+of this process, which is what a one-core machine should do; unset means one
+process per CPU beyond the first, at most `MAX_DEFAULT_PROCESSES`. Workers are
+forked from a forkserver that imported the decoder once, so starting a pool
+costs milliseconds and no worker inherits the server's threads.
+
+Faults: a worker that dies (killed, out of memory) breaks its whole executor.
+The calls that were in it run again in a thread of this process (packed spans
+are unpacked here), nothing is lost, and the executor is replaced
+(`ragmon_ingest_pool_restarts_total`). A body that cannot be decoded raises
+the same `DecodeError` as in-process decoding (errors pickle with their state:
+service/errors.py); a trace that cannot be built is logged and counted as an
+assembly failure, as in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import logging
+import math
+import multiprocessing
+import os
+import sys
+import types
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from service import otlp
+from service.assemble import SpanGroups, build_each
+from service.metrics import Metrics
+from service.model import RagTrace
+from service.pricing import PriceTable
+from service.runtime import GC_THRESHOLDS
+from service.semconv import build_trace
+from service.spans import PackedSpan, Span
+
+log = logging.getLogger(__name__)
+
+MAX_DEFAULT_PROCESSES = 4
+# Traces per build call: ~0.5 ms of worker time each, so a decode waits at most ~15 ms behind one.
+BUILD_CHUNK = 32
+
+# Builders run at a lower CPU priority than decoders: a decode is on a request's path, a build
+# only has to keep up on average.
+BUILDER_NICENESS = 5
+
+T = TypeVar("T")
+
+
+def _cgroup_cpus(path: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
+    """CPUs a cgroup v2 quota allows (a container's CPU limit), None without a quota."""
+    try:
+        quota, period = path.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return max(1, math.ceil(int(quota) / int(period)))
+
+
+def default_processes() -> int:
+    """One worker per role per CPU this process may use, beyond the first (0 on one CPU).
+
+    "May use": the CPUs it is pinned to, and no more than a container's CPU quota allows
+    (a pod limited to one CPU on a 64-core node must not start 4 decoders)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpus()
+    if quota is not None:
+        cpus = min(cpus, quota)
+    return max(0, min(MAX_DEFAULT_PROCESSES, cpus - 1))
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    context = multiprocessing.get_context("forkserver")
+    # "__main__" too: otherwise every worker re-imports the main script (pytest, a user's script) on start
+    context.set_forkserver_preload(["service.ingest_pool"])
+    return context
+
+
+def _build_one(spans: Sequence[Span], partial: bool, *, prices: PriceTable) -> RagTrace:
+    return build_trace(spans, partial=partial, prices=prices)
+
+
+@contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start workers without the parent's `__main__`.
+
+    A forkserver child re-imports the parent's main module (pytest, a user's
+    script, the CLI with FastAPI) before it runs anything: ~0.7 s and tens of MB
+    per worker, for nothing a worker uses. Python 3.11 ignores "__main__" in the
+    forkserver preload list, so the main module is swapped for a bare one while
+    the workers are started; they are all started here, never later.
+    """
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+# ---------------------------------------------------------------- in the worker process
+
+_worker_prices: PriceTable | None = None
+
+
+def _worker_init(prices: PriceTable, niceness: int) -> None:
+    global _worker_prices
+    _worker_prices = prices
+    if niceness:
+        os.nice(niceness)
+    # Decoding and building allocate hundreds of containers a trace: the server's GC settings
+    # (service/runtime.py) keep the collector from running every few traces here too.
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+def _decode_packed(
+    body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int
+) -> otlp.DecodedBatch:
+    batch = otlp.decode_body(body, json_body=json_body, encoding=encoding, tenant=tenant, limit=limit)
+    batch.spans = [PackedSpan.pack(span) for span in batch.spans]  # type: ignore[misc]
+    return batch
+
+
+def _build_in_worker(groups: SpanGroups) -> list[RagTrace | None]:
+    assert _worker_prices is not None, "worker started without its initializer"
+    return build_each(functools.partial(_build_one, prices=_worker_prices), _unpacked(groups))
+
+
+# ---------------------------------------------------------------- in the server process
+
+
+def _unpacked(groups: SpanGroups) -> list[tuple[list[Span], bool]]:
+    return [
+        ([s.unpack() if isinstance(s, PackedSpan) else s for s in spans], partial)
+        for spans, partial in groups
+    ]
+
+
+class _Workers:
+    """One process pool and its fault handling: a call that finds it broken runs here instead."""
+
+    def __init__(
+        self, role: str, processes: int, prices: PriceTable, metrics: Metrics, niceness: int = 0
+    ) -> None:
+        self.role = role
+        self.niceness = niceness
+        self.processes = processes
+        self.prices = prices
+        self.metrics = metrics
+        self.executor: ProcessPoolExecutor | None = None
+
+    def _new_executor(self) -> ProcessPoolExecutor:
+        """A pool with all its workers started (a pool starts one per call while none is idle)."""
+        executor = ProcessPoolExecutor(
+            self.processes,
+            mp_context=_context(),
+            initializer=_worker_init,
+            initargs=(self.prices, self.niceness),
+        )
+        with _main_module_hidden():
+            for _ in range(self.processes):
+                executor.submit(os.getpid)
+        return executor
+
+    async def start(self) -> None:
+        if self.processes > 0 and self.executor is None:
+            self.executor = self._new_executor()
+
+    async def pids(self) -> set[int]:
+        """Process ids of the workers, asked until each has answered once."""
+        executor = self.executor
+        if executor is None:
+            return set()
+        loop = asyncio.get_running_loop()
+        pids: set[int] = set()
+        for _ in range(10 * self.processes):
+            answers = await asyncio.gather(
+                *(loop.run_in_executor(executor, os.getpid) for _ in range(self.processes))
+            )
+            pids.update(answers)
+            if len(pids) >= self.processes:
+                break
+        return pids
+
+    async def run(self, in_worker: Callable[[], T], here: Callable[[], T]) -> T:
+        executor = self.executor
+        if executor is None:
+            return await asyncio.to_thread(here)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, in_worker)
+        except BrokenProcessPool:
+            self._replace(executor)
+        except RuntimeError:
+            if self.executor is executor:
+                raise
+            # shut down under us (stop() while this call was in flight): run it here
+        return await asyncio.to_thread(here)
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        if self.executor is not broken:
+            return  # another call already replaced it
+        log.error(
+            "an ingest %s process died; the calls it held run in the server process "
+            "and a new pool is started",
+            self.role,
+        )
+        self.metrics.ingest_pool_restarts.labels(role=self.role).inc()
+        broken.shutdown(wait=False, cancel_futures=True)
+        self.executor = self._new_executor()
+
+    async def stop(self) -> None:
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            await asyncio.to_thread(executor.shutdown, True)
+
+
+class IngestPool:
+    """Decodes OTLP bodies in `processes` decoder processes and builds traces in as many builder
+    processes, or does both in threads when `processes` is 0."""
+
+    def __init__(self, processes: int | None, prices: PriceTable, metrics: Metrics) -> None:
+        self.processes = default_processes() if processes is None else processes
+        # Separate pools: a build waiting behind queued decodes (or a decode behind a build) in
+        # one shared FIFO starved the other and left both processes half idle.
+        self.decoders = _Workers("decoder", self.processes, prices, metrics)
+        self.builders = _Workers("builder", self.processes, prices, metrics, niceness=BUILDER_NICENESS)
+        self._build_here = functools.partial(_build_one, prices=prices)
+
+    @property
+    def running(self) -> int:
+        """Worker processes per role now (0 before start, after stop, or with `processes` 0)."""
+        return self.processes if self.decoders.executor is not None else 0
+
+    async def start(self) -> None:
+        """Start the workers now rather than on the first request. Safe twice."""
+        await self.decoders.start()
+        await self.builders.start()
+
+    async def worker_pids(self) -> dict[str, set[int]]:
+        """Process ids of the live workers by role; empty sets without pools."""
+        return {"decoder": await self.decoders.pids(), "builder": await self.builders.pids()}
+
+    async def decode(
+        self, body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int
+    ) -> otlp.DecodedBatch:
+        """`otlp.decode_body`, in a worker (spans come back packed); raises what it raises
+        (`DecodeError`, `PayloadTooLarge`, `UnsupportedMediaType`)."""
+        kwargs = {"json_body": json_body, "encoding": encoding, "tenant": tenant, "limit": limit}
+        return await self.decoders.run(
+            functools.partial(_decode_packed, body, **kwargs),
+            functools.partial(otlp.decode_body, body, **kwargs),
+        )
+
+    async def build_traces(self, groups: SpanGroups) -> list[RagTrace | None]:
+        """One trace per (spans, partial) group, None where building failed (logged)."""
+        chunks = [groups[start : start + BUILD_CHUNK] for start in range(0, len(groups), BUILD_CHUNK)]
+        # all at once: the builders work through them while this process unpickles finished ones
+        results = await asyncio.gather(
+            *(
+                self.builders.run(
+                    functools.partial(_build_in_worker, chunk), functools.partial(self._build_unpacked, chunk)
+                )
+                for chunk in chunks
+            )
+        )
+        return [trace for chunk in results for trace in chunk]
+
+    def _build_unpacked(self, groups: SpanGroups) -> list[RagTrace | None]:
+        return build_each(self._build_here, _unpacked(groups))
+
+    async def stop(self) -> None:
+        """Let calls in flight finish, then end the workers. Safe twice and before start."""
+        await self.decoders.stop()
+        await self.builders.stop()

@@ -1,0 +1,269 @@
+"""IngestPool: decoding and building in worker processes gives what the server process would,
+errors keep their meaning across the process boundary, and a killed worker loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import signal
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from service import otlp
+from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
+from service.ingest_pool import IngestPool, _cgroup_cpus
+from service.metrics import Metrics
+from service.model import RagTrace
+from service.pricing import PriceTable
+from service.semconv import build_trace
+from service.spans import AnySpan, PackedSpan, Span
+from tests.live_server import live_server
+
+TENANT = "acme"
+PROTOBUF = {"content-type": "application/x-protobuf"}
+LIMIT = 64 * 1024 * 1024
+PRICES = PriceTable.default()
+
+
+def _one_trace_request() -> ExportTraceServiceRequest:
+    """A 4-span RAG trace as the OpenTelemetry SDK exports it (OpenInference attributes)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "pool-app"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("rag") as root:
+        root.set_attribute("openinference.span.kind", "CHAIN")
+        root.set_attribute("input.value", "how do I rotate the api key?")
+        root.set_attribute("output.value", "Open settings, then API keys, then rotate.")
+        with tracer.start_as_current_span("embed") as span:
+            span.set_attribute("openinference.span.kind", "EMBEDDING")
+            span.set_attribute("embedding.model_name", "text-embedding-3-small")
+            span.set_attribute("embedding.embeddings.0.embedding.vector", [0.1, 0.2, 0.3, 0.4])
+        with tracer.start_as_current_span("retrieve") as span:
+            span.set_attribute("openinference.span.kind", "RETRIEVER")
+            for i in range(3):
+                span.set_attribute(f"retrieval.documents.{i}.document.id", f"doc-{i}")
+                span.set_attribute(f"retrieval.documents.{i}.document.score", 0.9 - i / 10)
+                span.set_attribute(f"retrieval.documents.{i}.document.content", f"chunk {i} about keys")
+        with tracer.start_as_current_span("llm") as span:
+            span.set_attribute("openinference.span.kind", "LLM")
+            span.set_attribute("llm.model_name", "gpt-4o-mini")
+            span.set_attribute("llm.token_count.prompt", 120)
+            span.set_attribute("llm.token_count.completion", 30)
+    provider.shutdown()
+    return encode_spans(exporter.get_finished_spans())
+
+
+def _body(traces: int) -> bytes:
+    """`traces` copies of the trace above, each with its own trace id, in one request."""
+    template = _one_trace_request()
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.CopyFrom(template.resource_spans[0].resource)
+    scope_spans = resource_spans.scope_spans.add()
+    spans = template.resource_spans[0].scope_spans[0].spans
+    for n in range(traces):
+        trace_id = (n + 1).to_bytes(16, "big")
+        for span in spans:
+            copy = scope_spans.spans.add()
+            copy.CopyFrom(span)
+            copy.trace_id = trace_id
+    return request.SerializeToString()
+
+
+def _groups(spans: Sequence[AnySpan]) -> list[tuple[list[AnySpan], bool]]:
+    by_trace: dict[str, list[AnySpan]] = defaultdict(list)
+    for span in spans:
+        by_trace[span.trace_id].append(span)
+    return [(group, False) for group in by_trace.values()]
+
+
+def _unpack(spans: Sequence[AnySpan]) -> list[Span]:
+    return [s.unpack() if isinstance(s, PackedSpan) else s for s in spans]
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+async def pool(metrics: Metrics) -> Iterator[IngestPool]:
+    workers = IngestPool(1, PRICES, metrics)
+    await workers.start()
+    yield workers
+    await workers.stop()
+
+
+def _restarts(metrics: Metrics, role: str) -> float:
+    return metrics.registry.get_sample_value("ragmon_ingest_pool_restarts_total", {"role": role}) or 0.0
+
+
+async def test_workers_decode_and_build_exactly_what_the_server_process_would(pool: IngestPool) -> None:
+    body = _body(20)
+    pids = await pool.worker_pids()
+    assert len(pids["decoder"]) == 1 and len(pids["builder"]) == 1
+    assert os.getpid() not in pids["decoder"] | pids["builder"]
+
+    decoded = await pool.decode(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+    here = otlp.decode_body(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+    # the server process gets packed spans: routing fields in the clear, the rest as bytes
+    assert decoded.spans and all(isinstance(s, PackedSpan) for s in decoded.spans)
+    assert _unpack(decoded.spans) == here.spans
+    assert [(s.tenant, s.trace_id, s.is_root, s.size_bytes) for s in decoded.spans] == [
+        (s.tenant, s.trace_id, s.is_root, s.size_bytes) for s in here.spans
+    ]
+
+    built = await pool.build_traces(_groups(decoded.spans))
+    expected = [build_trace(spans, partial=False, prices=PRICES) for spans, _ in _groups(here.spans)]
+    assert built == expected
+    assert len(built) == 20 and all(t is not None and t.app == "pool-app" for t in built)
+    first = built[0]
+    assert first is not None and first.query == "how do I rotate the api key?"
+    assert [c.id for c in first.retrieval.chunks] == ["doc-0", "doc-1", "doc-2"]
+
+
+async def test_errors_keep_their_kind_and_reason_across_the_process_boundary(pool: IngestPool) -> None:
+    with pytest.raises(DecodeError) as not_protobuf:
+        await pool.decode(b"\xff\xff\xff", json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+    assert not_protobuf.value.reason == "decode_error"
+    bomb = gzip.compress(b"\0" * 2_000_000)
+    with pytest.raises(PayloadTooLarge) as too_large:
+        await pool.decode(bomb, json_body=False, encoding="gzip", tenant=TENANT, limit=1_000_000)
+    assert too_large.value.status_code == 413 and "1000000" in too_large.value.message
+    with pytest.raises(UnsupportedMediaType):
+        await pool.decode(_body(1), json_body=False, encoding="br", tenant=TENANT, limit=LIMIT)
+    with pytest.raises(DecodeError, match="not valid JSON"):
+        await pool.decode(b"{nope", json_body=True, encoding="", tenant=TENANT, limit=LIMIT)
+    # the pool is still whole afterwards
+    decoded = await pool.decode(_body(2), json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+    assert len(decoded.spans) == 8
+
+
+async def test_a_trace_that_cannot_be_built_is_none_and_the_others_survive(pool: IngestPool) -> None:
+    decoded = await pool.decode(_body(3), json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+    groups = _groups(decoded.spans)
+    broken = [s.unpack() for s in groups[1][0]]
+    for span in broken:
+        span.trace_id = "not-a-trace-id"  # RagTrace refuses it: the builder raises for this group
+    built = await pool.build_traces([groups[0], (broken, False), groups[2]])
+    assert [t is None for t in built] == [False, True, False]
+
+
+async def _kill_during(pid: int, call: asyncio.Task[object]) -> None:
+    await asyncio.sleep(0.15)  # the call is queued or running in that worker by now
+    assert not call.done(), "the call finished before the worker could be killed; make it bigger"
+    os.kill(pid, signal.SIGKILL)
+
+
+async def _pid(pool: IngestPool, role: str) -> int:
+    # asked before the call: a worker answers in order, so asking during the call would wait for it
+    (pid,) = (await pool.worker_pids())[role]
+    return pid
+
+
+async def test_a_decoder_killed_mid_request_loses_nothing(pool: IngestPool, metrics: Metrics) -> None:
+    body = _body(3000)  # ~1 s of decoding
+    pid = await _pid(pool, "decoder")
+    call = asyncio.create_task(pool.decode(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT))
+    await _kill_during(pid, call)
+    decoded = await call
+    assert len(decoded.spans) == 12_000 and decoded.rejected_spans == 0
+    assert len({s.trace_id for s in decoded.spans}) == 3000
+    assert _restarts(metrics, "decoder") == 1 and _restarts(metrics, "builder") == 0
+    # a new decoder took over
+    again = await pool.decode(_body(2), json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+    assert len(again.spans) == 8 and all(isinstance(s, PackedSpan) for s in again.spans)
+
+
+async def test_a_builder_killed_mid_build_loses_nothing(pool: IngestPool, metrics: Metrics) -> None:
+    decoded = await pool.decode(_body(3000), json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+    groups = _groups(decoded.spans)
+    pid = await _pid(pool, "builder")
+    call = asyncio.create_task(pool.build_traces(groups))
+    await _kill_during(pid, call)
+    built = await call
+    assert len(built) == 3000 and all(isinstance(t, RagTrace) for t in built)
+    assert [t.trace_id for t in built if t is not None] == [spans[0].trace_id for spans, _ in groups]
+    assert _restarts(metrics, "builder") == 1
+    rebuilt = await pool.build_traces(groups[:5])
+    assert rebuilt == built[:5]
+
+
+async def test_zero_processes_decodes_and_builds_in_threads(metrics: Metrics) -> None:
+    pool = IngestPool(0, PRICES, metrics)
+    await pool.start()
+    try:
+        assert await pool.worker_pids() == {"decoder": set(), "builder": set()}
+        decoded = await pool.decode(_body(2), json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+        assert all(type(s) is Span for s in decoded.spans)
+        built = await pool.build_traces(_groups(decoded.spans))
+        assert [t.trace_id if t else None for t in built] == [f"{n:032x}" for n in (1, 2)]
+    finally:
+        await pool.stop()
+
+
+@pytest.mark.parametrize("processes", [0, 1])
+def test_server_stores_the_same_traces_with_and_without_worker_processes(
+    tmp_path: Path, processes: int
+) -> None:
+    """Through the HTTP (protobuf and gzip) and gRPC receivers, with and without workers."""
+    body = _body(5)
+    with live_server(tmp_path, server={"ingest_processes": processes}, assembler={"grace_s": 0.0}) as server:
+        assert server.metric("ragmon_ingest_processes") == processes
+        with server.client() as client:
+            plain = client.post("/v1/traces", content=body, headers=PROTOBUF)
+            zipped = client.post(
+                "/v1/traces",
+                content=gzip.compress(body),
+                headers={**PROTOBUF, "content-encoding": "gzip"},
+            )
+            assert plain.status_code == zipped.status_code == 200
+            bad = client.post("/v1/traces", content=b"\xff\xfe", headers=PROTOBUF)
+            assert bad.status_code == 400
+        grpc_request = ExportTraceServiceRequest.FromString(_body(6))
+        grpc_request.resource_spans[0].scope_spans[0].spans[0].trace_id = (99).to_bytes(16, "big")
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            export = channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                request_serializer=ExportTraceServiceRequest.SerializeToString,
+                response_deserializer=ExportTraceServiceResponse.FromString,
+            )
+            answer = export(grpc_request, timeout=10)
+        assert answer.partial_success.rejected_spans == 0
+        server.flush()
+        with server.client() as client:
+            stored = client.get("/api/v1/traces/" + f"{1:032x}").json()
+            listed = client.get("/api/v1/traces", params={"limit": 100}).json()
+    assert stored["query"] == "how do I rotate the api key?" and stored["app"] == "pool-app"
+    # 5 traces by HTTP (sent twice: stored once), 6 by gRPC of which trace 1's first span moved to trace 99
+    assert server.metric("ragmon_spans_received_total", receiver="otlp_http") == 40
+    assert server.metric("ragmon_spans_received_total", receiver="otlp_grpc") == 24
+    assert server.metric("ragmon_ingest_rejected_total", reason="decode_error") == 1
+    assert {t["trace_id"] for t in listed["items"]} == {f"{n:032x}" for n in (1, 2, 3, 4, 5, 6, 99)}
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "cpus"), [("max 100000\n", None), ("100000 100000\n", 1), ("250000 100000\n", 3)]
+)
+def test_a_container_cpu_quota_caps_the_default_worker_count(
+    tmp_path: Path, cpu_max: str, cpus: int | None
+) -> None:
+    quota_file = tmp_path / "cpu.max"
+    quota_file.write_text(cpu_max)
+    assert _cgroup_cpus(quota_file) == cpus
+    assert _cgroup_cpus(tmp_path / "absent") is None
