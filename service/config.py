@@ -55,8 +55,9 @@ class ServerConfig(_Section):
     ingest_processes: int | None = Field(
         None,
         ge=0,
-        description="worker processes that decode OTLP bodies and build traces; 0: threads of the "
-        "server process; unset: one per CPU beyond the first, at most 4",
+        description="worker processes per role (decoders of OTLP bodies, builders of traces); 0: threads "
+        "of the server process; unset: one per usable CPU beyond the first (a container's CPU quota "
+        "counts), at most 4",
     )
 
 

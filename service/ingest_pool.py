@@ -6,20 +6,21 @@ over half of all ingest CPU). In threads they share one core with the event
 loop and the store through the GIL; in a worker process they run on another.
 bench/RESULTS.md ("Decode and build in worker processes") has the numbers.
 
-What crosses the process boundary is kept cheap to unpickle. A worker returns
+What crosses the process boundary is kept cheap to unpickle. A decoder returns
 each decoded span as a `PackedSpan`: the four fields the assembler routes by,
 and the rest as pickled bytes the server process never opens. When the
-assembler hands a trace on, its packed spans go back to a worker, which
-unpacks them and builds the trace; the server unpickles only the finished
-`RagTrace`. A build call carries at most `BUILD_CHUNK` traces, and the next is
-sent only when it returns, so a request's decode never waits behind a long
-build.
+assembler hands traces on, their packed spans go to a builder, which unpacks
+them and builds the traces; the server unpickles only the finished `RagTrace`s.
+Decoders and builders are separate pools: in one shared pool a build waited
+behind queued decodes and a decode behind builds, and both idled half the time.
+Builders run at a lower CPU priority, since a decode is on a request's path.
 
-`processes` (config `server.ingest_processes`): 0 decodes and builds in threads
-of this process, which is what a one-core machine should do; unset means one
-process per CPU beyond the first, at most `MAX_DEFAULT_PROCESSES`. Workers are
-forked from a forkserver that imported the decoder once, so starting a pool
-costs milliseconds and no worker inherits the server's threads.
+`processes` (config `server.ingest_processes`) is the number of workers per
+role; 0 decodes and builds in threads of this process, which is what a one-core
+machine should do; unset means one per usable CPU beyond the first, at most
+`MAX_DEFAULT_PROCESSES`. Workers are forked from a forkserver that imported
+this module once, and without the parent's `__main__`, so starting a pool
+costs tens of milliseconds and no worker inherits the server's threads.
 
 Faults: a worker that dies (killed, out of memory) breaks its whole executor.
 The calls that were in it run again in a thread of this process (packed spans
@@ -60,7 +61,8 @@ from service.spans import PackedSpan, Span
 log = logging.getLogger(__name__)
 
 MAX_DEFAULT_PROCESSES = 4
-# Traces per build call: ~0.5 ms of worker time each, so a decode waits at most ~15 ms behind one.
+# Traces per build call. The calls of one emission are sent together, so the server unpickles
+# finished chunks while the builder works on the next; 8 instead of 32 measured no difference.
 BUILD_CHUNK = 32
 
 # Builders run at a lower CPU priority than decoders: a decode is on a request's path, a build
@@ -98,9 +100,15 @@ def default_processes() -> int:
 
 def _context() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
-    # "__main__" too: otherwise every worker re-imports the main script (pytest, a user's script) on start
     context.set_forkserver_preload(["service.ingest_pool"])
     return context
+
+
+def _unpacked(groups: SpanGroups) -> list[tuple[list[Span], bool]]:
+    return [
+        ([s.unpack() if isinstance(s, PackedSpan) else s for s in spans], partial)
+        for spans, partial in groups
+    ]
 
 
 def _build_one(spans: Sequence[Span], partial: bool, *, prices: PriceTable) -> RagTrace:
@@ -155,13 +163,6 @@ def _build_in_worker(groups: SpanGroups) -> list[RagTrace | None]:
 
 
 # ---------------------------------------------------------------- in the server process
-
-
-def _unpacked(groups: SpanGroups) -> list[tuple[list[Span], bool]]:
-    return [
-        ([s.unpack() if isinstance(s, PackedSpan) else s for s in spans], partial)
-        for spans, partial in groups
-    ]
 
 
 class _Workers:

@@ -11,7 +11,7 @@ are started by the API once this returns); `stop()` runs the other way round
 and flushes every open trace, so each stage drains into a live consumer.
 
 Back-pressure: `accept_*` raise `QueueFull` (503 + Retry-After) while the
-backlog (traces complete but not yet built, plus the bus) is at capacity;
+backlog (traces complete past their grace but not yet built, plus the bus) is at capacity;
 nothing is taken that cannot be delivered.
 """
 
@@ -192,7 +192,8 @@ class Pipeline:
         state.add("ragmon_bus_queue_depth", "records waiting in the bus", lambda: self.bus.depth)
         state.add(
             "ragmon_build_backlog_traces",
-            "traces done arriving and not yet in the bus: complete in the buffer or waiting to be built",
+            "traces ingest is behind on: complete and past their grace period but still buffered, "
+            "or waiting to be built",
             lambda: self.assembler.backlog,
         )
         state.add(

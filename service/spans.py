@@ -9,7 +9,6 @@ values (str, bool, int, float, bytes, lists of those, or dicts for kvlists).
 from __future__ import annotations
 
 import pickle
-import sys
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Union
 
@@ -52,7 +51,7 @@ class Span:
     def __reduce__(self) -> tuple[Any, ...]:
         # Positional fields pickle in half the time of the default slots state (service/ingest_pool.py).
         return (
-            _unpickle_span,
+            Span,
             (
                 self.trace_id,
                 self.span_id,
@@ -69,23 +68,6 @@ class Span:
                 self.size_bytes,
             ),
         )
-
-
-def _unpickle_span(
-    trace_id: str,
-    span_id: str,
-    parent_span_id: str | None,
-    name: str,
-    start_ns: int,
-    end_ns: int,
-    attributes: Attributes,
-    *rest: Any,
-) -> Span:
-    # Attribute keys come out of pickle as new strings. Interned, as the decoder's keys are, the
-    # builder's many `attributes.get(KEY)` calls match them by identity instead of comparing
-    # bytes: building a trace from unpickled spans took twice as long without this.
-    attributes = {sys.intern(key): value for key, value in attributes.items()}
-    return Span(trace_id, span_id, parent_span_id, name, start_ns, end_ns, attributes, *rest)
 
 
 class PackedSpan(NamedTuple):

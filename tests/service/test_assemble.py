@@ -195,15 +195,19 @@ async def test_backlog_counts_traces_taken_but_not_yet_handed_on() -> None:
         AssemblerConfig(grace_s=0.5, timeout_s=10), sink, in_thread(slow_build), metrics, clock
     )
     await assembler.consume_spans([span(1, 0, root=True), span(2, 0, root=True), span(3, 1)])
-    # 1 and 2 are complete (in their grace period); 3 has no root yet and is not counted
-    assert (assembler.open_traces, assembler.backlog) == (3, 2)
+    # 1 and 2 are complete but in their grace period (normal flight, not behind); 3 has no root
+    assert (assembler.open_traces, assembler.backlog) == (3, 0)
     clock.now += 1
+    # past their grace and not yet taken (the tick has not run): now they are behind
+    assert assembler.backlog == 2
     emitting = asyncio.create_task(assembler.flush_due())
     await asyncio.to_thread(started.wait, 10)
     # both left the open buffer but neither reached the next stage: ingest must still see them
     assert (assembler.open_traces, assembler.backlog, sink.traces) == (1, 2, [])
     await assembler.consume_spans([span(3, 0, root=True)])
-    assert assembler.backlog == 3  # 3 is complete while the build of 1 and 2 runs
+    assert assembler.backlog == 2  # 3 is in its grace period while the build of 1 and 2 runs
+    clock.now += 1
+    assert assembler.backlog == 3  # and behind once that has passed
     release.set()
     await emitting
     clock.now += 1
