@@ -299,16 +299,19 @@ def test_same_seed_sends_the_same_traffic(receiver: Receiver) -> None:
     receiver.clear()
 
 
-def test_trace_ids_are_fresh_per_run_by_default(receiver: Receiver) -> None:
+def test_trace_and_feedback_ids_are_fresh_per_run_by_default(receiver: Receiver) -> None:
+    """A second `make demo` on the same data directory must not be deduplicated away."""
     receiver.clear()
-    run_demo(receiver.url, requests=20, rate=0, seed=3)
-    first = set(receiver.traces())
+    run_demo(receiver.url, requests=40, rate=0, seed=3)
+    first, first_events = set(receiver.traces()), {f["event_id"] for f in receiver.feedback}
     receiver.clear()
-    run_demo(receiver.url, requests=20, rate=0, seed=3)
-    second = set(receiver.traces())
+    run_demo(receiver.url, requests=40, rate=0, seed=3)
+    second, second_events = set(receiver.traces()), {f["event_id"] for f in receiver.feedback}
     receiver.clear()
-    assert len(first) == len(second) == 20
+    assert len(first) == len(second) == 40
     assert not first & second
+    assert first_events and len(first_events) == len(second_events)
+    assert not first_events & second_events
 
 
 def test_refused_feedback_is_counted_and_the_cli_says_so(
