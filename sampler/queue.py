@@ -397,33 +397,49 @@ class SqlJudgeQueue:
         return bool(result.rowcount == 1)
 
     def fail(
-        self, key: ItemKey, *, worker: str, reason: str, permanent: bool = False, retry_after_s: float = 0.0
+        self,
+        key: ItemKey,
+        *,
+        worker: str,
+        reason: str,
+        permanent: bool = False,
+        retry_after_s: float = 0.0,
+        refund: bool = False,
     ) -> ItemState | None:
         """Record that `worker`'s attempt failed with `reason`.
 
         The item returns to `pending` (claimable after `retry_after_s`), or
         ends `failed` when `permanent` or when its attempts are used up.
+        `refund`: the failure was not the item's (the judge endpoint was
+        unavailable), so the attempt is given back and the item always returns
+        to `pending`; an outage must not use up the attempts of every item
+        that happened to be claimed during it.
         Returns the new state, or None when `worker` does not hold the lease
         (it expired and someone else took the item): then nothing changes.
         """
         if not (math.isfinite(retry_after_s) and retry_after_s >= 0):
             raise ValueError(f"retry_after_s must be >= 0, got {retry_after_s!r}")
+        if refund and permanent:
+            raise ValueError("a refunded failure cannot be permanent")
         t = judge_queue.c
         now = self._now()
         new_state: Any = (
             "failed" if permanent else case((t.attempts >= self.max_attempts, "failed"), else_="pending")
         )
+        changes: dict[str, Any] = {
+            "state": new_state,
+            "available_at": now + timedelta(seconds=retry_after_s),
+            "last_error": reason[:_ERROR_CHARS],
+            "worker": None,
+            "lease_until": None,
+        }
+        if refund:
+            changes |= {"state": "pending", "attempts": case((t.attempts > 0, t.attempts - 1), else_=0)}
         with self._connect() as conn:
             row = conn.execute(
                 update(judge_queue)
                 .where(_key_clause(key), t.state == "leased", t.worker == worker)
-                .values(
-                    state=new_state,
-                    available_at=now + timedelta(seconds=retry_after_s),
-                    last_error=reason[:_ERROR_CHARS],
-                    worker=None,
-                    lease_until=None,
-                )
+                .values(**changes)
                 .returning(t.state)
             ).first()
         return None if row is None else _state(row.state)

@@ -219,7 +219,11 @@ class JudgingConfig(_Section):
     batch_size: int = Field(32, gt=0, description="items a worker claims at once")
     lease_s: float = Field(120.0, gt=0, description="a claimed item returns to the queue after this long")
     poll_s: float = Field(0.5, gt=0, description="idle wait between empty claims")
-    max_attempts: int = Field(5, gt=0, description="attempts before an item ends 'failed'")
+    max_attempts: int = Field(
+        5,
+        gt=0,
+        description="attempts before an item ends 'failed' (an unavailable judge endpoint uses none)",
+    )
     flag_threshold: float = Field(0.5, ge=0, le=1, description="flag answers with faithfulness under this")
     estimated_cost_usd: float = Field(
         0.0005, ge=0, description="expected USD per judgment, charged against the daily budget"

@@ -239,12 +239,14 @@ class JudgeWorker:
         except JudgeUnavailable as exc:
             self.metrics.judge_failures.labels(reason=exc.reason).inc()
             self._pause_until = time.monotonic() + exc.retry_after_s
+            # the endpoint's failure, not the item's: the attempt is refunded (the worker pauses instead)
             await asyncio.to_thread(
                 self.queue.fail,
                 key,
                 worker=self.worker_id,
                 reason=exc.reason,
                 retry_after_s=exc.retry_after_s,
+                refund=True,
             )
             return
         judgment = judgment.model_copy(update={"app": trace.app, "tenant": trace.tenant})

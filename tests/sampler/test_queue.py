@@ -227,6 +227,27 @@ def test_permanent_failure_and_retry_delay(queue: SqlJudgeQueue, clock: ManualCl
     assert [r.key for r in queue.claim(5, lease_s=30, worker="w")] == [b.key]
 
 
+def test_an_unavailable_endpoint_never_uses_up_the_attempts(queue: SqlJudgeQueue, clock: ManualClock) -> None:
+    """A judge outage longer than max_attempts rounds leaves the item waiting, not failed."""
+    queue.enqueue([item(1)])
+    for _ in range(10):  # max_attempts is 3 here
+        (claimed,) = queue.claim(1, lease_s=30, worker="w")
+        assert claimed.attempts == 1
+        state = queue.fail(claimed.key, worker="w", reason="connection_error", retry_after_s=5, refund=True)
+        assert state == "pending"
+        assert queue.claim(1, lease_s=30, worker="w") == []  # the retry delay still holds
+        clock.advance(6)
+    record = queue.get(item(1).key)
+    assert record is not None
+    assert (record.state, record.attempts, record.last_error) == ("pending", 0, "connection_error")
+    # a failure of the item itself still counts
+    (claimed,) = queue.claim(1, lease_s=30, worker="w")
+    assert queue.fail(claimed.key, worker="w", reason="garbage output") == "pending"
+    assert queue.get(item(1).key).attempts == 1  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="cannot be permanent"):
+        queue.fail(claimed.key, worker="w", reason="x", permanent=True, refund=True)
+
+
 def test_release_refunds_the_attempt(queue: SqlJudgeQueue) -> None:
     queue.enqueue([item(1)])
     (claimed,) = queue.claim(1, lease_s=30, worker="w")
