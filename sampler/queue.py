@@ -423,18 +423,18 @@ class SqlJudgeQueue:
             raise ValueError("a refunded failure cannot be permanent")
         t = judge_queue.c
         now = self._now()
-        new_state: Any = (
-            "failed" if permanent else case((t.attempts >= self.max_attempts, "failed"), else_="pending")
-        )
         changes: dict[str, Any] = {
-            "state": new_state,
             "available_at": now + timedelta(seconds=retry_after_s),
             "last_error": reason[:_ERROR_CHARS],
             "worker": None,
             "lease_until": None,
         }
         if refund:
-            changes |= {"state": "pending", "attempts": case((t.attempts > 0, t.attempts - 1), else_=0)}
+            changes |= {"state": "pending", "attempts": _refunded_attempts()}
+        elif permanent:
+            changes["state"] = "failed"
+        else:
+            changes["state"] = case((t.attempts >= self.max_attempts, "failed"), else_="pending")
         with self._connect() as conn:
             row = conn.execute(
                 update(judge_queue)
@@ -453,7 +453,7 @@ class SqlJudgeQueue:
                 .where(_key_clause(key), t.state == "leased", t.worker == worker)
                 .values(
                     state="pending",
-                    attempts=case((t.attempts > 0, t.attempts - 1), else_=0),
+                    attempts=_refunded_attempts(),
                     available_at=self._now(),
                     worker=None,
                     lease_until=None,
@@ -525,6 +525,11 @@ class SqlJudgeQueue:
                 yield conn
         except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
             raise StoreUnavailable(f"judge queue: database error: {exc.orig!r}") from exc
+
+
+def _refunded_attempts() -> Any:
+    """The attempt a claim counted, given back (never below zero): `release` and refunded `fail`."""
+    return case((judge_queue.c.attempts > 0, judge_queue.c.attempts - 1), else_=0)
 
 
 def _dedupe(items: Sequence[JudgeItem]) -> list[JudgeItem]:

@@ -111,8 +111,14 @@ def _unpacked(groups: SpanGroups) -> list[tuple[list[Span], bool]]:
     ]
 
 
-def _build_one(spans: Sequence[Span], partial: bool, *, prices: PriceTable) -> RagTrace:
-    return build_trace(spans, partial=partial, prices=prices)
+def _build_groups(groups: SpanGroups, prices: PriceTable) -> list[RagTrace | None]:
+    """One trace per group, packed spans unpacked first: what a builder does, and what this
+    process does in its place when there is no builder (or it died)."""
+
+    def build(spans: Sequence[Span], partial: bool) -> RagTrace:
+        return build_trace(spans, partial=partial, prices=prices)
+
+    return build_each(build, _unpacked(groups))
 
 
 @contextmanager
@@ -159,7 +165,7 @@ def _decode_packed(
 
 def _build_in_worker(groups: SpanGroups) -> list[RagTrace | None]:
     assert _worker_prices is not None, "worker started without its initializer"
-    return build_each(functools.partial(_build_one, prices=_worker_prices), _unpacked(groups))
+    return _build_groups(groups, _worker_prices)
 
 
 # ---------------------------------------------------------------- in the server process
@@ -253,7 +259,7 @@ class IngestPool:
         # one shared FIFO starved the other and left both processes half idle.
         self.decoders = _Workers("decoder", self.processes, prices, metrics)
         self.builders = _Workers("builder", self.processes, prices, metrics, niceness=BUILDER_NICENESS)
-        self._build_here = functools.partial(_build_one, prices=prices)
+        self.prices = prices
 
     @property
     def running(self) -> int:
@@ -287,15 +293,13 @@ class IngestPool:
         results = await asyncio.gather(
             *(
                 self.builders.run(
-                    functools.partial(_build_in_worker, chunk), functools.partial(self._build_unpacked, chunk)
+                    functools.partial(_build_in_worker, chunk),
+                    functools.partial(_build_groups, chunk, self.prices),
                 )
                 for chunk in chunks
             )
         )
         return [trace for chunk in results for trace in chunk]
-
-    def _build_unpacked(self, groups: SpanGroups) -> list[RagTrace | None]:
-        return build_each(self._build_here, _unpacked(groups))
 
     async def stop(self) -> None:
         """Let calls in flight finish, then end the workers. Safe twice and before start."""
