@@ -47,7 +47,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from service import otlp
 from service.assemble import SpanGroups, build_each
@@ -56,7 +56,7 @@ from service.model import RagTrace
 from service.pricing import PriceTable
 from service.runtime import GC_THRESHOLDS
 from service.semconv import build_trace
-from service.spans import PackedSpan, Span
+from service.spans import AnySpan, PackedSpan, Span, WireSpan
 
 log = logging.getLogger(__name__)
 
@@ -104,21 +104,28 @@ def _context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def _unpacked(groups: SpanGroups) -> list[tuple[list[Span], bool]]:
-    return [
-        ([s.unpack() if isinstance(s, PackedSpan) else s for s in spans], partial)
-        for spans, partial in groups
-    ]
+def _unpacked(span: AnySpan, problems: otlp.DecodedBatch) -> Span:
+    if isinstance(span, WireSpan):
+        return otlp.span_from_wire(span, problems)
+    if isinstance(span, PackedSpan):
+        return span.unpack()
+    return span
 
 
-def _build_groups(groups: SpanGroups, prices: PriceTable) -> list[RagTrace | None]:
-    """One trace per group, packed spans unpacked first: what a builder does, and what this
-    process does in its place when there is no builder (or it died)."""
+# (a trace per group, None where building failed; attribute values dropped, by reason)
+BuiltGroups = tuple[list[RagTrace | None], dict[str, int]]
+
+
+def _build_groups(groups: SpanGroups, prices: PriceTable) -> BuiltGroups:
+    """One trace per group, spans unpacked or decoded from the wire first: what a builder does,
+    and what this process does in its place when there is no builder (or it died)."""
 
     def build(spans: Sequence[Span], partial: bool) -> RagTrace:
         return build_trace(spans, partial=partial, prices=prices)
 
-    return build_each(build, _unpacked(groups))
+    problems = otlp.DecodedBatch()
+    unpacked = [([_unpacked(span, problems) for span in spans], partial) for spans, partial in groups]
+    return build_each(build, unpacked), problems.rejections
 
 
 @contextmanager
@@ -159,11 +166,12 @@ def _decode_packed(
     body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int
 ) -> otlp.DecodedBatch:
     batch = otlp.decode_body(body, json_body=json_body, encoding=encoding, tenant=tenant, limit=limit)
-    batch.spans = [PackedSpan.pack(span) for span in batch.spans]  # type: ignore[misc]
+    # protobuf spans come screened, as wire bytes; OTLP/JSON spans are decoded, and pickled here
+    batch.spans = [PackedSpan.pack(span) if isinstance(span, Span) else span for span in batch.spans]
     return batch
 
 
-def _build_in_worker(groups: SpanGroups) -> list[RagTrace | None]:
+def _build_in_worker(groups: SpanGroups) -> BuiltGroups:
     assert _worker_prices is not None, "worker started without its initializer"
     return _build_groups(groups, _worker_prices)
 
@@ -260,6 +268,7 @@ class IngestPool:
         self.decoders = _Workers("decoder", self.processes, prices, metrics)
         self.builders = _Workers("builder", self.processes, prices, metrics, niceness=BUILDER_NICENESS)
         self.prices = prices
+        self.metrics = metrics
 
     @property
     def running(self) -> int:
@@ -280,14 +289,20 @@ class IngestPool:
     ) -> otlp.DecodedBatch:
         """`otlp.decode_body`, in a worker (spans come back packed); raises what it raises
         (`DecodeError`, `PayloadTooLarge`, `UnsupportedMediaType`)."""
-        kwargs = {"json_body": json_body, "encoding": encoding, "tenant": tenant, "limit": limit}
+        kwargs: dict[str, Any] = {
+            "json_body": json_body,
+            "encoding": encoding,
+            "tenant": tenant,
+            "limit": limit,
+        }
         return await self.decoders.run(
             functools.partial(_decode_packed, body, **kwargs),
             functools.partial(otlp.decode_body, body, **kwargs),
         )
 
     async def build_traces(self, groups: SpanGroups) -> list[RagTrace | None]:
-        """One trace per (spans, partial) group, None where building failed (logged)."""
+        """One trace per (spans, partial) group, None where building failed (logged). Attribute
+        values dropped while decoding spans from the wire are counted as rejections here."""
         chunks = [groups[start : start + BUILD_CHUNK] for start in range(0, len(groups), BUILD_CHUNK)]
         # all at once: the builders work through them while this process unpickles finished ones
         results = await asyncio.gather(
@@ -299,7 +314,10 @@ class IngestPool:
                 for chunk in chunks
             )
         )
-        return [trace for chunk in results for trace in chunk]
+        for _, rejections in results:
+            for reason, count in rejections.items():
+                self.metrics.reject(reason, count)
+        return [trace for traces, _ in results for trace in traces]
 
     async def stop(self) -> None:
         """Let calls in flight finish, then end the workers. Safe twice and before start."""

@@ -69,7 +69,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
 from service.semconv import AttributeKind, attribute_kind, embedding_model_of
-from service.spans import Attributes, AttrValue, Span, SpanEvent
+from service.span_attributes import VECTOR_KEY_SUFFIX
+from service.spans import AnySpan, Attributes, AttrValue, Span, SpanEvent, WireSpan
 
 __all__ = [
     "DecodedBatch",
@@ -77,6 +78,9 @@ __all__ = [
     "decode_json",
     "decode_protobuf",
     "decode_request",
+    "screen_protobuf",
+    "screen_request",
+    "span_from_wire",
 ]
 
 # Size-estimate constants: rough CPython object sizes, enough to bound a buffer.
@@ -93,6 +97,8 @@ _HEX16 = re.compile(r"[0-9a-fA-F]{16}")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 _WIRE_DOUBLE_ITEM = 11
+# A key is stored verbatim in a span's wire bytes: a span without this in them has no vector.
+_VECTOR_KEY_MARK = VECTOR_KEY_SUFFIX.encode()
 _VECTOR_TYPES = frozenset({float, int})
 _FLOAT_ONLY = frozenset({float})
 _SPECIAL_DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -124,7 +130,7 @@ class DecodedBatch:
     problems for the error message.
     """
 
-    spans: list[Span] = field(default_factory=list)
+    spans: list[AnySpan] = field(default_factory=list)
     rejected_spans: int = 0
     rejections: dict[str, int] = field(default_factory=dict)
     details: list[str] = field(default_factory=list)
@@ -371,9 +377,8 @@ def _pb_attributes(
     return attributes, size
 
 
-def _pb_span(
-    span: PbSpan, resource: Attributes, tenant: str, batch: DecodedBatch, dims: _VectorDims, where: str
-) -> Span:
+def _checked_ids(span: PbSpan, where: str) -> tuple[bytes, bytes, bytes]:
+    """The span's trace, span and parent ids; raises `_Invalid` for bad ids or times."""
     raw_trace, raw_span, raw_parent = span.trace_id, span.span_id, span.parent_span_id
     if len(raw_trace) != 16 or not any(raw_trace):
         raise _Invalid(
@@ -393,6 +398,13 @@ def _pb_span(
         raise _Invalid(
             RejectReason.INVALID_TIME, f"{where}: start {start} / end {end} is not a valid interval"
         )
+    return raw_trace, raw_span, raw_parent
+
+
+def _pb_span(
+    span: PbSpan, resource: Attributes, tenant: str, batch: DecodedBatch, dims: _VectorDims, where: str
+) -> Span:
+    raw_trace, raw_span, raw_parent = _checked_ids(span, where)
     vector_dims: set[int] = set()
     attributes, size = _pb_attributes(span.attributes, batch, where, vector_dims)
     events: list[SpanEvent] = []
@@ -406,8 +418,8 @@ def _pb_span(
         span_id=raw_span.hex(),
         parent_span_id=raw_parent.hex() if any(raw_parent) else None,
         name=span.name,
-        start_ns=start,
-        end_ns=end,
+        start_ns=span.start_time_unix_nano,
+        end_ns=span.end_time_unix_nano,
         attributes=attributes,
         events=events,
         resource=resource,
@@ -426,8 +438,43 @@ def _check_dims(attributes: Attributes, vector_dims: set[int], dims: _VectorDims
         raise _Invalid(RejectReason.VECTOR_DIMENSION_MISMATCH, f"{where}: {problem}")
 
 
-def decode_request(msg: ExportTraceServiceRequest, tenant: str) -> DecodedBatch:
-    """Decode an already-parsed request (the gRPC receiver's); never raises for per-span problems."""
+def _screen_span(span: PbSpan, resource: Attributes, tenant: str, dims: _VectorDims, where: str) -> WireSpan:
+    """Apply every rule that rejects a span, and keep the span as its wire bytes.
+
+    Only a span whose bytes contain an embedding-vector key has its attributes
+    read here (NaN vectors and dimensions reject the span); a wrong-typed
+    attribute value is dropped and counted later, by `span_from_wire`.
+    """
+    raw_trace, _, raw_parent = _checked_ids(span, where)
+    raw = span.SerializeToString()
+    # What the decoded span will weigh (see `_size`): its wire bytes widened to Python objects, plus
+    # a dict entry per attribute; within 2x of the decoded estimate for strings and numbers.
+    size = _SPAN_OVERHEAD + 2 * len(raw) + (_ENTRY_OVERHEAD + _STR_OVERHEAD) * len(span.attributes)
+    if _VECTOR_KEY_MARK in raw:
+        vector_dims: set[int] = set()
+        # drops are not counted here: span_from_wire meets the same values and counts them once
+        attributes, attributes_size = _pb_attributes(span.attributes, DecodedBatch(), where, vector_dims)
+        _check_dims(attributes, vector_dims, dims, where)
+        # a vector's 11 wire bytes a number become ~40 in Python: take the exact estimate
+        size = max(size, _SPAN_OVERHEAD + attributes_size)
+    parent = raw_parent.hex() if any(raw_parent) else None
+    return WireSpan(tenant, raw_trace.hex(), parent, size, raw, resource)
+
+
+def span_from_wire(wire: WireSpan, problems: DecodedBatch) -> Span:
+    """The `Span` a screened protobuf span decodes to; attribute values that cannot be used are
+    dropped and counted in `problems` (as `invalid_attribute`)."""
+    span = PbSpan.FromString(wire.raw)
+    where = f"span {wire.trace_id}/{span.span_id.hex()}"
+    # screened already: nothing here rejects the span, and vectors were compared within its request
+    return _pb_span(span, wire.resource, wire.tenant, problems, _VectorDims(), where)
+
+
+def screen_request(msg: ExportTraceServiceRequest, tenant: str) -> DecodedBatch:
+    """Screen an already-parsed request: its accepted spans come back as `WireSpan`s.
+
+    Rejected spans are counted as `decode_request` counts them; dropped attribute
+    values are not (they are counted when `span_from_wire` decodes the span)."""
     if not isinstance(msg, ExportTraceServiceRequest):
         raise TypeError(f"expected ExportTraceServiceRequest, got {type(msg).__name__}")
     _check_tenant(tenant)
@@ -439,21 +486,43 @@ def decode_request(msg: ExportTraceServiceRequest, tenant: str) -> DecodedBatch:
             for i, span in enumerate(scope_spans.spans):
                 where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
                 try:
-                    batch.spans.append(_pb_span(span, resource, tenant, batch, dims, where))
+                    batch.spans.append(_screen_span(span, resource, tenant, dims, where))
                 except _Invalid as problem:
                     batch._reject(problem.reason, problem.detail)
     return batch
 
 
-def decode_protobuf(body: bytes, tenant: str) -> DecodedBatch:
-    """Decode an OTLP/HTTP protobuf body; raises `DecodeError` when it is not a valid request."""
+def decode_request(msg: ExportTraceServiceRequest, tenant: str) -> DecodedBatch:
+    """Decode an already-parsed request into `Span`s; never raises for per-span problems.
+
+    The same two steps as ingest, done at once: `screen_request`, then `span_from_wire`."""
+    batch = screen_request(msg, tenant)
+    batch.spans = [
+        span_from_wire(span, batch) if isinstance(span, WireSpan) else span for span in batch.spans
+    ]
+    return batch
+
+
+def _parsed(body: bytes) -> ExportTraceServiceRequest:
     if not isinstance(body, bytes | bytearray | memoryview):
         raise TypeError(f"body must be bytes, got {type(body).__name__}")
     try:
-        msg = ExportTraceServiceRequest.FromString(bytes(body))
+        request: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(bytes(body))
     except ProtobufDecodeError as exc:
         raise DecodeError(f"body is not a valid OTLP ExportTraceServiceRequest protobuf: {exc}") from exc
-    return decode_request(msg, tenant)
+    return request
+
+
+def screen_protobuf(body: bytes, tenant: str) -> DecodedBatch:
+    """Screen an OTLP/HTTP protobuf body (`screen_request`); raises `DecodeError` when it is not a
+    valid request."""
+    return screen_request(_parsed(body), tenant)
+
+
+def decode_protobuf(body: bytes, tenant: str) -> DecodedBatch:
+    """Decode an OTLP/HTTP protobuf body into `Span`s; raises `DecodeError` when it is not a valid
+    request."""
+    return decode_request(_parsed(body), tenant)
 
 
 # ---------------------------------------------------------------- OTLP/JSON
@@ -709,7 +778,7 @@ def decode_body(body: bytes, *, json_body: bool, encoding: str, tenant: str, lim
     The one function the receivers hand to `IngestPool`: module-level and with
     plain arguments, so a worker process can run it."""
     plain = decompress(body, encoding, limit)
-    return decode_json(plain, tenant) if json_body else decode_protobuf(plain, tenant)
+    return decode_json(plain, tenant) if json_body else screen_protobuf(plain, tenant)
 
 
 def _check_tenant(tenant: str) -> None:

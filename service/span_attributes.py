@@ -49,6 +49,7 @@ from openinference.semconv.trace import (
 from service.spans import Attributes
 
 __all__ = [
+    "VECTOR_KEY_SUFFIX",
     "AttributeKind",
     "GenAIAttributes",
     "RagmonAttributes",
@@ -132,7 +133,8 @@ class TraceloopAttributes:
 
 
 _EMBEDDINGS_PREFIX = SpanAttributes.EMBEDDING_EMBEDDINGS + "."
-_VECTOR_SUFFIX = "." + EmbeddingAttributes.EMBEDDING_VECTOR
+# Every key `attribute_kind` calls a vector ends with this.
+VECTOR_KEY_SUFFIX = "." + EmbeddingAttributes.EMBEDDING_VECTOR
 _SCORE_SUFFIX = "." + DocumentAttributes.DOCUMENT_SCORE
 _TOKEN_COUNT_PREFIX = "llm.token_count."
 _COST_PREFIX = "llm.cost."
@@ -170,7 +172,7 @@ def attribute_kind(key: str) -> AttributeKind | None:
         return "count"
     if key.startswith(_COST_PREFIX):
         return "number"
-    if key.startswith(_EMBEDDINGS_PREFIX) and key.endswith(_VECTOR_SUFFIX):
+    if key.startswith(_EMBEDDINGS_PREFIX) and key.endswith(VECTOR_KEY_SUFFIX):
         return "vector"
     return None
 

@@ -97,5 +97,28 @@ class PackedSpan(NamedTuple):
         return span
 
 
-# What the assembler buffers: a span, or the same span packed by a worker process.
-AnySpan = Span | PackedSpan
+class WireSpan(NamedTuple):
+    """An OTLP protobuf span that passed every check that can reject it, kept as its wire bytes.
+
+    Decoding a body only screens its spans (ids, times, embedding vectors:
+    service/otlp.py); the attributes are converted when the trace is built
+    (`otlp.span_from_wire`), off the request's path. `resource` is the
+    decoded resource of the span's `ResourceSpans`, one dict shared by its
+    spans. `size_bytes` estimates the decoded span, as `Span.size_bytes` does.
+    """
+
+    tenant: str
+    trace_id: str
+    parent_span_id: str | None
+    size_bytes: int
+    raw: bytes
+    resource: Attributes
+
+    @property
+    def is_root(self) -> bool:
+        return not self.parent_span_id
+
+
+# What the assembler buffers: a span, the same span packed by a worker process, or a screened
+# protobuf span still in its wire form.
+AnySpan = Span | PackedSpan | WireSpan

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import os
 import signal
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -30,7 +32,7 @@ from service.metrics import Metrics
 from service.model import RagTrace
 from service.pricing import PriceTable
 from service.semconv import build_trace
-from service.spans import AnySpan, PackedSpan, Span
+from service.spans import AnySpan, PackedSpan, Span, WireSpan
 from tests.live_server import live_server
 
 TENANT = "acme"
@@ -85,6 +87,32 @@ def _body(traces: int) -> bytes:
     return request.SerializeToString()
 
 
+def _otlp_json_body() -> bytes:
+    """An OTLP/JSON request with a root span and a retriever span of one trace."""
+
+    def span(span_id: str, parent: str, attributes: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "traceId": "0000000000000000000000000000abcd",
+            "spanId": span_id,
+            "parentSpanId": parent,
+            "name": f"span-{span_id}",
+            "startTimeUnixNano": "1700000000000000000",
+            "endTimeUnixNano": "1700000001000000000",
+            "attributes": [{"key": k, "value": v} for k, v in attributes.items()],
+        }
+
+    spans = [
+        span("00000000000000a1", "", {"input.value": {"stringValue": "a question"}}),
+        span(
+            "00000000000000a2",
+            "00000000000000a1",
+            {"retrieval.documents.0.document.id": {"stringValue": "d"}},
+        ),
+    ]
+    resource = {"attributes": [{"key": "service.name", "value": {"stringValue": "pool-app"}}]}
+    return json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]}).encode()
+
+
 def _groups(spans: Sequence[AnySpan]) -> list[tuple[list[AnySpan], bool]]:
     by_trace: dict[str, list[AnySpan]] = defaultdict(list)
     for span in spans:
@@ -93,7 +121,17 @@ def _groups(spans: Sequence[AnySpan]) -> list[tuple[list[AnySpan], bool]]:
 
 
 def _unpack(spans: Sequence[AnySpan]) -> list[Span]:
-    return [s.unpack() if isinstance(s, PackedSpan) else s for s in spans]
+    problems = otlp.DecodedBatch()
+    unpacked = [
+        otlp.span_from_wire(s, problems)
+        if isinstance(s, WireSpan)
+        else s.unpack()
+        if isinstance(s, PackedSpan)
+        else s
+        for s in spans
+    ]
+    assert not problems.rejections
+    return unpacked
 
 
 @pytest.fixture
@@ -121,15 +159,23 @@ async def test_workers_decode_and_build_exactly_what_the_server_process_would(po
 
     decoded = await pool.decode(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
     here = otlp.decode_body(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
-    # the server process gets packed spans: routing fields in the clear, the rest as bytes
-    assert decoded.spans and all(isinstance(s, PackedSpan) for s in decoded.spans)
-    assert _unpack(decoded.spans) == here.spans
-    assert [(s.tenant, s.trace_id, s.is_root, s.size_bytes) for s in decoded.spans] == [
-        (s.tenant, s.trace_id, s.is_root, s.size_bytes) for s in here.spans
+    # protobuf spans come back screened, as their wire bytes; decoding those is what decode_protobuf does
+    assert decoded.spans and all(isinstance(s, WireSpan) for s in decoded.spans)
+    assert decoded.spans == here.spans
+    assert _unpack(decoded.spans) == otlp.decode_protobuf(body, TENANT).spans
+
+    # OTLP/JSON spans are decoded in the worker and come back pickled: routing fields in the clear
+    json_body = _otlp_json_body()
+    from_json = await pool.decode(json_body, json_body=True, encoding="", tenant=TENANT, limit=LIMIT)
+    json_here = otlp.decode_body(json_body, json_body=True, encoding="", tenant=TENANT, limit=LIMIT)
+    assert len(from_json.spans) == 2 and all(isinstance(s, PackedSpan) for s in from_json.spans)
+    assert _unpack(from_json.spans) == json_here.spans
+    assert [(s.tenant, s.trace_id, s.is_root, s.size_bytes) for s in from_json.spans] == [
+        (s.tenant, s.trace_id, s.is_root, s.size_bytes) for s in json_here.spans
     ]
 
     built = await pool.build_traces(_groups(decoded.spans))
-    expected = [build_trace(spans, partial=False, prices=PRICES) for spans, _ in _groups(here.spans)]
+    expected = [build_trace(_unpack(spans), partial=False, prices=PRICES) for spans, _ in _groups(here.spans)]
     assert built == expected
     assert len(built) == 20 and all(t is not None and t.app == "pool-app" for t in built)
     first = built[0]
@@ -157,7 +203,7 @@ async def test_errors_keep_their_kind_and_reason_across_the_process_boundary(poo
 async def test_a_trace_that_cannot_be_built_is_none_and_the_others_survive(pool: IngestPool) -> None:
     decoded = await pool.decode(_body(3), json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
     groups = _groups(decoded.spans)
-    broken = [s.unpack() for s in groups[1][0]]
+    broken = _unpack(groups[1][0])
     for span in broken:
         span.trace_id = "not-a-trace-id"  # RagTrace refuses it: the builder raises for this group
     built = await pool.build_traces([groups[0], (broken, False), groups[2]])
@@ -177,17 +223,19 @@ async def _pid(pool: IngestPool, role: str) -> int:
 
 
 async def test_a_decoder_killed_mid_request_loses_nothing(pool: IngestPool, metrics: Metrics) -> None:
-    body = _body(3000)  # ~1 s of decoding
+    body = _body(8000)  # ~0.5 s of screening and sending spans back
     pid = await _pid(pool, "decoder")
     call = asyncio.create_task(pool.decode(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT))
     await _kill_during(pid, call)
     decoded = await call
-    assert len(decoded.spans) == 12_000 and decoded.rejected_spans == 0
-    assert len({s.trace_id for s in decoded.spans}) == 3000
+    assert len(decoded.spans) == 32_000 and decoded.rejected_spans == 0
+    assert len({s.trace_id for s in decoded.spans}) == 8000
     assert _restarts(metrics, "decoder") == 1 and _restarts(metrics, "builder") == 0
     # a new decoder took over
+    (new_pid,) = (await pool.worker_pids())["decoder"]
+    assert new_pid != pid
     again = await pool.decode(_body(2), json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
-    assert len(again.spans) == 8 and all(isinstance(s, PackedSpan) for s in again.spans)
+    assert len(again.spans) == 8
 
 
 async def test_a_builder_killed_mid_build_loses_nothing(pool: IngestPool, metrics: Metrics) -> None:
@@ -210,11 +258,40 @@ async def test_zero_processes_decodes_and_builds_in_threads(metrics: Metrics) ->
     try:
         assert await pool.worker_pids() == {"decoder": set(), "builder": set()}
         decoded = await pool.decode(_body(2), json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
-        assert all(type(s) is Span for s in decoded.spans)
+        assert all(type(s) is WireSpan for s in decoded.spans)
         built = await pool.build_traces(_groups(decoded.spans))
         assert [t.trace_id if t else None for t in built] == [f"{n:032x}" for n in (1, 2)]
     finally:
         await pool.stop()
+
+
+@pytest.mark.parametrize("processes", [0, 1])
+async def test_attribute_values_dropped_from_wire_spans_are_counted_when_built(
+    metrics: Metrics, processes: int
+) -> None:
+    """A protobuf span's attributes are converted when its trace is built, so a wrong-typed value
+    is dropped and counted then, and the rest of the trace is kept."""
+    request = ExportTraceServiceRequest.FromString(_body(2))
+    for span in request.resource_spans[0].scope_spans[0].spans:
+        for attribute in span.attributes:
+            if attribute.key == "llm.token_count.prompt":
+                attribute.value.string_value = "lots"  # a count that is not a number
+    pool = IngestPool(processes, PRICES, metrics)
+    await pool.start()
+    try:
+        body = request.SerializeToString()
+        decoded = await pool.decode(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+        assert decoded.rejections == {} and decoded.error_message == ""  # not known yet
+        built = await pool.build_traces(_groups(decoded.spans))
+    finally:
+        await pool.stop()
+    rejected = metrics.registry.get_sample_value(
+        "ragmon_ingest_rejected_total", {"reason": "invalid_attribute"}
+    )
+    assert rejected == 2
+    assert len(built) == 2 and all(t is not None and t.query == "how do I rotate the api key?" for t in built)
+    # what decode_protobuf reports for the same body, at once
+    assert otlp.decode_protobuf(body, TENANT).rejections == {"invalid_attribute": 2}
 
 
 @pytest.mark.parametrize("processes", [0, 1])

@@ -20,7 +20,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import format_span_id, format_trace_id
 
 from service.errors import DecodeError
-from service.otlp import DecodedBatch, RejectReason, decode_json, decode_protobuf, decode_request
+from service.otlp import (
+    DecodedBatch,
+    RejectReason,
+    decode_json,
+    decode_protobuf,
+    decode_request,
+    screen_protobuf,
+    span_from_wire,
+)
+from service.spans import WireSpan
 
 VECTOR_KEY = "embedding.embeddings.0.embedding.vector"
 TENANT = "acme"
@@ -153,6 +162,62 @@ def test_size_estimate_grows_with_content(sdk: tuple[TracerProvider, InMemorySpa
     # a 1,536-float vector is tens of KB in Python: the estimate must be of that order, not of the wire size
     assert large.size_bytes > 1536 * 24
     assert all(s.size_bytes > 0 for s in spans)
+
+
+# ---------------------------------------------------------------- screening (ingest's request path)
+
+
+def test_screened_spans_route_and_decode_like_decoded_ones(
+    sdk: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = sdk
+    _rag_spans(provider, vector=[0.25] * 1536)
+    body = _body(exporter.get_finished_spans())
+    screened = screen_protobuf(body, TENANT)
+    decoded = decode_protobuf(body, TENANT)
+    assert all(isinstance(s, WireSpan) for s in screened.spans)
+    problems = DecodedBatch()
+    assert [span_from_wire(s, problems) for s in screened.spans] == decoded.spans  # type: ignore[arg-type]
+    assert problems.rejections == {}
+    for wire, span in zip(screened.spans, decoded.spans, strict=True):
+        assert (wire.tenant, wire.trace_id, wire.parent_span_id, wire.is_root) == (
+            span.tenant,
+            span.trace_id,
+            span.parent_span_id,
+            span.is_root,
+        )
+        # the buffer bound counts what the span will weigh decoded, not its wire bytes
+        assert 0.5 <= wire.size_bytes / span.size_bytes <= 2, span.name
+
+
+def test_screening_leaves_attribute_values_to_decoding(
+    sdk: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = sdk
+    with provider.get_tracer("t").start_as_current_span("llm") as span:
+        span.set_attribute("llm.token_count.prompt", "many")
+        span.set_attribute("output.value", "see embedding.embeddings.0.embedding.vector")  # not a vector
+    body = _body(exporter.get_finished_spans())
+    screened = screen_protobuf(body, TENANT)
+    assert len(screened.spans) == 1 and screened.rejections == {}
+    problems = DecodedBatch()
+    (wire,) = screened.spans
+    assert isinstance(wire, WireSpan)
+    assert span_from_wire(wire, problems).attributes == {
+        "output.value": "see embedding.embeddings.0.embedding.vector"
+    }
+    assert problems.rejections == {"invalid_attribute": 1}
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_screening_rejects_non_finite_vectors(
+    sdk: tuple[TracerProvider, InMemorySpanExporter], bad: float
+) -> None:
+    provider, exporter = sdk
+    _rag_spans(provider, vector=(0.1, bad, 0.3))
+    screened = screen_protobuf(_body(exporter.get_finished_spans()), TENANT)
+    assert screened.rejections == {"nan_vector": 1} and screened.rejected_spans == 1
+    assert sorted(s.parent_span_id is None for s in screened.spans) == [False, True]
 
 
 # ---------------------------------------------------------------- OTLP/JSON as the spec writes it
