@@ -52,6 +52,10 @@ SpanGroups = Sequence[tuple[Sequence[AnySpan], bool]]
 # one trace per group, None where it could not be built
 BatchBuilder = Callable[[SpanGroups], Awaitable[list[RagTrace | None]]]
 
+# Traces per build call within one emission: each chunk is handed on once built, while the next
+# ones are still building.
+EMIT_CHUNK = 64
+
 # Emitted trace ids remembered to recognise late spans: for `timeout_s`, and never more than this
 # many (~240 bytes each), whatever the rate.
 _RECENT_LIMIT = 200_000
@@ -224,28 +228,45 @@ class SpanAssembler:
             pending, self._pending = self._pending, []
             if not pending:
                 return
-            # Building costs ~0.2-0.5 ms of CPU a trace; on the event loop a tick's worth of
-            # traces would hold every request waiting for tens of milliseconds.
+            # Building costs ~0.5 ms of CPU a trace, so it runs off the event loop (`build`). All
+            # chunks are submitted at once and each is handed on as soon as it is built, in order:
+            # one build of a tick's ~1,000 traces held them all, as backlog, until the last was
+            # done, and left the store idle meanwhile.
+            chunks = [pending[start : start + EMIT_CHUNK] for start in range(0, len(pending), EMIT_CHUNK)]
+            builds = [
+                asyncio.ensure_future(self.build([(t.spans, reason != "complete") for t, reason in chunk]))
+                for chunk in chunks
+            ]
             self._building = len(pending)
+            taken = 0  # chunks built and handed on (or being handed on)
             try:
-                built = await self.build(
-                    [(open_trace.spans, reason != "complete") for open_trace, reason in pending]
-                )
-            except asyncio.CancelledError:
-                # The taken traces must not be lost: `stop()` emits them again. The build's
-                # result is dropped, so each trace is still handed on (and counted) once.
-                self._pending[:0] = pending
+                for chunk, build in zip(chunks, builds, strict=True):
+                    built = await build
+                    self._building -= len(chunk)
+                    taken += 1
+                    await self._hand_on(chunk, built)
+            except BaseException as stopped:
+                for later in builds[taken:]:
+                    later.cancel()
+                if isinstance(stopped, asyncio.CancelledError):
+                    # The chunks not taken must not be lost: `stop()` emits them again. Their
+                    # builds' results are dropped, so each trace is handed on once.
+                    self._pending[:0] = [item for rest in chunks[taken:] for item in rest]
                 raise
             finally:
                 self._building = 0
-            traces = [trace for trace in built if trace is not None]
-            # one increment per reason, not per trace: `labels()` costs microseconds on the loop
-            for reason, count in Counter(reason for _, reason in pending).items():
-                self.metrics.assembled.labels(reason=reason).inc(count)
-            if len(traces) < len(built):
-                self.metrics.assembly_failures.inc(len(built) - len(traces))
-            if traces:
-                await self.next.consume_traces(traces)
+
+    async def _hand_on(
+        self, chunk: Sequence[tuple[_OpenTrace, str]], built: Sequence[RagTrace | None]
+    ) -> None:
+        traces = [trace for trace in built if trace is not None]
+        # one increment per reason, not per trace: `labels()` costs microseconds on the loop
+        for reason, count in Counter(reason for _, reason in chunk).items():
+            self.metrics.assembled.labels(reason=reason).inc(count)
+        if len(traces) < len(built):
+            self.metrics.assembly_failures.inc(len(built) - len(traces))
+        if traces:
+            await self.next.consume_traces(traces)
 
     async def flush_due(self) -> None:
         """Emit every trace whose time has come (called by the background tick)."""

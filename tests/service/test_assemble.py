@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 import pytest
 
-from service.assemble import SpanAssembler, in_thread
+from service.assemble import EMIT_CHUNK, SpanAssembler, SpanGroups, in_thread
 from service.config import AssemblerConfig
 from service.metrics import Metrics
 from service.model import RagTrace
@@ -227,3 +227,48 @@ async def test_emitted_ids_are_forgotten_after_timeout_so_memory_does_not_grow_p
     await assembler.flush_due()
     assert counter(metrics, "ragmon_late_spans_total") == 0
     assert [(t.span_count, t.partial) for t in sink.traces] == [(1, False), (1, True)]
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+async def test_an_emission_hands_each_chunk_on_when_built_and_a_cancel_loses_nothing() -> None:
+    gates = [asyncio.Event() for _ in range(5)]
+    calls: list[int] = []
+
+    async def gated(groups: SpanGroups) -> list[RagTrace | None]:
+        gate = gates[len(calls)]
+        calls.append(len(groups))
+        await gate.wait()
+        return [build(list(spans), partial) for spans, partial in groups]  # type: ignore[arg-type]
+
+    sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
+    assembler = SpanAssembler(AssemblerConfig(grace_s=0.5, timeout_s=10), sink, gated, metrics, clock)
+    n = 2 * EMIT_CHUNK + 5
+    await assembler.consume_spans([span(i, 0, root=True) for i in range(1, n + 1)])
+    clock.now += 1
+    emitting = asyncio.create_task(assembler.flush_due())
+    await _until(lambda: len(calls) == 3)
+    assert calls == [EMIT_CHUNK, EMIT_CHUNK, 5]  # every chunk submitted at once
+    assert assembler.backlog == n and sink.traces == []
+    gates[1].set()  # the second chunk is built first: it still waits for the first
+    await asyncio.sleep(0.01)
+    assert sink.traces == []
+    gates[0].set()
+    await _until(lambda: len(sink.traces) == 2 * EMIT_CHUNK)
+    assert [t.trace_id for t in sink.traces] == [f"{i:032x}" for i in range(1, 2 * EMIT_CHUNK + 1)]
+    assert assembler.backlog == 5  # handed-on chunks no longer count as behind
+
+    emitting.cancel()  # while the last chunk is building
+    with pytest.raises(asyncio.CancelledError):
+        await emitting
+    gates[2].set()
+    gates[3].set()
+    await assembler.stop()  # emits the last chunk again
+    assert sorted(t.trace_id for t in sink.traces) == [f"{i:032x}" for i in range(1, n + 1)]
+    assert counter(metrics, "ragmon_assembled_traces_total", reason="complete") == n
