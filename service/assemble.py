@@ -20,11 +20,13 @@ content (bad spans were rejected by the receiver); `stop()` emits every open
 trace before returning. `build` is a coroutine over a batch of traces: the
 pipeline's runs it in worker processes (service/ingest_pool.py), `in_thread`
 adapts a plain per-trace function for a worker thread, so the event loop keeps
-serving requests while traces are built. A trace taken for emission is handed
-on exactly once, even when the emitting task is cancelled mid-build.
+serving requests while traces are built. An emission builds in chunks of
+`EMIT_CHUNK` traces, all submitted at once, and hands each chunk on as soon
+as it is built, in order. A trace taken for emission is handed on exactly
+once, even when the emitting task is cancelled mid-build.
 
-Spans are buffered as `Span` or `PackedSpan`: the assembler reads only their
-tenant, trace id, root flag and size.
+Spans are buffered as `Span`, `PackedSpan` or `WireSpan` (service/spans.py):
+the assembler reads only their tenant, trace id, root flag and size.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """OTLP trace decoding: an `ExportTraceServiceRequest` (protobuf, OTLP/JSON or parsed gRPC) -> `Span`s.
 
-The three entry points return a `DecodedBatch` and share one set of rules:
+The entry points return a `DecodedBatch` and share one set of rules:
 
 * A body that cannot be read at all (malformed protobuf, malformed JSON,
   invalid UTF-8, wrong types down to the `spans` lists) raises
@@ -34,6 +34,16 @@ The three entry points return a `DecodedBatch` and share one set of rules:
   reason counts spans, and `rejected_spans` is the sum of the span reasons.
   Numbers sent as strings ("0.83", "120") are accepted and stored as numbers.
 
+Ingest decodes protobuf (HTTP and gRPC) in two steps. On the request's path,
+`screen_protobuf` applies every rule that rejects a span (ids, times, and the
+vectors of spans that carry one) and keeps each accepted span as its wire
+bytes, a `WireSpan`; converting the attributes was ~70 % of decoding, and it
+waits until the trace is built (`span_from_wire`, in a builder process). So
+for protobuf the answer reports rejected spans, and dropped attribute values
+are counted later, in `ragmon_ingest_rejected_total{reason="invalid_attribute"}`
+(a warning in `partial_success` is optional in OTLP). `decode_protobuf` does
+both steps at once. OTLP/JSON is decoded in one step and its answer reports both.
+
 OTLP/JSON is read as the OTLP specification writes it: lowerCamelCase field
 names, trace and span ids as hex (not base64), enums as integers, 64-bit
 integers as strings or numbers, `doubleValue` also as "NaN"/"Infinity",
@@ -43,8 +53,9 @@ directly: `json_format.Parse` would read the hex ids as base64, and on a
 
 Each span's `size_bytes` is a cheap estimate of its Python memory (string
 lengths plus a constant per attribute and per element), computed while the
-values are converted; the resource dict is shared by the spans of one
-`ResourceSpans` and not counted per span.
+values are converted (for a `WireSpan`, from its wire size: within 2x); the
+resource dict is shared by the spans of one `ResourceSpans` and not counted
+per span.
 """
 
 from __future__ import annotations

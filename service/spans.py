@@ -1,7 +1,9 @@
 """`Span`: one decoded OTLP span, the unit the assembler buffers.
 
-Receivers (`otlp.py` for protobuf and JSON, the gRPC receiver) produce these;
-`semconv.py` turns the spans of one trace into a `RagTrace`. Ids are
+Receivers (`otlp.py` for protobuf and JSON, the gRPC receiver) produce these
+(or their packed forms below, `PackedSpan` and `WireSpan`, which worker
+processes hand around); `semconv.py` turns the spans of one trace into a
+`RagTrace`. Ids are
 lower-case hex, times are Unix nanoseconds, attribute values are plain Python
 values (str, bool, int, float, bytes, lists of those, or dicts for kvlists).
 """
