@@ -195,11 +195,19 @@ def test_faults_end_judged_or_visibly_failed_never_twice(tmp_path: Path, fake_op
         completed = server.metric("ragmon_judge_completed_total", judge="llm")
         assert states["pending"] == states["leased"] == 0
         assert completed == states["done"] == 8  # each trace judged exactly once
+        # Every scripted fault was one call, then retried. Whether a trace's judgment ends failed
+        # (two bad replies in a row for one trace) or the worker pauses (four unavailable replies)
+        # depends on how the two workers interleave, so the exact count is of calls.
+        calls = server.metric("ragmon_judge_requests_total", judge="llm")
+        ended_failed = server.metric(
+            "ragmon_judge_verdicts_total", app="judge-app", verdict="failed", judge="llm"
+        )
+        assert calls == 5 + 8 - ended_failed
         failures = sum(
             server.metric("ragmon_judge_failures_total", reason=r)
             for r in ("rate_limited", "server_error", "malformed", "partition_violation")
         )
-        assert failures >= 1  # the faults were seen and counted, and retried to success
+        assert failures >= ended_failed
 
 
 def test_restart_mid_queue_loses_nothing(tmp_path: Path) -> None:
