@@ -80,7 +80,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
 from service.semconv import AttributeKind, attribute_kind, embedding_model_of
-from service.span_attributes import VECTOR_KEY_SUFFIX
+from service.span_attributes import EMBEDDING_MODEL_KEYS, VECTOR_KEY_SUFFIX
 from service.spans import AnySpan, Attributes, AttrValue, Span, SpanEvent, WireSpan
 
 __all__ = [
@@ -353,19 +353,20 @@ def _pb_array(array: ArrayValue) -> list[AttrValue]:
     An all-double array has a fixed wire layout, 11 bytes per item (tag 0x0a, length 9,
     tag 0x21, 8 little-endian bytes), so numpy can slice the doubles out in one step.
     """
-    raw = array.SerializeToString()
-    n, rest = divmod(len(raw), _WIRE_DOUBLE_ITEM)
-    if (
-        n
-        and not rest
-        and raw[0::11] == b"\x0a" * n
-        and raw[1::11] == b"\x09" * n
-        and raw[2::11] == b"\x21" * n
-    ):
-        items = np.frombuffer(raw, dtype=np.uint8).reshape(n, _WIRE_DOUBLE_ITEM)[:, 3:]
-        doubles: list[AttrValue] = np.ascontiguousarray(items).view("<f8").ravel().tolist()
-        return doubles
+    doubles = _wire_doubles(array.SerializeToString())
+    if doubles is not None and doubles.size:
+        values: list[AttrValue] = doubles.tolist()
+        return values
     return [_pb_value(item) for item in array.values]
+
+
+def _wire_doubles(raw: bytes) -> np.ndarray[Any, np.dtype[np.float64]] | None:
+    """The numbers of a serialized ArrayValue that holds only doubles; None for any other array."""
+    n, rest = divmod(len(raw), _WIRE_DOUBLE_ITEM)
+    if rest or raw[0::11] != b"\x0a" * n or raw[1::11] != b"\x09" * n or raw[2::11] != b"\x21" * n:
+        return None
+    items = np.frombuffer(raw, dtype=np.uint8).reshape(n, _WIRE_DOUBLE_ITEM)[:, 3:]
+    return np.ascontiguousarray(items).view("<f8").ravel()
 
 
 def _pb_attributes(
@@ -462,14 +463,53 @@ def _screen_span(span: PbSpan, resource: Attributes, tenant: str, dims: _VectorD
     # a dict entry per attribute; within 2x of the decoded estimate for strings and numbers.
     size = _SPAN_OVERHEAD + 2 * len(raw) + (_ENTRY_OVERHEAD + _STR_OVERHEAD) * len(span.attributes)
     if _VECTOR_KEY_MARK in raw:
-        vector_dims: set[int] = set()
-        # drops are not counted here: span_from_wire meets the same values and counts them once
-        attributes, attributes_size = _pb_attributes(span.attributes, DecodedBatch(), where, vector_dims)
-        _check_dims(attributes, vector_dims, dims, where)
-        # a vector's 11 wire bytes a number become ~40 in Python: take the exact estimate
-        size = max(size, _SPAN_OVERHEAD + attributes_size)
+        vector_size = _screen_vectors(span, dims, where)
+        # a vector's 11 wire bytes a number become ~40 in Python (see `_size`)
+        size += vector_size * (_LIST_SLOT + _NUMBER_SIZE)
     parent = raw_parent.hex() if any(raw_parent) else None
     return WireSpan(tenant, raw_trace.hex(), parent, size, raw, resource)
+
+
+def _screen_vectors(span: PbSpan, dims: _VectorDims, where: str) -> int:
+    """Check the span's embedding vectors as `_pb_span` would, without converting them: raises
+    `_Invalid` for a non-finite number or a length mismatch; returns the numbers they hold.
+
+    A vector that is not a list of numbers is left alone: it is an attribute value that
+    `span_from_wire` drops and counts."""
+    lengths: set[int] = set()
+    models: Attributes = {}
+    for kv in span.attributes:
+        key = kv.key
+        if _kind_of(key) == "vector":
+            length = _screened_vector_length(key, kv.value)
+            if length is not None:
+                lengths.add(length)
+        elif key in EMBEDDING_MODEL_KEYS and kv.value.WhichOneof("value") == "string_value":
+            models[key] = kv.value.string_value
+    _check_dims(models, lengths, dims, where)
+    return sum(lengths)
+
+
+def _screened_vector_length(key: str, value: AnyValue) -> int | None:
+    """The length of a usable vector; None for one `_check_vector` would drop; raises `_Invalid`
+    (NAN_VECTOR) where it would reject the span."""
+    if value.WhichOneof("value") != "array_value":
+        return None
+    raw = value.array_value.SerializeToString()
+    doubles = _wire_doubles(raw)
+    if doubles is not None:  # the usual case: all doubles, checked in one numpy call
+        if not doubles.size:
+            return None
+        finite = np.isfinite(doubles)
+        if not finite.all():
+            raise _Invalid(RejectReason.NAN_VECTOR, f"{key} holds {float(doubles[~finite][0])}")
+        return int(doubles.size)
+    try:
+        return len(_check_vector(key, _pb_array(value.array_value)))
+    except _Invalid as problem:
+        if problem.reason is RejectReason.INVALID_ATTRIBUTE:
+            return None
+        raise
 
 
 def span_from_wire(wire: WireSpan, problems: DecodedBatch) -> Span:

@@ -49,6 +49,7 @@ from openinference.semconv.trace import (
 from service.spans import Attributes
 
 __all__ = [
+    "EMBEDDING_MODEL_KEYS",
     "VECTOR_KEY_SUFFIX",
     "AttributeKind",
     "GenAIAttributes",
@@ -138,7 +139,8 @@ VECTOR_KEY_SUFFIX = "." + EmbeddingAttributes.EMBEDDING_VECTOR
 _SCORE_SUFFIX = "." + DocumentAttributes.DOCUMENT_SCORE
 _TOKEN_COUNT_PREFIX = "llm.token_count."
 _COST_PREFIX = "llm.cost."
-_EMBEDDING_MODEL_KEYS = (
+# Where a span names its embedding model, in order of preference.
+EMBEDDING_MODEL_KEYS = (
     SpanAttributes.EMBEDDING_MODEL_NAME,
     GenAIAttributes.RESPONSE_MODEL,
     GenAIAttributes.REQUEST_MODEL,
@@ -179,7 +181,7 @@ def attribute_kind(key: str) -> AttributeKind | None:
 
 def embedding_model_of(attributes: Attributes) -> str | None:
     """The embedding model a span names, under any of the conventions."""
-    for key in _EMBEDDING_MODEL_KEYS:
+    for key in EMBEDDING_MODEL_KEYS:
         value = attributes.get(key)
         if isinstance(value, str) and value:
             return value

@@ -13,6 +13,7 @@ import pytest
 from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -660,3 +661,42 @@ def test_protobuf_arrays_decode_exactly_on_and_off_the_double_fast_path() -> Non
     assert again.attributes["plain.doubles"] == doubles
     negative_zero = again.attributes["plain.doubles"][1]
     assert isinstance(negative_zero, float) and math.copysign(1.0, negative_zero) == -1.0
+
+
+def _any(item: object) -> AnyValue:
+    if isinstance(item, bool):
+        return AnyValue(bool_value=item)
+    if isinstance(item, int):
+        return AnyValue(int_value=item)
+    if isinstance(item, float):
+        return AnyValue(double_value=item)
+    return AnyValue(string_value=str(item))
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [1, 2.5, 3],  # ints among doubles: off the all-double fast path, accepted as floats
+        [0.1, "x", math.nan],  # a non-number first: the value is dropped, the span kept
+        [0.1, math.nan, "x"],  # a NaN first: the span is rejected
+        [],  # empty: dropped
+        [True, 0.5],  # a boolean is not a number: dropped
+        [0.1, math.inf],  # all doubles, one infinite: rejected
+        [0.25] * 300,
+    ],
+)
+def test_protobuf_vectors_are_judged_as_the_json_decoder_judges_them(items: list[object]) -> None:
+    """The screening path reads vectors its own way (numpy on the wire bytes); the OTLP/JSON decoder
+    converts every value first. Both must accept, drop and reject the same vectors."""
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.name, span.trace_id, span.span_id = "embed", bytes.fromhex(TRACE), bytes.fromhex(ROOT)
+    span.start_time_unix_nano, span.end_time_unix_nano = 1, 2
+    span.attributes.add(key="embedding.model_name", value=AnyValue(string_value="m"))
+    vector = span.attributes.add(key=VECTOR_KEY)
+    vector.value.array_value.values.extend(_any(item) for item in items)
+    from_protobuf = decode_protobuf(request.SerializeToString(), TENANT)
+    from_json = decode_json(json.dumps(_to_spec_json(request)).encode(), TENANT)
+    assert from_protobuf.rejections == from_json.rejections
+    assert from_protobuf.rejected_spans == from_json.rejected_spans
+    assert [s.attributes for s in from_protobuf.spans] == [s.attributes for s in from_json.spans]  # type: ignore[union-attr]
