@@ -272,3 +272,18 @@ async def test_an_emission_hands_each_chunk_on_when_built_and_a_cancel_loses_not
     await assembler.stop()  # emits the last chunk again
     assert sorted(t.trace_id for t in sink.traces) == [f"{i:032x}" for i in range(1, n + 1)]
     assert counter(metrics, "ragmon_assembled_traces_total", reason="complete") == n
+
+
+async def test_emitted_ids_are_remembered_up_to_a_count_whatever_the_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("service.assemble._RECENT_LIMIT", 2)
+    assembler, sink, clock, metrics = make()
+    await assembler.consume_spans([span(n, 0, root=True) for n in (1, 2, 3)])
+    clock.now += 1
+    await assembler.flush_due()
+    assert len(sink.traces) == 3
+    await assembler.consume_spans([span(3, 7)])  # still remembered: late
+    assert counter(metrics, "ragmon_late_spans_total") == 1
+    await assembler.consume_spans([span(1, 7)])  # the oldest was forgotten: a new (partial) trace
+    assert counter(metrics, "ragmon_late_spans_total") == 1 and assembler.open_traces == 1
