@@ -477,6 +477,7 @@ def _screen_vectors(span: PbSpan, dims: _VectorDims, where: str) -> int:
     A vector that is not a list of numbers is left alone: it is an attribute value that
     `span_from_wire` drops and counts."""
     lengths: set[int] = set()
+    numbers = 0
     models: Attributes = {}
     for kv in span.attributes:
         key = kv.key
@@ -484,10 +485,11 @@ def _screen_vectors(span: PbSpan, dims: _VectorDims, where: str) -> int:
             length = _screened_vector_length(key, kv.value)
             if length is not None:
                 lengths.add(length)
+                numbers += length
         elif key in EMBEDDING_MODEL_KEYS and kv.value.WhichOneof("value") == "string_value":
             models[key] = kv.value.string_value
     _check_dims(models, lengths, dims, where)
-    return sum(lengths)
+    return numbers
 
 
 def _screened_vector_length(key: str, value: AnyValue) -> int | None:

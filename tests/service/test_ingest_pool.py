@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from service import otlp
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
-from service.ingest_pool import IngestPool, _cgroup_cpus
+from service.ingest_pool import IngestPool, _cgroup_cpus, _unpacked
 from service.metrics import Metrics
 from service.model import RagTrace
 from service.pricing import PriceTable
@@ -122,14 +122,7 @@ def _groups(spans: Sequence[AnySpan]) -> list[tuple[list[AnySpan], bool]]:
 
 def _unpack(spans: Sequence[AnySpan]) -> list[Span]:
     problems = otlp.DecodedBatch()
-    unpacked = [
-        otlp.span_from_wire(s, problems)
-        if isinstance(s, WireSpan)
-        else s.unpack()
-        if isinstance(s, PackedSpan)
-        else s
-        for s in spans
-    ]
+    unpacked = [_unpacked(s, problems) for s in spans]
     assert not problems.rejections
     return unpacked
 
