@@ -258,9 +258,10 @@ class SpanAssembler:
             try:
                 for chunk, build in zip(chunks, builds, strict=True):
                     built = await build
-                    self._building -= len(chunk)
                     taken += 1
                     await self._hand_on(chunk, built)
+                    # counted as backlog until handed on, so "no backlog" means "all passed on"
+                    self._building -= len(chunk)
             except BaseException as stopped:
                 for later in builds[taken:]:
                     later.cancel()

@@ -112,25 +112,37 @@ def _summary_lines(url: str) -> list[str]:
     return lines
 
 
-def _wait_until_settled(url: str, timeout_s: float) -> None:
-    """Wait until ragmon holds no open trace and nothing in its bus: everything sent is stored and counted."""
+def _wait_until_settled(url: str, timeout_s: float) -> bool:
+    """Wait until everything sent is stored and counted: no open trace, no build backlog, nothing
+    in the bus, and the stored-trace count unchanged over two polls in a row.
+
+    Under load a trace can sit between two of those gauges for a moment (built, on its way to
+    the bus), so one quiet poll is not enough; a count that stopped moving is."""
     import time
 
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
+    settle_gauges = ("ragmon_open_traces", "ragmon_build_backlog_traces", "ragmon_bus_queue_depth")
     deadline = time.monotonic() + timeout_s
+    previous_stored: float | None = None
     with httpx.Client(base_url=url, timeout=10) as client:
         while time.monotonic() < deadline:
-            values = {
-                s.name: s.value
+            samples = [
+                s
                 for family in text_string_to_metric_families(client.get("/metrics").text)
                 for s in family.samples
-                if s.name in ("ragmon_open_traces", "ragmon_bus_queue_depth")
-            }
-            if values and not any(values.values()):
-                return
-            time.sleep(0.2)
+                if s.name in settle_gauges or s.name == "ragmon_traces_total"
+            ]
+            quiet = {s.name for s in samples if s.name in settle_gauges} == set(settle_gauges) and not any(
+                s.value for s in samples if s.name in settle_gauges
+            )
+            stored = sum(s.value for s in samples if s.name == "ragmon_traces_total")
+            if quiet and stored == previous_stored:
+                return True
+            previous_stored = stored if quiet else None
+            time.sleep(0.3)
+    return False
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -169,7 +181,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     args.target = url
     print(f"ragmon is running at {url} (data in {config.data_dir}); sending demo traffic...", file=sys.stderr)
     code = demo.main(args)
-    _wait_until_settled(url, timeout_s=config.assembler.timeout_s + 10)
+    # generous: on a loaded machine the ingest processes can take many seconds to start building
+    if not _wait_until_settled(url, timeout_s=config.assembler.timeout_s + 90):
+        print("ragmon demo: ragmon is still busy; the numbers below may be incomplete", file=sys.stderr)
     print("\n".join(["", "what ragmon saw:", *_summary_lines(url)]))
     if args.exit:
         server.should_exit = True
