@@ -55,3 +55,15 @@ def test_a_pickled_trace_comes_back_equal_typed_and_frozen(protocol: int) -> Non
 def test_feedback_pickles_too() -> None:
     event = Feedback(event_id="e1", trace_id="cd" * 16, kind="down", reason="wrong", time=datetime.now(UTC))
     assert pickle.loads(pickle.dumps(event)) == event
+
+
+def test_a_query_vector_comes_back_as_the_same_exact_floats() -> None:
+    # pickled as one block of doubles: every bit of every float survives, and it is a tuple again
+    vector = (0.1, -0.0, 1e-310, 1.7976931348623157e308, -2.5, 3.0000000000000004)
+    embedding = QueryEmbedding.model_construct(model=None, vector=vector)
+    back = pickle.loads(pickle.dumps(embedding, pickle.HIGHEST_PROTOCOL))
+    assert type(back.vector) is tuple and all(type(x) is float for x in back.vector)
+    assert [x.hex() for x in back.vector] == [x.hex() for x in vector]
+    assert back.model is None and back.model_fields_set == embedding.model_fields_set == {"model", "vector"}
+    # a model left unset stays unset
+    assert pickle.loads(pickle.dumps(QueryEmbedding(vector=(1.0,)))).model_fields_set == {"vector"}
