@@ -79,6 +79,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
+from service.protobuf_wire import WireError, span_slices
 from service.semconv import AttributeKind, attribute_kind, embedding_model_of
 from service.span_attributes import EMBEDDING_MODEL_KEYS, VECTOR_KEY_SUFFIX
 from service.spans import AnySpan, Attributes, AttrValue, Span, SpanEvent, WireSpan
@@ -450,15 +451,19 @@ def _check_dims(attributes: Attributes, vector_dims: set[int], dims: _VectorDims
         raise _Invalid(RejectReason.VECTOR_DIMENSION_MISMATCH, f"{where}: {problem}")
 
 
-def _screen_span(span: PbSpan, resource: Attributes, tenant: str, dims: _VectorDims, where: str) -> WireSpan:
-    """Apply every rule that rejects a span, and keep the span as its wire bytes.
+def _screen_span(
+    span: PbSpan, raw: bytes | None, resource: Attributes, tenant: str, dims: _VectorDims, where: str
+) -> WireSpan:
+    """Apply every rule that rejects a span, and keep the span as its wire bytes (`raw`, when
+    the caller has them, else re-encoded).
 
     Only a span whose bytes contain an embedding-vector key has its attributes
     read here (NaN vectors and dimensions reject the span); a wrong-typed
     attribute value is dropped and counted later, by `span_from_wire`.
     """
     raw_trace, _, raw_parent = _checked_ids(span, where)
-    raw = span.SerializeToString()
+    if raw is None:
+        raw = span.SerializeToString()
     # What the decoded span will weigh (see `_size`): its wire bytes widened to Python objects, plus
     # a dict entry per attribute; within 2x of the decoded estimate for strings and numbers.
     size = _SPAN_OVERHEAD + 2 * len(raw) + (_ENTRY_OVERHEAD + _STR_OVERHEAD) * len(span.attributes)
@@ -523,23 +528,30 @@ def span_from_wire(wire: WireSpan, problems: DecodedBatch) -> Span:
     return _pb_span(span, wire.resource, wire.tenant, problems, _VectorDims(), where)
 
 
-def screen_request(msg: ExportTraceServiceRequest, tenant: str) -> DecodedBatch:
+def screen_request(
+    msg: ExportTraceServiceRequest, tenant: str, raw_spans: list[bytes] | None = None
+) -> DecodedBatch:
     """Screen an already-parsed request: its accepted spans come back as `WireSpan`s.
 
-    Rejected spans are counted as `decode_request` counts them; dropped attribute
-    values are not (they are counted when `span_from_wire` decodes the span)."""
+    `raw_spans`, when given, are the request's spans as sliced from its body
+    (`protobuf_wire.span_slices`), one per span in order; without them each
+    span is re-encoded. Rejected spans are counted as `decode_request` counts
+    them; dropped attribute values are not (they are counted when
+    `span_from_wire` decodes the span)."""
     if not isinstance(msg, ExportTraceServiceRequest):
         raise TypeError(f"expected ExportTraceServiceRequest, got {type(msg).__name__}")
     _check_tenant(tenant)
     batch = DecodedBatch()
     dims = _VectorDims()
+    raws = iter(raw_spans) if raw_spans is not None else None
     for r, resource_spans in enumerate(msg.resource_spans):
         resource, _ = _pb_attributes(resource_spans.resource.attributes, batch, f"resource {r}", None)
         for s, scope_spans in enumerate(resource_spans.scope_spans):
             for i, span in enumerate(scope_spans.spans):
                 where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
+                raw = next(raws) if raws is not None else None
                 try:
-                    batch.spans.append(_screen_span(span, resource, tenant, dims, where))
+                    batch.spans.append(_screen_span(span, raw, resource, tenant, dims, where))
                 except _Invalid as problem:
                     batch._reject(problem.reason, problem.detail)
     return batch
@@ -567,9 +579,18 @@ def _parsed(body: bytes) -> ExportTraceServiceRequest:
 
 
 def screen_protobuf(body: bytes, tenant: str) -> DecodedBatch:
-    """Screen an OTLP/HTTP protobuf body (`screen_request`); raises `DecodeError` when it is not a
-    valid request."""
-    return screen_request(_parsed(body), tenant)
+    """Screen an OTLP/HTTP protobuf body (`screen_request`), each span's bytes sliced from the body;
+    raises `DecodeError` when it is not a valid request."""
+    request = _parsed(body)
+    try:
+        raw_spans: list[bytes] | None = span_slices(bytes(body))
+    except WireError:
+        raw_spans = None  # parsed, yet not walked (unusual encodings): re-encode each span
+    if raw_spans is not None and len(raw_spans) != sum(
+        len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans
+    ):
+        raw_spans = None
+    return screen_request(request, tenant, raw_spans)
 
 
 def decode_protobuf(body: bytes, tenant: str) -> DecodedBatch:

@@ -1,0 +1,145 @@
+"""Finding each span's bytes in an OTLP body by walking the wire format (service/protobuf_wire.py)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from service.otlp import decode_protobuf, screen_protobuf
+from service.protobuf_wire import WireError, field_ranges, span_slices
+from service.spans import WireSpan
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _tag(number: int, wire_type: int) -> bytes:
+    return _varint(number << 3 | wire_type)
+
+
+def _len(number: int, payload: bytes) -> bytes:
+    return _tag(number, 2) + _varint(len(payload)) + payload
+
+
+# unknown fields of every wire type a parser must skip, one with a two-byte tag (field 300)
+UNKNOWN = (
+    _tag(20, 0)
+    + _varint(2**63)
+    + _tag(21, 1)
+    + struct.pack("<d", 1.5)
+    + _tag(22, 5)
+    + struct.pack("<f", 2.5)
+    + _len(300, b"x" * 200)
+)
+
+
+def _all_spans(request: ExportTraceServiceRequest) -> list[PbSpan]:
+    return [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+
+
+@pytest.fixture
+def exported() -> Iterator[bytes]:
+    """A body from the real OTLP encoder: two resources, two scopes in one, spans over 127 bytes."""
+    exporter = InMemorySpanExporter()
+    providers = [
+        TracerProvider(resource=Resource.create({"service.name": name})) for name in ("qa-bot", "search")
+    ]
+    for provider in providers:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    for n, tracer in enumerate(
+        [providers[0].get_tracer("a"), providers[0].get_tracer("b"), providers[1].get_tracer("c")]
+    ):
+        with tracer.start_as_current_span(f"root {n}") as root:
+            root.set_attribute("input.value", "q" * (50 + 100 * n))
+            with tracer.start_as_current_span("child") as child:
+                child.set_attribute("embedding.embeddings.0.embedding.vector", [0.5] * 64)
+    yield encode_spans(exporter.get_finished_spans()).SerializeToString()
+    for provider in providers:
+        provider.shutdown()
+
+
+def test_slices_are_the_spans_the_parser_sees_in_its_order(exported: bytes) -> None:
+    request = ExportTraceServiceRequest.FromString(exported)
+    assert len(request.resource_spans) == 2
+    slices = span_slices(exported)
+    parsed = _all_spans(request)
+    assert len(slices) == len(parsed) == 6
+    # what the OTLP encoder writes is canonical: the slices are byte for byte the re-encoding
+    assert slices == [span.SerializeToString() for span in parsed]
+
+
+def test_unknown_fields_split_lists_and_long_tags_are_walked_past() -> None:
+    start = 1_764_000_000_000_000_000
+    spans = [
+        PbSpan(
+            trace_id=bytes([i]) * 16,
+            span_id=bytes([i]) * 8,
+            name=f"s{i}" * 40,
+            start_time_unix_nano=start,
+            end_time_unix_nano=start + 1_000_000,
+        )
+        for i in range(1, 5)
+    ]
+    raw = [span.SerializeToString() for span in spans]
+    scope_a = UNKNOWN + _len(1, b"\x0a\x01a") + _len(2, raw[0]) + UNKNOWN + _len(2, raw[1])
+    scope_b = _len(2, raw[2]) + _len(3, b"schema")
+    resource_a = _len(1, b"") + _len(2, scope_a) + UNKNOWN + _len(2, scope_b)
+    resource_b = UNKNOWN + _len(2, _len(2, raw[3]))
+    # ResourceSpans, unknown fields and ResourceSpans again: a repeated field may be split
+    body = _len(1, resource_a) + UNKNOWN + _len(1, resource_b)
+    request = ExportTraceServiceRequest.FromString(body)
+    assert _all_spans(request) == spans
+    assert span_slices(body) == raw
+    # and screening hands those bytes on
+    screened = screen_protobuf(body, "acme")
+    assert screened.rejected_spans == 0
+    assert [s.raw for s in screened.spans if isinstance(s, WireSpan)] == raw
+
+
+def test_field_ranges_point_into_the_buffer() -> None:
+    message = _len(2, b"first") + UNKNOWN + _len(2, b"") + _len(3, b"other") + _len(2, b"last")
+    ranges = field_ranges(message, 0, len(message), 2)
+    assert [message[start:end] for start, end in ranges] == [b"first", b"", b"last"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        _len(1, b"abc")[:-1],  # a length past the end
+        _tag(1, 2),  # a tag with no length
+        _tag(1, 0) + b"\xff" * 11,  # a varint over 10 bytes
+        _tag(7, 3) + _tag(7, 4),  # a group
+        _tag(1, 2) + _varint(3) + b"abc" + _tag(2, 1) + b"\x00" * 7,  # a fixed64 cut short
+    ],
+)
+def test_what_does_not_walk_raises_wire_error(body: bytes) -> None:
+    with pytest.raises(WireError):
+        span_slices(body)
+
+
+def test_a_body_the_parser_takes_but_the_walk_does_not_is_re_encoded(exported: bytes) -> None:
+    # protobuf parsers skip unknown groups; the walk gives up on them, and screening re-encodes
+    body = exported + _tag(9, 3) + _tag(1, 0) + _varint(5) + _tag(9, 4)
+    with pytest.raises(WireError):
+        span_slices(body)
+    screened = screen_protobuf(body, "acme")
+    decoded = decode_protobuf(exported, "acme")
+    assert [PbSpan.FromString(s.raw) for s in screened.spans if isinstance(s, WireSpan)] == _all_spans(
+        ExportTraceServiceRequest.FromString(exported)
+    )
+    assert screened.rejected_spans == decoded.rejected_spans == 0
