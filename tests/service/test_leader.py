@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -55,7 +56,11 @@ def test_advisory_lock_moves_to_another_replica_when_the_holder_session_dies(pos
                 {"k": a.key},
             )
             conn.commit()
-        assert b.acquire() and b.held
+        # pg_terminate_backend only signals the backend; the lock goes when that process has exited
+        deadline = time.monotonic() + 10
+        while not b.acquire() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.held
         assert not a.acquire(), "the old holder must notice it lost the lock"
         b.release()
         assert a.acquire()
