@@ -161,8 +161,12 @@ def _all_worker_roles() -> list[WorkerRole]:
 
 
 class WorkerConfig(_Section):
-    host: str = Field("127.0.0.1", description="`ragmon worker` listen address for /metrics and /healthz")
-    port: int = Field(9400, ge=0, le=65535, description="`ragmon worker` port for /metrics and /healthz")
+    host: str = Field(
+        "127.0.0.1", description="`ragmon worker` listen address for /metrics, /healthz and /readyz"
+    )
+    port: int = Field(
+        9400, ge=0, le=65535, description="`ragmon worker` port for /metrics, /healthz and /readyz"
+    )
     roles: list[WorkerRole] = Field(
         default_factory=_all_worker_roles,
         description="what a `ragmon worker` runs unless --role is given",

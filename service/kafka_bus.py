@@ -409,6 +409,11 @@ class KafkaReceiver:
             self.metrics.sink_last_success.labels(sink="kafka").set(time.time())
             await self._thread(self._export_lag)
 
+    @property
+    def running(self) -> bool:
+        """The consume loop is alive (a consumer with no partitions assigned still counts)."""
+        return self._task is not None and not self._task.done()
+
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"kafka-receiver-{self.group}")

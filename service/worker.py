@@ -16,7 +16,7 @@ Roles (`--role`, repeatable; default `worker.roles`):
   worker flushes its windows on schedule whatever its roles.
 
 The topology is `Pipeline`'s (service/pipeline.py); a worker starts the parts
-of it its roles need. Each worker serves `/metrics` and `/healthz` on
+of it its roles need. Each worker serves `/metrics`, `/healthz` and `/readyz` on
 `worker.host:worker.port`. Start-up waits for the store (PostgreSQL may be
 restarting); once running, every stage retries on its own.
 """
@@ -33,7 +33,7 @@ from typing import Any
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import exc as sa_exc
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from sampler import create_tables
 from service.config import RagmonConfig, WorkerRole
@@ -131,6 +131,19 @@ class Worker:
         await asyncio.to_thread(self.leader.release)
         await asyncio.to_thread(p.store.close)
 
+    async def ready(self) -> tuple[bool, str]:
+        """Ready to do its work: started, its Kafka consume loop alive (sinks role), and the
+        store answering. Not a matter of load: a worker that is behind still consumes."""
+        if not self.started:
+            return False, "starting"
+        if self.receiver is not None and not self.receiver.running:
+            return False, "kafka consumer stopped"
+        try:
+            await asyncio.to_thread(self.pipeline.store.ping)
+        except Exception as exc:
+            return False, f"store unavailable: {type(exc).__name__}"
+        return True, "ok"
+
     def health(self) -> dict[str, Any]:
         assigned = sorted(self.receiver.assigned) if self.receiver is not None else []
         return {
@@ -145,7 +158,8 @@ class Worker:
 def create_worker_app(
     config: RagmonConfig, roles: Sequence[WorkerRole], metrics: Metrics | None = None
 ) -> FastAPI:
-    """The worker's HTTP face: `/healthz` (roles, assigned partitions, leadership) and `/metrics`."""
+    """The worker's HTTP face: `/healthz` (roles, assigned partitions, leadership), `/readyz` and
+    `/metrics`."""
     metrics = metrics or Metrics(config.metrics)
     worker = Worker(config, roles, metrics)
 
@@ -163,6 +177,11 @@ def create_worker_app(
     @app.get("/healthz", tags=["ops"], summary="Liveness, roles, assigned partitions")
     async def healthz() -> dict[str, Any]:
         return worker.health()
+
+    @app.get("/readyz", tags=["ops"], summary="Readiness: started, consuming, store reachable")
+    async def readyz() -> Response:
+        ok, detail = await worker.ready()
+        return JSONResponse({"status": "ok" if ok else "unavailable", "detail": detail}, 200 if ok else 503)
 
     @app.get("/metrics", tags=["ops"], summary="Prometheus metrics of this worker")
     async def prometheus_metrics() -> Response:

@@ -221,7 +221,8 @@ def env_from(settings: dict[str, Any], prefix: str = "RAGMON") -> dict[str, str]
 
 @dataclass
 class WorkerProcess:
-    """`ragmon worker` in a subprocess; `metric()` reads its /metrics, `health()` its /healthz."""
+    """`ragmon worker` in a subprocess; `metric()` reads its /metrics, `health()` its /healthz,
+    `readiness()` its /readyz."""
 
     settings: dict[str, Any]
     roles: tuple[str, ...]
@@ -242,6 +243,11 @@ class WorkerProcess:
     def health(self) -> dict[str, Any]:
         body: dict[str, Any] = httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=5).json()
         return body
+
+    def readiness(self) -> tuple[int, str]:
+        """/readyz's status code and detail."""
+        response = httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=10)
+        return response.status_code, str(response.json()["detail"])
 
     def wait(self, check: Callable[[dict[str, Any]], bool], timeout: float = 40) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

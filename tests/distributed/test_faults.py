@@ -152,6 +152,7 @@ def test_postgres_restart_workers_retry_and_resume(
     b = workers(settings, "sinks")
     _publish(settings, 150)
     _until(lambda: count_rows(pg_url) == 150, what="first traces stored")
+    assert a.readiness() == b.readiness() == (200, "ok")
     postgres.stop()
     try:
         _publish(settings, 250)
@@ -163,8 +164,13 @@ def test_postgres_restart_workers_retry_and_resume(
             ),
             what="a worker notices the store is down",
         )
+        # alive (nothing to restart), not ready: a load balancer or rollout should wait for it
+        status, detail = a.readiness()
+        assert (status, detail.split(":")[0]) == (503, "store unavailable"), detail
+        assert a.health()["status"] == "ok"
     finally:
         postgres.start()
+    _until(lambda: a.readiness()[0] == b.readiness()[0] == 200, what="ready again after the restart")
     _until(lambda: count_rows(pg_url) == 400, what="all traces stored after the restart")
     _until(lambda: _counted(a, b) >= 400, what="all traces counted")
     time.sleep(1.0)

@@ -426,9 +426,8 @@ def test_probes(scenario: str) -> None:
                 continue  # a job, not a server
             assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", name
             assert container["startupProbe"]["httpGet"]["path"] == "/healthz", name
-            ready = container["readinessProbe"]["httpGet"]["path"]
-            # ingest has /readyz (store reachable, bus below capacity); workers serve /healthz only
-            assert ready == ("/readyz" if container["args"][0] == "serve" else "/healthz"), name
+            # ingest: store reachable, bus below capacity; workers: consuming, store reachable
+            assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", name
             ports = {p["name"] for p in container["ports"]}
             for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
                 assert container[probe]["httpGet"]["port"] in ports

@@ -6,9 +6,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from service.config import ConfigError, load_config
-from service.worker import Worker
+from service.worker import Worker, create_worker_app
 
 
 def test_sinks_role_needs_the_kafka_bus(tmp_path: Path) -> None:
@@ -46,3 +47,17 @@ async def test_judge_and_drift_worker_starts_leads_and_stops(tmp_path: Path) -> 
         await worker.stop()
     assert not worker.leader.held
     assert worker.health()["status"] == "starting"
+
+
+def test_readyz_follows_start_and_the_store(tmp_path: Path) -> None:
+    config = load_config(environ={}, overrides={"data_dir": str(tmp_path), "judging": {"poll_s": 0.05}})
+    app = create_worker_app(config, ["judge"])
+    worker: Worker = app.state.worker
+    assert asyncio.run(worker.ready()) == (False, "starting")
+    with TestClient(app) as client:
+        assert client.get("/readyz").json() == {"status": "ok", "detail": "ok"}
+        worker.pipeline.store.close()
+        response = client.get("/readyz")
+        assert response.status_code == 503
+        assert response.json()["detail"].startswith("store unavailable")
+        assert client.get("/healthz").json()["status"] == "ok", "alive, only not ready"
