@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,10 @@ def _wait_until_settled(url: str, timeout_s: float) -> bool:
     return False
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     """Start an embedded ragmon (unless --target names one), send demo traffic, show what ragmon saw."""
     import threading
@@ -190,6 +195,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         thread.join(15)
         return code
     print("\nragmon keeps running; press Ctrl-C to stop.", file=sys.stderr)
+    # uvicorn runs in a thread here and cannot take signals: SIGTERM (`kill`, `timeout`, a
+    # container stop) gets the same orderly stop as Ctrl-C, ingest workers and all
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         while thread.is_alive():
             thread.join(0.5)

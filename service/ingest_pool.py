@@ -46,7 +46,10 @@ import logging
 import math
 import multiprocessing
 import os
+import select
 import sys
+import threading
+import time
 import types
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -157,9 +160,40 @@ def _main_module_hidden() -> Iterator[None]:
 _worker_prices: PriceTable | None = None
 
 
-def _worker_init(prices: PriceTable, niceness: int) -> None:
+def _exit_when_gone(pid: int) -> None:
+    """End this worker as soon as process `pid` (the ragmon server) has ended, however it ended.
+
+    A worker otherwise outlives a server that was killed or stopped by a signal it does not
+    handle: it holds both ends of its own call queue, so the read it waits in never ends, and
+    the forkserver and resource tracker it keeps open stay too (all orphans, found after
+    `ragmon demo` was ended with SIGTERM).
+    """
+    try:
+        handle = os.pidfd_open(pid)  # Linux 5.3+: readable once the process has exited
+    except (AttributeError, OSError):
+        handle = None
+
+    def watch() -> None:
+        if handle is not None:
+            select.select([handle], [], [])
+        else:
+            while True:
+                time.sleep(1.0)
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    continue  # exists, not ours to signal
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-server", daemon=True).start()
+
+
+def _worker_init(prices: PriceTable, niceness: int, server_pid: int) -> None:
     global _worker_prices
     _worker_prices = prices
+    _exit_when_gone(server_pid)
     if niceness:
         os.nice(niceness)
     # Decoding and building allocate hundreds of containers a trace: the server's GC settings
@@ -204,7 +238,7 @@ class _Workers:
             self.processes,
             mp_context=_context(),
             initializer=_worker_init,
-            initargs=(self.prices, self.niceness),
+            initargs=(self.prices, self.niceness, os.getpid()),
         )
         with _main_module_hidden():
             for _ in range(self.processes):

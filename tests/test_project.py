@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.live_server import free_port
+from tests.processes import descendants, wait_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,3 +73,57 @@ def test_demo_command_starts_ragmon_sends_traffic_and_reports(tmp_path: Path) ->
     assert float(lines["spend (USD)"]) > 0
     assert f"http://127.0.0.1:{port}/metrics" in result.stdout
     assert (tmp_path / "data" / "ragmon.db").exists()
+
+
+def _serve_or_demo(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
+    port = free_port()
+    command = [sys.executable, "-m", "service.cli", *args, "--port", str(port), "--grpc-port", "0"]
+    env = {**os.environ, "RAGMON_SERVER__INGEST_PROCESSES": "1"}  # worker processes even on one CPU
+    command += ["--data-dir", str(tmp_path / "data")]
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    return process, port
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
+def test_ingest_workers_end_when_the_server_is_killed(tmp_path: Path) -> None:
+    server, port = _serve_or_demo(tmp_path, "serve")
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, "ragmon serve never became ready"
+            time.sleep(0.2)
+        workers = descendants(server.pid)
+        # the forkserver, a decoder and a builder, and multiprocessing's resource tracker
+        assert len(workers) >= 3, workers
+    finally:
+        server.kill()  # no shutdown of its own: only the workers' watch on it can end them
+        server.communicate(timeout=30)
+    assert wait_gone(workers, timeout_s=20) == set()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
+def test_sigterm_stops_the_running_demo_cleanly(tmp_path: Path) -> None:
+    demo, _ = _serve_or_demo(tmp_path, "demo", "--requests", "3", "--seed", "1")
+    assert demo.stderr is not None
+    try:
+        for line in demo.stderr:  # ends at EOF if the demo dies first
+            if "keeps running" in line:
+                break
+        workers = descendants(demo.pid)
+        assert workers, "the demo's ragmon runs ingest worker processes"
+        demo.send_signal(signal.SIGTERM)
+        _, rest = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate(timeout=30)
+    assert demo.returncode == 0, rest
+    assert "Traceback" not in rest and "leaked" not in rest, rest
+    assert wait_gone(workers, timeout_s=20) == set()
