@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -112,6 +113,8 @@ def test_ingest_workers_end_when_the_server_is_killed(tmp_path: Path) -> None:
 def test_sigterm_stops_the_running_demo_cleanly(tmp_path: Path) -> None:
     demo, _ = _serve_or_demo(tmp_path, "demo", "--requests", "3", "--seed", "1")
     assert demo.stderr is not None
+    watchdog = threading.Timer(180, demo.kill)  # a demo that hangs must not hang the suite
+    watchdog.start()
     try:
         for line in demo.stderr:  # ends at EOF if the demo dies first
             if "keeps running" in line:
@@ -121,6 +124,7 @@ def test_sigterm_stops_the_running_demo_cleanly(tmp_path: Path) -> None:
         demo.send_signal(signal.SIGTERM)
         _, rest = demo.communicate(timeout=60)
     finally:
+        watchdog.cancel()
         if demo.poll() is None:
             demo.kill()
             demo.communicate(timeout=30)
