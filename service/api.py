@@ -25,7 +25,7 @@ from service.limits import BodyLimitMiddleware
 from service.metrics import Metrics
 from service.otlp_grpc import OtlpGrpcReceiver
 from service.pipeline import Pipeline
-from service.responses import error_response
+from service.responses import error_response, readiness_response
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
     async def readyz(request: Request) -> Response:
         pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
         ok, detail = (False, "starting") if pipeline is None else await pipeline.ready()
-        return JSONResponse({"status": "ok" if ok else "unavailable", "detail": detail}, 200 if ok else 503)
+        return readiness_response(ok, detail)
 
     @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
     async def prometheus_metrics() -> Response:

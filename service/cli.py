@@ -133,11 +133,9 @@ def _wait_until_settled(url: str, timeout_s: float) -> bool:
                 s
                 for family in text_string_to_metric_families(client.get("/metrics").text)
                 for s in family.samples
-                if s.name in settle_gauges or s.name == "ragmon_traces_total"
             ]
-            quiet = {s.name for s in samples if s.name in settle_gauges} == set(settle_gauges) and not any(
-                s.value for s in samples if s.name in settle_gauges
-            )
+            gauges = {s.name: s.value for s in samples if s.name in settle_gauges}
+            quiet = len(gauges) == len(settle_gauges) and not any(gauges.values())
             stored = sum(s.value for s in samples if s.name == "ragmon_traces_total")
             if quiet and stored == previous_stored:
                 return True

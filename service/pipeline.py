@@ -319,11 +319,16 @@ class Pipeline:
             return False, "starting"
         if not self.has_room():
             return False, "behind: backlog at capacity"
+        problem = await self.store_problem()
+        return (False, problem) if problem else (True, "ok")
+
+    async def store_problem(self) -> str | None:
+        """Why the store does not answer a trivial query, or None when it does (readiness)."""
         try:
             await asyncio.to_thread(self.store.ping)
         except Exception as exc:
-            return False, f"store unavailable: {type(exc).__name__}"
-        return True, "ok"
+            return f"store unavailable: {type(exc).__name__}"
+        return None
 
     async def flush(self, timeout_s: float = 10.0) -> bool:
         """Emit every open trace now and wait until the bus delivered everything (tests, demo, shutdown)."""

@@ -37,3 +37,9 @@ def error_response(exc: RagmonError, path: str, content_type: str | None) -> Res
             return Response(body, status, headers, PROTOBUF)
         return Response(json.dumps({"code": code, "message": exc.message}), status, headers, JSON)
     return Response(json.dumps({"error": exc.reason, "detail": exc.message}), status, headers, JSON)
+
+
+def readiness_response(ok: bool, detail: str) -> Response:
+    """A `/readyz` answer: 200 when ready, else 503, with what stands in the way."""
+    body = {"status": "ok" if ok else "unavailable", "detail": detail}
+    return Response(json.dumps(body), 200 if ok else 503, media_type=JSON)

@@ -33,7 +33,7 @@ from typing import Any
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import exc as sa_exc
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from sampler import create_tables
 from service.config import RagmonConfig, WorkerRole
@@ -42,6 +42,7 @@ from service.kafka_bus import KafkaReceiver
 from service.leader import exclusive, leader_lock
 from service.metrics import Metrics
 from service.pipeline import Pipeline
+from service.responses import readiness_response
 from service.runtime import tune_for_service
 
 __all__ = ["DRIFT_LOCK", "Worker", "add_arguments", "create_worker_app", "main"]
@@ -138,11 +139,8 @@ class Worker:
             return False, "starting"
         if self.receiver is not None and not self.receiver.running:
             return False, "kafka consumer stopped"
-        try:
-            await asyncio.to_thread(self.pipeline.store.ping)
-        except Exception as exc:
-            return False, f"store unavailable: {type(exc).__name__}"
-        return True, "ok"
+        problem = await self.pipeline.store_problem()
+        return (False, problem) if problem else (True, "ok")
 
     def health(self) -> dict[str, Any]:
         assigned = sorted(self.receiver.assigned) if self.receiver is not None else []
@@ -180,8 +178,7 @@ def create_worker_app(
 
     @app.get("/readyz", tags=["ops"], summary="Readiness: started, consuming, store reachable")
     async def readyz() -> Response:
-        ok, detail = await worker.ready()
-        return JSONResponse({"status": "ok" if ok else "unavailable", "detail": detail}, 200 if ok else 503)
+        return readiness_response(*await worker.ready())
 
     @app.get("/metrics", tags=["ops"], summary="Prometheus metrics of this worker")
     async def prometheus_metrics() -> Response:
