@@ -40,6 +40,7 @@ assembly failure, as in-process.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import gc
 import logging
@@ -218,6 +219,36 @@ def _build_in_worker(groups: SpanGroups) -> BuiltGroups:
 
 # ---------------------------------------------------------------- in the server process
 
+PIPE_BYTES = 4 << 20
+"""Capacity asked for a pool's pipes; /proc/sys/fs/pipe-max-size (1 MiB by default) caps it."""
+
+
+def _widen_pipes(executor: ProcessPoolExecutor) -> None:
+    """Let a whole body, and a whole answer, sit in a pool's pipes at once.
+
+    A pipe holds 64 KiB by default, so a 700 KB body or answer crossed in ten or more reads, and
+    in the server each read took the GIL back from the event loop and the sink threads before
+    the next could start. Decoding a 100-trace bench body in a decoder beside two GIL-busy
+    threads took p50 52 / p99 74 ms with default pipes and 38 / 62 ms with 1 MiB ones
+    (bench/ingest/pipe_size.py). Best effort: the pipes are the executor's own (CPython
+    3.11-3.13 name them so), and a pipe that cannot grow works as before.
+    """
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
+    queues = (getattr(executor, "_call_queue", None), getattr(executor, "_result_queue", None))
+    readers = [getattr(queue, "_reader", None) for queue in queues]
+    if set_size is None or not all(readers):
+        log.debug("process pool pipes left at their default size")
+        return
+    try:
+        limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+    except (OSError, ValueError):
+        limit = 1 << 20
+    for reader in readers:
+        try:
+            fcntl.fcntl(reader.fileno(), set_size, min(PIPE_BYTES, limit))
+        except OSError as exc:  # over the user's pipe-buffer quota (fs/pipe-user-pages-soft)
+            log.debug("process pool pipe left at its default size: %s", exc)
+
 
 class _Workers:
     """One process pool and its fault handling: a call that finds it broken runs here instead."""
@@ -240,6 +271,7 @@ class _Workers:
             initializer=_worker_init,
             initargs=(self.prices, self.niceness, os.getpid()),
         )
+        _widen_pipes(executor)
         with _main_module_hidden():
             for _ in range(self.processes):
                 executor.submit(os.getpid)

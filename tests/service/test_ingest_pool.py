@@ -4,6 +4,7 @@ errors keep their meaning across the process boundary, and a killed worker loses
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gzip
 import json
 import os
@@ -27,7 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from service import otlp
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
-from service.ingest_pool import IngestPool, _cgroup_cpus, _unpacked
+from service.ingest_pool import PIPE_BYTES, IngestPool, _cgroup_cpus, _unpacked
 from service.metrics import Metrics
 from service.model import RagTrace
 from service.pricing import PriceTable
@@ -203,6 +204,30 @@ async def test_a_trace_that_cannot_be_built_is_none_and_the_others_survive(pool:
     assert [t is None for t in built] == [False, True, False]
 
 
+def _pipe_sizes(pool: IngestPool) -> dict[str, list[int]]:
+    """The capacity of each pool's call and result pipes."""
+    sizes = {}
+    for workers in (pool.decoders, pool.builders):
+        executor = workers.executor
+        assert executor is not None
+        readers = [executor._call_queue._reader, executor._result_queue._reader]  # type: ignore[attr-defined]
+        sizes[workers.role] = [fcntl.fcntl(r.fileno(), fcntl.F_GETPIPE_SZ) for r in readers]
+    return sizes
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_GETPIPE_SZ"), reason="pipe sizes are Linux only")
+async def test_pool_pipes_hold_a_whole_body(pool: IngestPool) -> None:
+    wanted = min(PIPE_BYTES, int(Path("/proc/sys/fs/pipe-max-size").read_text()))
+    assert wanted > 64 * 1024, "this kernel keeps pipes at their default size; nothing to test"
+    assert _pipe_sizes(pool) == {"decoder": [wanted, wanted], "builder": [wanted, wanted]}
+    # a body larger than the pipe still crosses whole, both ways
+    body = _body(3000)
+    assert len(body) > wanted
+    decoded = await pool.decode(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+    here = otlp.decode_body(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+    assert decoded.spans == here.spans
+
+
 async def _kill_during(pid: int, call: asyncio.Task[object]) -> None:
     await asyncio.sleep(0.15)  # the call is queued or running in that worker by now
     assert not call.done(), "the call finished before the worker could be killed; make it bigger"
@@ -229,6 +254,8 @@ async def test_a_decoder_killed_mid_request_loses_nothing(pool: IngestPool, metr
     assert new_pid != pid
     again = await pool.decode(_body(2), json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
     assert len(again.spans) == 8
+    if hasattr(fcntl, "F_GETPIPE_SZ"):  # the new pool's pipes are widened too
+        assert min(_pipe_sizes(pool)["decoder"]) > 64 * 1024
 
 
 async def test_a_builder_killed_mid_build_loses_nothing(pool: IngestPool, metrics: Metrics) -> None:
