@@ -568,11 +568,16 @@ def decode_request(msg: ExportTraceServiceRequest, tenant: str) -> DecodedBatch:
     return batch
 
 
-def _parsed(body: bytes) -> ExportTraceServiceRequest:
+def _wire_bytes(body: bytes) -> bytes:
+    """`body` as bytes, copied only when it is a bytearray or memoryview."""
     if not isinstance(body, bytes | bytearray | memoryview):
         raise TypeError(f"body must be bytes, got {type(body).__name__}")
+    return bytes(body)
+
+
+def _parsed(body: bytes) -> ExportTraceServiceRequest:
     try:
-        request: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(bytes(body))
+        request: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(body)
     except ProtobufDecodeError as exc:
         raise DecodeError(f"body is not a valid OTLP ExportTraceServiceRequest protobuf: {exc}") from exc
     return request
@@ -581,9 +586,10 @@ def _parsed(body: bytes) -> ExportTraceServiceRequest:
 def screen_protobuf(body: bytes, tenant: str) -> DecodedBatch:
     """Screen an OTLP/HTTP protobuf body (`screen_request`), each span's bytes sliced from the body;
     raises `DecodeError` when it is not a valid request."""
+    body = _wire_bytes(body)
     request = _parsed(body)
     try:
-        raw_spans: list[bytes] | None = span_slices(bytes(body))
+        raw_spans: list[bytes] | None = span_slices(body)
     except WireError:
         raw_spans = None  # parsed, yet not walked (unusual encodings): re-encode each span
     if raw_spans is not None and len(raw_spans) != sum(
@@ -596,7 +602,7 @@ def screen_protobuf(body: bytes, tenant: str) -> DecodedBatch:
 def decode_protobuf(body: bytes, tenant: str) -> DecodedBatch:
     """Decode an OTLP/HTTP protobuf body into `Span`s; raises `DecodeError` when it is not a valid
     request."""
-    return decode_request(_parsed(body), tenant)
+    return decode_request(_parsed(_wire_bytes(body)), tenant)
 
 
 # ---------------------------------------------------------------- OTLP/JSON

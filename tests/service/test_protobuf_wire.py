@@ -109,6 +109,11 @@ def test_unknown_fields_split_lists_and_long_tags_are_walked_past() -> None:
     screened = screen_protobuf(body, "acme")
     assert screened.rejected_spans == 0
     assert [s.raw for s in screened.spans if isinstance(s, WireSpan)] == raw
+    # a body given as a bytearray or memoryview is screened the same
+    for view in (bytearray(body), memoryview(body)):
+        assert [s.raw for s in screen_protobuf(view, "acme").spans if isinstance(s, WireSpan)] == raw  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="body must be bytes"):
+        screen_protobuf("not bytes", "acme")  # type: ignore[arg-type]
 
 
 def test_field_ranges_point_into_the_buffer() -> None:
