@@ -144,7 +144,14 @@ def _wait_until_settled(url: str, timeout_s: float) -> bool:
     return False
 
 
+SHUTDOWN_WAIT_S = 30.0
+"""How long `ragmon demo` waits for its server's orderly stop (flushing traces, ending workers)."""
+
+
 def _interrupt(signum: int, frame: object) -> None:
+    # once: a second SIGTERM (`timeout make demo` signals make and the demo both) must not cut the
+    # orderly stop short, and then interpreter shutdown; a second Ctrl-C still does
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -173,7 +180,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             lifespan="on",
         )
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    stopped = threading.Event()
+
+    def run_server() -> None:
+        try:
+            server.run()
+        finally:
+            stopped.set()
+
+    thread = threading.Thread(target=run_server, name="ragmon-demo-server", daemon=True)
     thread.start()
     while not server.started:
         if not thread.is_alive():
@@ -190,18 +205,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print("\n".join(["", "what ragmon saw:", *_summary_lines(url)]))
     if args.exit:
         server.should_exit = True
-        thread.join(15)
+        stopped.wait(SHUTDOWN_WAIT_S)
         return code
     print("\nragmon keeps running; press Ctrl-C to stop.", file=sys.stderr)
     # uvicorn runs in a thread here and cannot take signals: SIGTERM (`kill`, `timeout`, a
     # container stop) gets the same orderly stop as Ctrl-C, ingest workers and all
     signal.signal(signal.SIGTERM, _interrupt)
+    # An Event, not thread.join(): Python 3.11's join, interrupted by the KeyboardInterrupt,
+    # marks the still-running thread as stopped (threading.py, bpo-45274), so the next join
+    # returned at once and the interpreter shut down under the server's own shutdown.
     try:
-        while thread.is_alive():
-            thread.join(0.5)
+        while not stopped.wait(0.5):
+            pass
     except KeyboardInterrupt:
         server.should_exit = True
-        thread.join(15)
+        stopped.wait(SHUTDOWN_WAIT_S)
     return code
 
 

@@ -26,12 +26,13 @@ role; 0 decodes and builds in threads of this process, which is what a one-core
 machine should do; unset means one per usable CPU beyond the first, at most
 `MAX_DEFAULT_PROCESSES`. Workers are forked from a forkserver that imported
 this module once, and without the parent's `__main__`, so starting a pool
-costs tens of milliseconds and no worker inherits the server's threads.
+costs tens of milliseconds and no worker inherits the server's threads. The
+event loop writes calls to them and reads their answers itself
+(service/loop_pool.py says why).
 
-Faults: a worker that dies (killed, out of memory) breaks its whole executor.
-The calls that were in it run again in a thread of this process (packed spans
-are unpacked here), nothing is lost, and the executor is replaced
-(`ragmon_ingest_pool_restarts_total`). A body that cannot be decoded raises
+Faults: a worker that dies (killed, out of memory) is replaced at once
+(`ragmon_ingest_pool_restarts_total`); the calls it held run again in a thread
+of this process (packed spans are unpacked here), so nothing is lost. A body that cannot be decoded raises
 the same `DecodeError` as in-process decoding (errors pickle with their state:
 service/errors.py); a trace that cannot be built is logged and counted as an
 assembly failure, as in-process.
@@ -40,27 +41,19 @@ assembly failure, as in-process.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import functools
 import gc
 import logging
 import math
 import multiprocessing
 import os
-import select
-import sys
-import threading
-import time
-import types
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from service import otlp
 from service.assemble import SpanGroups, build_each
+from service.loop_pool import LoopProcessPool, WorkerDied
 from service.metrics import Metrics
 from service.model import RagTrace
 from service.pricing import PriceTable
@@ -138,63 +131,14 @@ def _build_groups(groups: SpanGroups, prices: PriceTable) -> BuiltGroups:
     return build_each(build, unpacked), problems.rejections
 
 
-@contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Start workers without the parent's `__main__`.
-
-    A forkserver child re-imports the parent's main module (pytest, a user's
-    script, the CLI with FastAPI) before it runs anything: ~0.7 s and tens of MB
-    per worker, for nothing a worker uses. Python 3.11 ignores "__main__" in the
-    forkserver preload list, so the main module is swapped for a bare one while
-    the workers are started; they are all started here, never later.
-    """
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
-
-
 # ---------------------------------------------------------------- in the worker process
 
 _worker_prices: PriceTable | None = None
 
 
-def _exit_when_gone(pid: int) -> None:
-    """End this worker as soon as process `pid` (the ragmon server) has ended, however it ended.
-
-    A worker otherwise outlives a server that was killed or stopped by a signal it does not
-    handle: it holds both ends of its own call queue, so the read it waits in never ends, and
-    the forkserver and resource tracker it keeps open stay too (all orphans, found after
-    `ragmon demo` was ended with SIGTERM).
-    """
-    try:
-        handle = os.pidfd_open(pid)  # Linux 5.3+: readable once the process has exited
-    except (AttributeError, OSError):
-        handle = None
-
-    def watch() -> None:
-        if handle is not None:
-            select.select([handle], [], [])
-        else:
-            while True:
-                time.sleep(1.0)
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                except PermissionError:
-                    continue  # exists, not ours to signal
-        os._exit(0)
-
-    threading.Thread(target=watch, name="exit-with-server", daemon=True).start()
-
-
-def _worker_init(prices: PriceTable, niceness: int, server_pid: int) -> None:
+def _worker_init(prices: PriceTable, niceness: int) -> None:
     global _worker_prices
     _worker_prices = prices
-    _exit_when_gone(server_pid)
     if niceness:
         os.nice(niceness)
     # Decoding and building allocate hundreds of containers a trace: the server's GC settings
@@ -219,39 +163,10 @@ def _build_in_worker(groups: SpanGroups) -> BuiltGroups:
 
 # ---------------------------------------------------------------- in the server process
 
-PIPE_BYTES = 4 << 20
-"""Capacity asked for a pool's pipes; /proc/sys/fs/pipe-max-size (1 MiB by default) caps it."""
-
-
-def _widen_pipes(executor: ProcessPoolExecutor) -> None:
-    """Let a whole body, and a whole answer, sit in a pool's pipes at once.
-
-    A pipe holds 64 KiB by default, so a 700 KB body or answer crossed in ten or more reads, and
-    in the server each read took the GIL back from the event loop and the sink threads before
-    the next could start. Decoding a 100-trace bench body in a decoder beside two GIL-busy
-    threads took p50 52 / p99 74 ms with default pipes and 38 / 62 ms with 1 MiB ones
-    (bench/ingest/pipe_size.py). Best effort: the pipes are the executor's own (CPython
-    3.11-3.13 name them so), and a pipe that cannot grow works as before.
-    """
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
-    queues = (getattr(executor, "_call_queue", None), getattr(executor, "_result_queue", None))
-    readers = [getattr(queue, "_reader", None) for queue in queues]
-    if set_size is None or not all(readers):
-        log.debug("process pool pipes left at their default size")
-        return
-    try:
-        limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
-    except (OSError, ValueError):
-        limit = 1 << 20
-    for reader in readers:
-        try:
-            fcntl.fcntl(reader.fileno(), set_size, min(PIPE_BYTES, limit))
-        except OSError as exc:  # over the user's pipe-buffer quota (fs/pipe-user-pages-soft)
-            log.debug("process pool pipe left at its default size: %s", exc)
-
 
 class _Workers:
-    """One process pool and its fault handling: a call that finds it broken runs here instead."""
+    """One role's worker processes and their fault handling: a call its worker could not answer
+    (the worker died) runs in a thread of this process instead."""
 
     def __init__(
         self, role: str, processes: int, prices: PriceTable, metrics: Metrics, niceness: int = 0
@@ -261,72 +176,37 @@ class _Workers:
         self.processes = processes
         self.prices = prices
         self.metrics = metrics
-        self.executor: ProcessPoolExecutor | None = None
-
-    def _new_executor(self) -> ProcessPoolExecutor:
-        """A pool with all its workers started (a pool starts one per call while none is idle)."""
-        executor = ProcessPoolExecutor(
-            self.processes,
-            mp_context=_context(),
-            initializer=_worker_init,
-            initargs=(self.prices, self.niceness, os.getpid()),
-        )
-        _widen_pipes(executor)
-        with _main_module_hidden():
-            for _ in range(self.processes):
-                executor.submit(os.getpid)
-        return executor
+        self.pool: LoopProcessPool | None = None
 
     async def start(self) -> None:
-        if self.processes > 0 and self.executor is None:
-            self.executor = self._new_executor()
-
-    async def pids(self) -> set[int]:
-        """Process ids of the workers, asked until each has answered once."""
-        executor = self.executor
-        if executor is None:
-            return set()
-        loop = asyncio.get_running_loop()
-        pids: set[int] = set()
-        for _ in range(10 * self.processes):
-            answers = await asyncio.gather(
-                *(loop.run_in_executor(executor, os.getpid) for _ in range(self.processes))
+        if self.processes > 0 and self.pool is None:
+            pool = LoopProcessPool(
+                self.processes,
+                _context(),
+                initializer=_worker_init,
+                initargs=(self.prices, self.niceness),
+                on_worker_died=self.metrics.ingest_pool_restarts.labels(role=self.role).inc,
+                name=f"ingest {self.role}",
             )
-            pids.update(answers)
-            if len(pids) >= self.processes:
-                break
-        return pids
+            await pool.start()
+            self.pool = pool
+
+    def pids(self) -> set[int]:
+        return self.pool.pids() if self.pool is not None else set()
 
     async def run(self, in_worker: Callable[[], T], here: Callable[[], T]) -> T:
-        executor = self.executor
-        if executor is None:
-            return await asyncio.to_thread(here)
-        try:
-            return await asyncio.get_running_loop().run_in_executor(executor, in_worker)
-        except BrokenProcessPool:
-            self._replace(executor)
-        except RuntimeError:
-            if self.executor is executor:
-                raise
-            # shut down under us (stop() while this call was in flight): run it here
+        pool = self.pool
+        if pool is not None:
+            try:
+                return await pool.call(in_worker)
+            except WorkerDied:
+                pass  # logged and counted by the pool, which has started another
         return await asyncio.to_thread(here)
 
-    def _replace(self, broken: ProcessPoolExecutor) -> None:
-        if self.executor is not broken:
-            return  # another call already replaced it
-        log.error(
-            "an ingest %s process died; the calls it held run in the server process "
-            "and a new pool is started",
-            self.role,
-        )
-        self.metrics.ingest_pool_restarts.labels(role=self.role).inc()
-        broken.shutdown(wait=False, cancel_futures=True)
-        self.executor = self._new_executor()
-
     async def stop(self) -> None:
-        executor, self.executor = self.executor, None
-        if executor is not None:
-            await asyncio.to_thread(executor.shutdown, True)
+        pool, self.pool = self.pool, None  # calls from now on run here
+        if pool is not None:
+            await pool.close()
 
 
 class IngestPool:
@@ -345,16 +225,16 @@ class IngestPool:
     @property
     def running(self) -> int:
         """Worker processes per role now (0 before start, after stop, or with `processes` 0)."""
-        return self.processes if self.decoders.executor is not None else 0
+        return self.processes if self.decoders.pool is not None else 0
 
     async def start(self) -> None:
         """Start the workers now rather than on the first request. Safe twice."""
         await self.decoders.start()
         await self.builders.start()
 
-    async def worker_pids(self) -> dict[str, set[int]]:
+    def worker_pids(self) -> dict[str, set[int]]:
         """Process ids of the live workers by role; empty sets without pools."""
-        return {"decoder": await self.decoders.pids(), "builder": await self.builders.pids()}
+        return {"decoder": self.decoders.pids(), "builder": self.builders.pids()}
 
     async def decode(
         self, body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int

@@ -257,8 +257,8 @@ class Metrics:
         )
         self.ingest_pool_restarts = Counter(
             "ragmon_ingest_pool_restarts",
-            "times an ingest worker process died and its pool was replaced (the calls it held ran "
-            "in the server process), by role (decoder, builder)",
+            "times an ingest worker process died and was replaced (the calls it held ran in the "
+            "server process), by role (decoder, builder)",
             ["role"],
             registry=r,
         )
