@@ -39,6 +39,7 @@ from service.judge import build_judge
 from service.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
 from service.judgment import Judgment
 from service.judgment_store import JudgmentStore
+from service.leader import exclusive
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 from service.phoenix_annotations import PhoenixAnnotator
@@ -275,13 +276,20 @@ class Pipeline:
                 log.exception("retention run failed; will retry")
             await asyncio.sleep(_RETENTION_EVERY_S)
 
+    def create_schema(self) -> None:
+        """Create every table ragmon uses, if missing. Safe twice, and in several processes at once:
+        replicas (ingest and workers) start together, and concurrent CREATE TABLEs of one table
+        collide on PostgreSQL, so one process of the deployment creates at a time."""
+        with exclusive(self.store.engine, "create-schema"):
+            self.store.create_schema()
+            self.judgments.create_schema()
+            self.reviews.create_schema()
+            create_tables(self.store.engine)
+            self.drift_store.create_schema()
+            self.golden.create_schema()
+
     async def start(self) -> None:
-        await asyncio.to_thread(self.store.create_schema)
-        await asyncio.to_thread(self.judgments.create_schema)
-        await asyncio.to_thread(self.reviews.create_schema)
-        await asyncio.to_thread(create_tables, self.store.engine)
-        await asyncio.to_thread(self.drift_store.create_schema)
-        await asyncio.to_thread(self.golden.create_schema)
+        await asyncio.to_thread(self.create_schema)
         await asyncio.to_thread(restore_probe_gauges, self.golden, self.metrics, self.config.probes)
         if not self.distributed:
             if self.config.drift.enabled:

@@ -35,11 +35,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import exc as sa_exc
 from starlette.responses import Response
 
-from sampler import create_tables
 from service.config import RagmonConfig, WorkerRole
 from service.errors import StoreUnavailable
 from service.kafka_bus import KafkaReceiver
-from service.leader import exclusive, leader_lock
+from service.leader import leader_lock
 from service.metrics import Metrics
 from service.pipeline import Pipeline
 from service.responses import readiness_response
@@ -74,20 +73,10 @@ class Worker:
         self._drift_started = False
         self.started = False
 
-    def _create_schema(self) -> None:
-        """Every table `Pipeline.start` creates, so the worker's sinks and scrape-time gauges find them."""
-        p = self.pipeline
-        # replicas start together; concurrent CREATE TABLE IF NOT EXISTS can collide on PostgreSQL
-        with exclusive(p.store.engine, "create-schema"):
-            p.store.create_schema()
-            for part in (p.judgments, p.reviews, p.drift_store, p.golden):
-                part.create_schema()
-            create_tables(p.store.engine)
-
     async def _wait_for_store(self) -> None:
         while True:
             try:
-                await asyncio.to_thread(self._create_schema)
+                await asyncio.to_thread(self.pipeline.create_schema)
                 return
             except (StoreUnavailable, sa_exc.OperationalError, sa_exc.IntegrityError) as exc:
                 log.warning("store unavailable at start (%s); retrying", exc)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from service.config import ConfigError, load_config
+from service.pipeline import Pipeline
 from service.worker import Worker, create_worker_app
 
 
@@ -61,3 +64,35 @@ def test_readyz_follows_start_and_the_store(tmp_path: Path) -> None:
         assert response.status_code == 503
         assert response.json()["detail"].startswith("store unavailable")
         assert client.get("/healthz").json()["status"] == "ok", "alive, only not ready"
+
+
+@pytest.mark.postgres
+def test_replicas_starting_together_create_the_schema_once_without_colliding(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Ingest replicas and workers all create the tables at start; on a fresh PostgreSQL database
+    concurrent CREATE TABLEs of one table fail (duplicate pg_type row), so they take turns."""
+    config = load_config(environ={}, overrides={"data_dir": str(tmp_path), "store": {"url": postgres_url}})
+    replicas = [Pipeline(config) for _ in range(4)]
+    start = threading.Barrier(len(replicas))
+    errors: list[BaseException] = []
+
+    def create(pipeline: Pipeline) -> None:
+        start.wait()
+        try:
+            pipeline.create_schema()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create, args=(pipeline,)) for pipeline in replicas]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    try:
+        assert errors == []
+        tables = set(sa.inspect(replicas[0].store.engine).get_table_names())
+        assert {"traces", "judgments", "reviews", "judge_queue"} <= tables, tables
+    finally:
+        for pipeline in replicas:
+            pipeline.store.close()
