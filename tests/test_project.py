@@ -101,7 +101,7 @@ def test_ingest_workers_end_when_the_server_is_killed(tmp_path: Path) -> None:
             assert server.poll() is None and time.monotonic() < deadline, "ragmon serve never became ready"
             time.sleep(0.2)
         workers = descendants(server.pid)
-        # the forkserver, a decoder and a builder
+        # the forkserver, a decoder and a builder, and multiprocessing's resource tracker
         assert len(workers) >= 3, workers
     finally:
         server.kill()  # no shutdown of its own: the workers end on their call pipes' end of file
