@@ -188,10 +188,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         finally:
             stopped.set()
 
-    thread = threading.Thread(target=run_server, name="ragmon-demo-server", daemon=True)
-    thread.start()
+    threading.Thread(target=run_server, name="ragmon-demo-server", daemon=True).start()
     while not server.started:
-        if not thread.is_alive():
+        if stopped.is_set():
             print("ragmon demo: the server did not start (is the port taken? try --port)", file=sys.stderr)
             return 2
         time.sleep(0.05)

@@ -32,10 +32,10 @@ event loop writes calls to them and reads their answers itself
 
 Faults: a worker that dies (killed, out of memory) is replaced at once
 (`ragmon_ingest_pool_restarts_total`); the calls it held run again in a thread
-of this process (packed spans are unpacked here), so nothing is lost. A body that cannot be decoded raises
-the same `DecodeError` as in-process decoding (errors pickle with their state:
-service/errors.py); a trace that cannot be built is logged and counted as an
-assembly failure, as in-process.
+of this process (packed spans are unpacked here), so nothing is lost. A body
+that cannot be decoded raises the same `DecodeError` as in-process decoding
+(errors pickle with their state: service/errors.py); a trace that cannot be
+built is logged and counted as an assembly failure, as in-process.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ threads, so an answer that was ready in the pipe waited for a turn, and then
 waited again for the loop to be woken. Here the event loop itself writes a
 call into the worker's pipe and reads the answer as soon as the pipe is
 readable (`add_reader`): one hand-off fewer on each side of a request. A
-100-trace body's decode round trip beside two GIL-busy threads: p50 39 -> 29
-ms, p99 62 -> 42 ms (bench/ingest/pipe_size.py).
+100-trace body's decode round trip beside two GIL-busy threads, widened
+executor against this pool: p50 37.4 -> 30.9 ms, p99 58.8 -> 45.9 ms in one
+run, 36.9 -> 33.1 and 62.8 -> 59.2 in another (bench/ingest/round_trip.py).
 
 Each worker has its own pair of pipes, so a call goes to one worker: the one
 with the fewest calls in hand, at most `depth` of them (so it has the next
@@ -66,7 +67,7 @@ PIPE_BYTES = 4 << 20
 """Capacity asked for each pipe; /proc/sys/fs/pipe-max-size (1 MiB by default) caps it.
 
 A pipe holds 64 KiB by default, so a 700 KB body or answer crossed in ten or more reads,
-each a separate wake-up of the reading process. bench/ingest/pipe_size.py measured it."""
+each a separate wake-up of the reading process (bench/RESULTS.md, "Process-pool pipes widened")."""
 
 READ_BYTES = 1 << 20
 RESTART_INTERVAL_S = 1.0
@@ -265,8 +266,8 @@ class LoopProcessPool:
             with _main_module_hidden():
                 process.start()
         except Exception:
-            for connection in (call_reader, call_writer, answer_reader, answer_writer):
-                connection.close()
+            call_writer.close()  # the other two are closed below either way
+            answer_reader.close()
             raise
         finally:
             # the worker has its own copies now; an end kept here would hide its death
