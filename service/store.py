@@ -50,6 +50,7 @@ from sqlalchemy.pool import StaticPool
 from service.consumer import FeedbackConsumer, TraceConsumer
 from service.errors import InvalidInput, StoreUnavailable
 from service.model import Feedback, FeedbackKind, RagTrace
+from service.row_insert import PlainInsert
 from service.tables import (
     SCHEMA_VERSION,
     feedback,
@@ -139,6 +140,49 @@ def _regenerate_feedback() -> sa.Exists:
     )
 
 
+# How many keys one expanding IN list carries: far below SQLite's 32,766 host parameters and
+# PostgreSQL's 65,535.
+_KEYS_PER_STATEMENT = 500
+
+
+def _by_tenant(keys: Iterable[tuple[str, str]]) -> Iterator[tuple[str, list[str]]]:
+    """(tenant, up to `_KEYS_PER_STATEMENT` sorted keys) for statements that take one tenant and an
+    expanding list of keys: such a statement is compiled once, where a fresh `_keys_in`
+    expression is built and compiled for every call (the per-batch lookups of ingest)."""
+    grouped: dict[str, list[str]] = {}
+    for tenant, key in keys:
+        grouped.setdefault(tenant, []).append(key)
+    for tenant, group in sorted(grouped.items()):
+        group.sort()
+        for start in range(0, len(group), _KEYS_PER_STATEMENT):
+            yield tenant, group[start : start + _KEYS_PER_STATEMENT]
+
+
+# Statements of the ingest path, compiled once (see `_by_tenant`).
+_STORED_TRACE_KEYS = sa.select(traces.c.tenant, traces.c.trace_id).where(
+    traces.c.tenant == sa.bindparam("for_tenant"), traces.c.trace_id.in_(sa.bindparam("keys", expanding=True))
+)
+# Feedback that arrived before its trace marks the trace when it is stored.
+_MARK_FEEDBACK_REGENERATIONS = (
+    sa.update(traces)
+    .where(
+        traces.c.tenant == sa.bindparam("for_tenant"),
+        traces.c.trace_id.in_(sa.bindparam("keys", expanding=True)),
+        traces.c.is_regeneration == sa.false(),
+        _regenerate_feedback(),
+    )
+    .values(is_regeneration=True, regeneration_source="feedback")
+)
+_FEEDBACK_OF_TRACES = (
+    sa.select(feedback)
+    .where(
+        feedback.c.tenant == sa.bindparam("for_tenant"),
+        feedback.c.trace_id.in_(sa.bindparam("keys", expanding=True)),
+    )
+    .order_by(feedback.c.time, feedback.c.event_id)
+)
+
+
 def _keys_in(
     tenant: sa.Column[str], key: sa.Column[str], keys: Iterable[tuple[str, str]]
 ) -> sa.ColumnElement[bool]:
@@ -202,6 +246,10 @@ def json_text(value: Any) -> str:
         return _STDLIB_JSON(value)
 
 
+def _context_row(key: tuple[str, str], trace: RagTrace) -> dict[str, Any]:
+    return {"tenant": key[0], "trace_id": key[1], "context": trace_context(trace)}
+
+
 class Store:
     """The trace and feedback store on SQLite or PostgreSQL; thread-safe, blocking.
 
@@ -247,8 +295,12 @@ class Store:
         self.statement_timeout_s = statement_timeout_s
         self._closed = False
         serializer = json_text
+        # new trace rows and contexts through the driver's executemany (service/row_insert.py)
+        self._plain_inserts: tuple[PlainInsert, PlainInsert] | None = None
         if parsed.get_backend_name() == "sqlite":
             self._engine = self._sqlite_engine(parsed, serializer)
+            dialect = self._engine.dialect
+            self._plain_inserts = (PlainInsert(traces, dialect), PlainInsert(trace_contexts, dialect))
         elif parsed.drivername == "postgresql+psycopg":
             self._engine = self._postgres_engine(parsed, serializer)
         else:
@@ -404,32 +456,39 @@ class Store:
         pending: dict[tuple[str, str], RagTrace] = {}
         for trace in batch:
             pending.setdefault((storable_text(trace.tenant), trace.trace_id), trace)
+        with self._write("insert traces") as conn:
+            new = self._insert_new_traces(conn, pending, created_at)
+            for tenant, keys in _by_tenant(new):
+                conn.execute(_MARK_FEEDBACK_REGENERATIONS, {"for_tenant": tenant, "keys": keys})
+        return [trace_id for (tenant, trace_id) in pending if (tenant, trace_id) in new]
+
+    def _insert_new_traces(
+        self, conn: Connection, pending: dict[tuple[str, str], RagTrace], created_at: datetime
+    ) -> set[tuple[str, str]]:
+        """Insert the rows and contexts of the traces in `pending` not stored before; their keys."""
         # Concurrent batches that share ids wait on each other's rows; inserting
         # in key order everywhere keeps that from becoming a deadlock on PostgreSQL.
-        rows = [trace_row(pending[k], created_at=created_at) for k in sorted(pending)]
-        key = (traces.c.tenant, traces.c.trace_id)
-        with self._write("insert traces") as conn:
-            inserted = conn.execute(self._insert(traces).returning(*key), rows)
-            new = {(tenant, trace_id) for tenant, trace_id in inserted}
-            if new:
-                conn.execute(
-                    self._insert(trace_contexts),
-                    [
-                        {"tenant": k[0], "trace_id": k[1], "context": trace_context(pending[k])}
-                        for k in sorted(new)
-                    ],
-                )
-                # Feedback that arrived first marks the new rows now.
-                conn.execute(
-                    sa.update(traces)
-                    .where(
-                        _keys_in(traces.c.tenant, traces.c.trace_id, new),
-                        traces.c.is_regeneration == sa.false(),
-                        _regenerate_feedback(),
-                    )
-                    .values(is_regeneration=True, regeneration_source="feedback")
-                )
-        return [trace_id for (tenant, trace_id) in pending if (tenant, trace_id) in new]
+        order = sorted(pending)
+        if self._plain_inserts is not None:
+            # SQLite: this transaction holds the only write lock (BEGIN IMMEDIATE), so a key read
+            # as absent stays absent until commit, and the new rows need no ON CONFLICT.
+            stored: set[tuple[str, str]] = set()
+            for tenant, keys in _by_tenant(order):
+                found = conn.execute(_STORED_TRACE_KEYS, {"for_tenant": tenant, "keys": keys})
+                stored.update((row_tenant, trace_id) for row_tenant, trace_id in found)
+            new = [k for k in order if k not in stored]
+            insert_traces, insert_contexts = self._plain_inserts
+            insert_traces.execute(conn, (trace_row(pending[k], created_at=created_at) for k in new))
+            insert_contexts.execute(conn, (_context_row(k, pending[k]) for k in new))
+            return set(new)
+        rows = [trace_row(pending[k], created_at=created_at) for k in order]
+        inserted = conn.execute(self._insert(traces).returning(traces.c.tenant, traces.c.trace_id), rows)
+        new_keys = {(tenant, trace_id) for tenant, trace_id in inserted}
+        if new_keys:
+            conn.execute(
+                self._insert(trace_contexts), [_context_row(k, pending[k]) for k in sorted(new_keys)]
+            )
+        return new_keys
 
     def insert_feedback(self, batch: Sequence[Feedback]) -> list[str]:
         """Store a batch of feedback events in one transaction; return the new event ids.
@@ -501,20 +560,10 @@ class Store:
         found: dict[tuple[str, str], list[Feedback]] = {}
         if not wanted:
             return found
-        f = feedback.c
         with self._read("read feedback") as conn:
-            for start in range(0, len(wanted), 500):
-                chunk = wanted[start : start + 500]
-                rows = (
-                    conn.execute(
-                        sa.select(feedback)
-                        # not a row-value IN: SQLite scans the whole feedback table for that
-                        .where(_keys_in(f.tenant, f.trace_id, chunk))
-                        .order_by(f.time, f.event_id)
-                    )
-                    .mappings()
-                    .all()
-                )
+            for tenant, trace_ids in _by_tenant(wanted):
+                params = {"for_tenant": tenant, "keys": trace_ids}
+                rows = conn.execute(_FEEDBACK_OF_TRACES, params).mappings().all()
                 for row in rows:
                     found.setdefault((row["tenant"], row["trace_id"]), []).append(
                         Feedback(
