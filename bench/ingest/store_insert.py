@@ -94,7 +94,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--baseline", default=BASELINE_REV, help="git revision to compare with")
     args = parser.parse_args(argv)
     traces = bench_traces(args.traces, args.seed)
-    candidates = [(f"before ({args.baseline})", load_baseline(args.baseline)), ("after (working tree)", Store)]
+    candidates = [
+        (f"before ({args.baseline})", load_baseline(args.baseline)),
+        ("after (working tree)", Store),
+    ]
     best = [float("inf")] * len(candidates)
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(args.repeat):
