@@ -1,7 +1,8 @@
 """`Store`: ragmon's persistence layer, and `StoreSink`, the pipeline stage that feeds it.
 
 One code path for SQLite (a file in WAL mode, the embedded default) and
-PostgreSQL (`postgresql+psycopg://...`), written in SQLAlchemy Core. Table
+PostgreSQL (`postgresql+psycopg://...`), written in SQLAlchemy Core (one
+exception, for speed: new traces on SQLite, under "Idempotent writes"). Table
 shapes and the record ↔ row converters live in `service.tables`.
 
 Guarantees every method keeps:
@@ -9,7 +10,9 @@ Guarantees every method keeps:
 * Idempotent writes: a trace is stored once per (tenant, trace_id) and a
   feedback event once per (tenant, event_id) (`INSERT ... ON CONFLICT DO
   NOTHING`); the first delivered version wins. Each batch is one transaction:
-  all of it is written, or none.
+  all of it is written, or none. On SQLite new traces take a faster road to
+  the same rows: the batch's stored keys are read under the write lock and only
+  the others inserted, by plain executemany (service/row_insert.py says why).
 * Tenant isolation: every read filters by the tenant it is given.
 * Bounded waits: connecting, waiting for a lock and running a statement are
   each limited by the timeouts given to `Store`.
