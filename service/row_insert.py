@@ -2,11 +2,12 @@
 
 Why not `connection.execute(insert(table), rows)`: for each row SQLAlchemy
 builds a parameter dictionary and runs every column type's bind processor
-through its generic execution context, which cost the ingest server ~8 % of its
-CPU on the `traces` row alone (bench/RESULTS.md, "Plain executemany for new
-traces"). This does the same conversions, with the same bind processors of the
-column types (so the stored values are identical), in one tuple per row, and
-hands the tuples to the DBAPI cursor in one call.
+through its generic execution context: ~8 % of the ingest server's GIL time
+on the `traces` row alone (bench/RESULTS.md, "New traces by plain
+executemany"; bench/ingest/store_insert.py). This does the same conversions,
+with the same bind processors of the column types (so the stored values are
+identical), in one tuple per row, and hands the tuples to the DBAPI cursor in
+one call.
 
 What it gives up: no `ON CONFLICT` and no `RETURNING`. The caller must know
 that every row is new: `Store` uses it on SQLite only, where the transaction
