@@ -15,8 +15,12 @@ from sampler.estimate import (
     Grouping,
     JudgedSample,
     Outcome,
+    SampleCell,
+    cells_of,
     estimate_by,
+    estimate_cells_by,
     hajek,
+    hajek_cells,
 )
 from sampler.policy import (
     STRATA,
@@ -63,6 +67,7 @@ __all__ = [
     "Outcome",
     "QueueRecord",
     "QueueStats",
+    "SampleCell",
     "SamplerConfig",
     "SamplerCounts",
     "SkipReason",
@@ -72,8 +77,11 @@ __all__ = [
     "TokenBucket",
     "TraceSampler",
     "TraceSummary",
+    "cells_of",
     "create_tables",
     "estimate_by",
+    "estimate_cells_by",
     "hajek",
+    "hajek_cells",
     "selection_u",
 ]

@@ -12,7 +12,7 @@ over the items with a score. The sampler draws each trace independently
     V̂(p̂) = Σ (1 - π)·w²·(y - p̂)² / (Σ w)²
 
 and the interval is p̂ ± 1.96·√V̂ (method `linearization`). It is used when at
-least `min_n` items are scored, V̂ > 0 and the interval lies inside [0, 1].
+least `min_n` items are scored, V̂ > 0 (beyond rounding) and the interval lies inside [0, 1].
 Otherwise (few items, all scores equal, or a bound outside [0, 1]) the
 interval is Wilson's score interval on Kish's effective sample size
 n_eff = (Σw)²/Σw² (method `wilson_kish`). Wilson stays inside [0, 1] and
@@ -60,8 +60,12 @@ __all__ = [
     "Grouping",
     "JudgedSample",
     "Outcome",
+    "SampleCell",
+    "cells_of",
     "estimate_by",
+    "estimate_cells_by",
     "hajek",
+    "hajek_cells",
 ]
 
 Outcome = Literal["scored", "no_claims", "failed", "skipped"]
@@ -156,23 +160,97 @@ class FaithfulnessEstimate:
     confidence: float
 
 
+# Equal scores (all 0.7, say) leave a variance of ~1e-33 from rounding where it is 0; below this
+# the linearization interval is narrower than 1e-10, a point, and Wilson's is used instead.
+_NEGLIGIBLE_VARIANCE = 1e-20
+
+
+@dataclass(frozen=True, slots=True)
+class SampleCell:
+    """Samples of one outcome that share a group, a stratum and an inclusion probability, summed.
+
+    What the estimate reads of a sample, so that a database can add up a
+    window's samples (`GROUP BY`) instead of handing over every record:
+    `count` samples; for `scored` ones also the sum of their scores and the
+    sum of squared deviations from the cell's own mean (`score_m2`, kept
+    centred so that equal scores give exactly 0).
+    """
+
+    stratum: str
+    inclusion_probability: float
+    outcome: Outcome
+    count: int
+    score_sum: float = 0.0
+    score_m2: float = 0.0
+    app: str = "unknown"
+    release: str | None = None
+    intent: str | None = None
+
+    def __post_init__(self) -> None:
+        p = self.inclusion_probability
+        if not (math.isfinite(p) and 0.0 < p <= 1.0):
+            raise ValueError(f"inclusion_probability must be in (0, 1], got {p!r}")
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
+        if self.count < 1:
+            raise ValueError(f"a cell holds at least one sample, got {self.count}")
+        if self.outcome == "scored" and not 0.0 <= self.score_sum <= self.count:
+            raise ValueError(f"{self.count} scores in [0, 1] cannot sum to {self.score_sum!r}")
+        if self.score_m2 < 0.0:
+            raise ValueError(f"a sum of squared deviations cannot be negative, got {self.score_m2!r}")
+
+
+def cells_of(samples: Iterable[JudgedSample]) -> list[SampleCell]:
+    """`samples` summed into cells of (group fields, stratum, inclusion probability, outcome)."""
+    grouped: dict[tuple[str, str | None, str | None, str, float, Outcome], list[JudgedSample]] = defaultdict(
+        list
+    )
+    for s in samples:
+        grouped[(s.app, s.release, s.intent, s.stratum, s.inclusion_probability, s.outcome)].append(s)
+    cells = []
+    for (app, release, intent, stratum, pi, outcome), members in grouped.items():
+        scores = np.array([m.score for m in members if m.score is not None], dtype=float)
+        mean = float(scores.mean()) if scores.size else 0.0
+        cells.append(
+            SampleCell(
+                stratum=stratum,
+                inclusion_probability=pi,
+                outcome=outcome,
+                count=len(members),
+                score_sum=float(scores.sum()) if scores.size else 0.0,
+                score_m2=float(np.sum((scores - mean) ** 2)) if scores.size else 0.0,
+                app=app,
+                release=release,
+                intent=intent,
+            )
+        )
+    return cells
+
+
 def hajek(
     samples: Iterable[JudgedSample], *, confidence: float = 0.95, min_n: int = 30
 ) -> FaithfulnessEstimate:
     """The Hájek estimate of the mean faithfulness score over `samples` (see the module doc)."""
+    return hajek_cells(cells_of(samples), confidence=confidence, min_n=min_n)
+
+
+def hajek_cells(
+    cells: Iterable[SampleCell], *, confidence: float = 0.95, min_n: int = 30
+) -> FaithfulnessEstimate:
+    """`hajek` over samples already summed into cells (their group fields are not read)."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     if min_n < 2:
         raise ValueError(f"min_n must be >= 2, got {min_n}")
-    samples = list(samples)
+    cells = list(cells)
     counts = dict.fromkeys(OUTCOMES, 0)
-    cells: dict[tuple[str, float], list[int]] = defaultdict(lambda: [0, 0])
-    for s in samples:
-        counts[s.outcome] += 1
-        cells[(s.stratum, s.inclusion_probability)][s.outcome == "skipped"] += 1
-    unadjusted = sum(skipped for admitted, skipped in cells.values() if admitted == 0)
+    design: dict[tuple[str, float], list[int]] = defaultdict(lambda: [0, 0])  # [admitted, skipped]
+    for c in cells:
+        counts[c.outcome] += c.count
+        design[(c.stratum, c.inclusion_probability)][c.outcome == "skipped"] += c.count
+    unadjusted = sum(skipped for admitted, skipped in design.values() if admitted == 0)
 
-    scored = [s for s in samples if s.outcome == "scored"]
+    scored = [c for c in cells if c.outcome == "scored"]
     if not scored:
         return FaithfulnessEstimate(
             estimate=None,
@@ -189,22 +267,27 @@ def hajek(
             confidence=confidence,
         )
 
-    y = np.array([s.score for s in scored], dtype=float)
+    n = np.array([c.count for c in scored], dtype=float)
+    y_sum = np.array([c.score_sum for c in scored])
+    m2 = np.array([c.score_m2 for c in scored])
     pi = np.empty(len(scored))
-    for i, s in enumerate(scored):
-        admitted, skipped = cells[(s.stratum, s.inclusion_probability)]
-        pi[i] = s.inclusion_probability * admitted / (admitted + skipped)
-    w = 1.0 / pi
-    total = float(w.sum())
-    p_hat = float(np.dot(w, y) / total)
-    n_eff = total**2 / float(np.dot(w, w))
-    variance = float(np.sum((1.0 - pi) * (w * (y - p_hat)) ** 2)) / total**2
+    for i, c in enumerate(scored):
+        admitted, skipped = design[(c.stratum, c.inclusion_probability)]
+        pi[i] = c.inclusion_probability * admitted / (admitted + skipped)
+    w = 1.0 / pi  # every sample of a cell has the same weight
+    total = float(np.dot(n, w))
+    p_hat = float(np.dot(w, y_sum) / total)
+    n_eff = total**2 / float(np.dot(n, w * w))
+    # Σ over a cell of (y - p̂)² = its own squared deviations + n·(mean - p̂)²
+    squares = m2 + n * (y_sum / n - p_hat) ** 2
+    variance = float(np.sum((1.0 - pi) * w * w * squares)) / total**2
     z = float(norm.ppf(0.5 + confidence / 2.0))
 
     half = z * math.sqrt(variance)
     lower, upper = p_hat - half, p_hat + half
     method: Literal["linearization", "wilson_kish"] = "linearization"
-    if len(scored) < min_n or variance <= 0.0 or lower < 0.0 or upper > 1.0:
+    n_judged = int(n.sum())
+    if n_judged < min_n or variance <= _NEGLIGIBLE_VARIANCE or lower < 0.0 or upper > 1.0:
         lower, upper = _wilson(p_hat, n_eff, z)
         method = "wilson_kish"
     # Rounding can put p̂ a hair outside its own Wilson interval at the edges.
@@ -213,7 +296,7 @@ def hajek(
         estimate=p_hat,
         lower=lower,
         upper=upper,
-        n_judged=len(scored),
+        n_judged=n_judged,
         n_effective=n_eff,
         n_failed=counts["failed"],
         n_no_claims=counts["no_claims"],
@@ -257,7 +340,21 @@ def estimate_by(
     return {k: hajek(v, confidence=confidence, min_n=min_n) for k, v in sorted(groups.items())}
 
 
-def _group_key(s: JudgedSample, grouping: Grouping) -> tuple[str, ...] | None:
+def estimate_cells_by(
+    cells: Iterable[SampleCell], grouping: Grouping, *, confidence: float = 0.95, min_n: int = 30
+) -> dict[tuple[str, ...], FaithfulnessEstimate]:
+    """`estimate_by` over cells already limited to the window (what a database sums, see `SampleCell`)."""
+    if grouping not in GROUPINGS:
+        raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+    groups: dict[tuple[str, ...], list[SampleCell]] = defaultdict(list)
+    for c in cells:
+        key = _group_key(c, grouping)
+        if key is not None:
+            groups[key].append(c)
+    return {k: hajek_cells(v, confidence=confidence, min_n=min_n) for k, v in sorted(groups.items())}
+
+
+def _group_key(s: JudgedSample | SampleCell, grouping: Grouping) -> tuple[str, ...] | None:
     if grouping == "app":
         return (s.app,)
     extra = s.release if grouping == "app_release" else s.intent

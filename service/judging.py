@@ -27,11 +27,10 @@ from sampler import (
     GROUPINGS,
     FaithfulnessEstimate,
     Grouping,
-    JudgedSample,
     SqlJudgeQueue,
     TraceSampler,
     TraceSummary,
-    estimate_by,
+    estimate_cells_by,
 )
 from sampler.queue import QueueRecord
 from service.config import JudgingConfig
@@ -310,13 +309,16 @@ class JudgeWorker:
 
 
 class FaithfulnessEstimator:
-    """Recomputes the Hájek faithfulness estimates over the rolling window and exports them as gauges."""
+    """Recomputes the Hájek faithfulness estimates over the rolling window and exports them as gauges.
+
+    Over every tenant's judged traces (the gauges carry no tenant), or one tenant's when `tenant` is
+    given (the weekly report)."""
 
     def __init__(
-        self, config: JudgingConfig, queue: SqlJudgeQueue, judgments: JudgmentStore, metrics: Metrics
+        self, config: JudgingConfig, judgments: JudgmentStore, metrics: Metrics, *, tenant: str | None = None
     ):
         self.config = config
-        self.queue = queue
+        self.tenant = tenant
         self.judgments = judgments
         self.metrics = metrics
         self._task: asyncio.Task[None] | None = None
@@ -327,28 +329,9 @@ class FaithfulnessEstimator:
     ) -> dict[Grouping, dict[tuple[str, ...], FaithfulnessEstimate]]:
         """Estimates per grouping: {"app": {(app,): est}, "app_release": ..., "app_intent": ...}."""
         now = now or datetime.now(UTC)
-        window = timedelta(seconds=self.config.estimate_window_s)
-        records = [
-            r for r in self.queue.records(since=now - window) if r.state in ("done", "failed", "skipped")
-        ]
-        outcomes = self.judgments.outcomes(r.key for r in records if r.state == "done")
-        samples = []
-        for record in records:
-            if record.state != "done":
-                samples.append(JudgedSample.from_record(record))
-                continue
-            found = outcomes.get((record.key.tenant, record.key.trace_id, record.key.judge_version))
-            if found is None:
-                continue  # completed by a worker whose judgment write was lost: not a sample
-            outcome, score = found
-            if outcome == "scored":
-                samples.append(JudgedSample.from_record(record, "scored", score))
-            elif outcome == "no_claims":
-                samples.append(JudgedSample.from_record(record, "no_claims"))
-            else:
-                # a judgment recorded as failed (not retryable) counts with the queue's failures
-                samples.append(JudgedSample.from_record(replace(record, state="failed")))
-        return {grouping: estimate_by(samples, grouping, now=now, window=window) for grouping in GROUPINGS}
+        start = now - timedelta(seconds=self.config.estimate_window_s)
+        cells = self.judgments.window_cells(start, now, tenant=self.tenant)
+        return {grouping: estimate_cells_by(cells, grouping) for grouping in GROUPINGS}
 
     def export(self) -> None:
         results = self.compute()

@@ -22,6 +22,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from sampler.estimate import SampleCell
+from sampler.queue import judge_queue
 from service.errors import StoreUnavailable
 from service.judgment import Judgment
 from service.tables import UtcDateTime
@@ -203,6 +205,81 @@ class JudgmentStore:
                 for f in raised
             ],
         )
+
+    def window_cells(self, start: datetime, end: datetime, *, tenant: str | None = None) -> list[SampleCell]:
+        """The estimator's samples of traces that started in (start, end], summed by the database;
+        one tenant's only when `tenant` is given.
+
+        One judge-queue record is one sample: `skipped` and `failed` records as
+        themselves, a `done` one with its judgment's outcome (`scored` with its
+        score, `no_claims`; any other recorded outcome counts as `failed`). A
+        `done` record without a judgment (its write was lost) is no sample.
+        Cells are (app, release, intent, stratum, inclusion probability,
+        outcome): one query whatever the window holds, where reading every
+        record grew with traffic times sampling rate.
+        """
+        q, j = judge_queue.c, judgments.c
+        samples = (
+            sa.select(
+                q.app,
+                q.release,
+                q.intent,
+                q.stratum,
+                q.inclusion_probability,
+                sa.case(
+                    (q.state != "done", q.state),
+                    (j.outcome.in_(("scored", "no_claims")), j.outcome),
+                    else_=sa.literal("failed"),
+                ).label("outcome"),
+                sa.case((sa.and_(q.state == "done", j.outcome == "scored"), j.faithfulness)).label("score"),
+            )
+            .select_from(
+                judge_queue.outerjoin(
+                    judgments,
+                    sa.and_(
+                        j.tenant == q.tenant, j.trace_id == q.trace_id, j.judge_version == q.judge_version
+                    ),
+                )
+            )
+            .where(
+                q.trace_time > start,
+                q.trace_time <= end,
+                q.state.in_(("done", "failed", "skipped")),
+                sa.or_(q.state != "done", j.outcome.is_not(None)),
+                sa.true() if tenant is None else q.tenant == tenant,
+            )
+            .subquery()
+        )
+        s = samples.c
+        keys = (s.app, s.release, s.intent, s.stratum, s.inclusion_probability, s.outcome)
+        query = sa.select(
+            *keys,
+            sa.func.count().label("n"),
+            sa.func.sum(s.score).label("y"),
+            sa.func.sum(s.score * s.score).label("yy"),
+        ).group_by(*keys)
+        with self._connect() as conn:
+            rows = conn.execute(query).all()
+        cells = []
+        for row in rows:
+            y = float(row.y or 0.0)
+            # squared deviations from the cell mean out of two sums; rounding can leave a hair
+            # on either side of 0 when every score is equal, and equal scores must give 0
+            m2 = float(row.yy or 0.0) - y * y / row.n
+            cells.append(
+                SampleCell(
+                    stratum=row.stratum,
+                    inclusion_probability=row.inclusion_probability,
+                    outcome=row.outcome,
+                    count=row.n,
+                    score_sum=y,
+                    score_m2=m2 if m2 > 1e-9 * float(row.yy or 0.0) else 0.0,
+                    app=row.app,
+                    release=row.release,
+                    intent=row.intent,
+                )
+            )
+        return cells
 
     def outcomes(
         self, keys: Iterable[tuple[str, str, str]]

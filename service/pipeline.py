@@ -144,7 +144,7 @@ class Pipeline:
             )
             for n in range(config.judging.workers if config.judging.enabled else 0)
         ]
-        self.estimator = FaithfulnessEstimator(config.judging, self.judge_queue, self.judgments, self.metrics)
+        self.estimator = FaithfulnessEstimator(config.judging, self.judgments, self.metrics)
         fanout = Fanout(downstream)
         self.sinks = StoreSink(self.store, new_traces=fanout, new_feedback=fanout)
         self.distributed = config.bus.kind == "kafka"

@@ -35,8 +35,7 @@ from scipy import stats
 
 from detectors import explain_query_drift
 from detectors.regeneration_band import binomial_band
-from sampler import SqlJudgeQueue, create_tables
-from sampler.queue import QueueRecord
+from sampler import create_tables
 from service.config import JudgingConfig, RagmonConfig
 from service.drift_cli import parse_time
 from service.drift_store import DriftStore, RunRecord
@@ -88,19 +87,6 @@ def rate_interval(k: int, n: int) -> Interval:
         return None
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
     return k / n, float(ci.low), float(ci.high)
-
-
-class _TenantQueue(SqlJudgeQueue):
-    """The judge queue seen by one tenant: `records` never returns another tenant's items."""
-
-    def __init__(self, engine: sa.Engine, tenant: str) -> None:
-        super().__init__(engine)
-        self.tenant = tenant
-
-    def records(
-        self, *, since: datetime, until: datetime | None = None, tenant: str | None = None
-    ) -> list[QueueRecord]:
-        return super().records(since=since, until=until, tenant=self.tenant)
 
 
 @dataclass
@@ -210,12 +196,11 @@ def build_report(
     by_app: dict[str, list[Any]] = defaultdict(list)
     for row in rows:
         by_app[row.app].append(row)
-    queue = _TenantQueue(store.engine, tenant)
     judgments = JudgmentStore(store.engine)
     day_config = JudgingConfig(estimate_window_s=86400.0)
-    per_day = FaithfulnessEstimator(day_config, queue, judgments, Metrics(config.metrics))
+    per_day = FaithfulnessEstimator(day_config, judgments, Metrics(config.metrics), tenant=tenant)
     period_config = JudgingConfig(estimate_window_s=max(1.0, (until - since).total_seconds()))
-    whole = FaithfulnessEstimator(period_config, queue, judgments, Metrics(config.metrics))
+    whole = FaithfulnessEstimator(period_config, judgments, Metrics(config.metrics), tenant=tenant)
     alpha = config.drift.regeneration_alpha
     apps = []
     for name, app_rows in sorted(by_app.items()):

@@ -1,0 +1,195 @@
+"""The faithfulness estimate over a 24 h window: summed in the database vs every record read, by window size.
+
+`FaithfulnessEstimator` recomputes its gauges every 30 s over the judge-queue
+records of the last 24 h. The queue holds a record for every trace the
+sampler selected, budget-skipped ones included, so the window grows with
+traffic times sampling rate (at 100 traces/s and 2 % selected, ~170k records
+a day). Before 2026-11-30 `compute` read every record into Python (plus one
+row-value IN lookup of judgments per 500 of them); now
+`JudgmentStore.window_cells` lets the database sum them into cells of (app,
+release, intent, stratum, inclusion probability, outcome) and the estimate is
+computed from the cells.
+
+For each window size the script fills a SQLite file (3 apps, 2 releases,
+2 intents, 4 strata; 20 % skipped, 5 % failed, the rest judged, of those 10 %
+without claims), then times both ways (best of `--repeat`, wall and this
+process's CPU), reports Python's peak traced memory, and checks both give the
+same estimates.
+
+    python bench/judge/estimate_window.py [--records 10000 50000 200000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from sampler import (  # noqa: E402
+    GROUPINGS,
+    JudgedSample,
+    SqlJudgeQueue,
+    create_tables,
+    estimate_by,
+    estimate_cells_by,
+)
+from sampler.queue import judge_queue  # noqa: E402
+from service.judgment_store import JudgmentStore, judgments  # noqa: E402
+from service.store import Store  # noqa: E402
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+WINDOW = timedelta(hours=24)
+VERSION = "llm/bench/p1"
+STRATA = [("base", 0.02), ("thumbs_down", 1.0), ("low_retrieval", 0.25), ("regenerated", 0.5)]
+
+
+def fill(url: str, n: int, seed: int) -> None:
+    """`n` queue records in their final states, and judgments for the done ones, written directly."""
+    rng = random.Random(seed)
+    store = Store(url)
+    store.create_schema()
+    JudgmentStore(store.engine).create_schema()
+    create_tables(store.engine)
+    queue_rows, judgment_rows = [], []
+    for i in range(n):
+        stratum, pi = rng.choice(STRATA)
+        roll = rng.random()
+        state = "skipped" if roll < 0.2 else "failed" if roll < 0.25 else "done"
+        trace_time = NOW - timedelta(seconds=rng.uniform(1, WINDOW.total_seconds() - 1))
+        key = {"tenant": "default", "trace_id": f"{i:032x}", "judge_version": VERSION}
+        app = rng.choice(["support-bot", "docs", "hr"])
+        queue_rows.append(
+            {
+                **key,
+                "app": app,
+                "release": rng.choice(["v1", "v2"]),
+                "intent": rng.choice(["billing", "shipping"]),
+                "stratum": stratum,
+                "inclusion_probability": pi,
+                "trace_time": trace_time,
+                "enqueued_at": trace_time,
+                "available_at": trace_time,
+                "state": state,
+                "attempts": 0 if state == "skipped" else 1,
+            }
+        )
+        if state == "done":
+            claims = rng.random() >= 0.1
+            judgment_rows.append(
+                {
+                    **key,
+                    "app": app,
+                    "judge": "llm",
+                    "outcome": "scored" if claims else "no_claims",
+                    "faithfulness": (1.0 if rng.random() < 0.85 else round(rng.random(), 2))
+                    if claims
+                    else None,
+                    "judged_at": trace_time,
+                    "record": "{}",
+                }
+            )
+    with store.engine.begin() as conn:
+        for start in range(0, n, 5000):
+            conn.execute(sa.insert(judge_queue), queue_rows[start : start + 5000])
+        for start in range(0, len(judgment_rows), 5000):
+            conn.execute(sa.insert(judgments), judgment_rows[start : start + 5000])
+    store.close()
+
+
+def every_record(queue: SqlJudgeQueue, store: JudgmentStore) -> dict[str, Any]:
+    """The estimate as computed before: each record read, judgments looked up by key."""
+    records = [r for r in queue.records(since=NOW - WINDOW) if r.state in ("done", "failed", "skipped")]
+    outcomes = store.outcomes(r.key for r in records if r.state == "done")
+    samples = []
+    for record in records:
+        if record.state != "done":
+            samples.append(JudgedSample.from_record(record))
+            continue
+        found = outcomes.get((record.key.tenant, record.key.trace_id, record.key.judge_version))
+        if found is None:
+            continue
+        outcome, score = found
+        if outcome == "scored":
+            samples.append(JudgedSample.from_record(record, "scored", score))
+        elif outcome == "no_claims":
+            samples.append(JudgedSample.from_record(record, "no_claims"))
+        else:
+            samples.append(JudgedSample.from_record(replace(record, state="failed")))
+    return {g: estimate_by(samples, g, now=NOW, window=WINDOW) for g in GROUPINGS}
+
+
+def summed_cells(store: JudgmentStore) -> dict[str, Any]:
+    cells = store.window_cells(NOW - WINDOW, NOW)
+    return {g: estimate_cells_by(cells, g) for g in GROUPINGS}
+
+
+def measure(fn: Callable[[], dict[str, Any]], repeat: int) -> tuple[float, float, float, dict[str, Any]]:
+    """Best wall and CPU seconds over `repeat` calls, peak traced MiB of one more, and its result."""
+    wall = cpu = float("inf")
+    for _ in range(repeat):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        wall, cpu = min(wall, time.perf_counter() - w), min(cpu, time.process_time() - c)
+    tracemalloc.start()
+    result = fn()
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    return wall, cpu, peak, result
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    for grouping in GROUPINGS:
+        if set(a[grouping]) != set(b[grouping]):
+            return False
+        for key, x in a[grouping].items():
+            y = b[grouping][key]
+            if (x.n_judged, x.n_skipped, x.method) != (y.n_judged, y.n_skipped, y.method):
+                return False
+            if abs(x.estimate - y.estimate) > 1e-9 or abs(x.lower - y.lower) > 1e-9:
+                return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, nargs="+", default=[10_000, 50_000, 200_000])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    print(
+        "| records in the window | every record read: wall / CPU / peak | summed in the database | speed-up |"
+    )
+    print("|---:|---|---|---:|")
+    for n in args.records:
+        with tempfile.TemporaryDirectory() as tmp:
+            url = f"sqlite:///{tmp}/bench.db"
+            fill(url, n, seed=n)
+            store = Store(url)
+            queue, judged = SqlJudgeQueue(store.engine), JudgmentStore(store.engine)
+            old = measure(functools.partial(every_record, queue, judged), args.repeat)
+            new = measure(functools.partial(summed_cells, judged), args.repeat)
+            store.close()
+        if not same(old[3], new[3]):
+            raise RuntimeError(f"the two ways disagree at {n} records")
+        print(
+            f"| {n:,} | {old[0]:.2f} s / {old[1]:.2f} s / {old[2]:.0f} MiB "
+            f"| {new[0]:.3f} s / {new[1]:.3f} s / {new[2]:.1f} MiB | {old[0] / new[0]:.0f}x |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The faithfulness estimate from cells the database sums equals the one from every record read one by one."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from sampler import (
+    GROUPINGS,
+    JudgedSample,
+    JudgeItem,
+    SqlJudgeQueue,
+    create_tables,
+    estimate_by,
+    estimate_cells_by,
+)
+from sampler.estimate import FaithfulnessEstimate
+from service.judgment_store import JudgmentStore, judgments
+from service.store import Store
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+WINDOW = timedelta(hours=24)
+VERSION = "llm/test-judge/p1"
+
+
+def fill(store: Store, rng: random.Random, n: int) -> tuple[SqlJudgeQueue, JudgmentStore]:
+    """Queue records in every state and judgments of every outcome, some outside the window."""
+    JudgmentStore(store.engine).create_schema()
+    create_tables(store.engine)
+    queue = SqlJudgeQueue(store.engine, max_attempts=1, clock=lambda: NOW)
+    items = []
+    for i in range(n):
+        stratum, pi = rng.choice(
+            [("base", 0.02), ("base", 0.05), ("thumbs_down", 1.0), ("low_retrieval", 0.25)]
+        )
+        age = rng.choice([timedelta(minutes=rng.randrange(1, 1400)), WINDOW + timedelta(minutes=5), WINDOW])
+        items.append(
+            JudgeItem(
+                trace_id=f"{i:032x}",
+                tenant=rng.choice(["default", "acme"]),
+                app=rng.choice(["support-bot", "docs"]),
+                stratum=stratum,
+                inclusion_probability=pi,
+                judge_version=VERSION,
+                enqueued_at=NOW - timedelta(minutes=1),
+                trace_time=NOW - age,
+                release=rng.choice(["v1", "v2", None]),
+                intent=rng.choice(["billing", None]),
+                skip_reason="budget" if rng.random() < 0.2 else None,
+            )
+        )
+    queue.enqueue(items)
+    claimed = queue.claim(n, 60.0, "w") if n else []
+    rows = []
+    for record in claimed:
+        roll = rng.random()
+        if roll < 0.1:
+            queue.fail(record.key, worker="w", reason="judge_unavailable", permanent=True)
+            continue
+        if roll < 0.15:
+            continue  # still leased: not judged yet, no sample
+        queue.complete(record.key)
+        if roll < 0.18:
+            continue  # done, but its judgment was lost: no sample
+        outcome = "scored" if roll < 0.8 else rng.choice(["no_claims", "failed"])
+        # binary verdicts, equal fractional scores, and anything in between
+        score = rng.choice([1.0, 0.0, 0.7, round(rng.random(), 3)]) if outcome == "scored" else None
+        rows.append(
+            {
+                "tenant": record.key.tenant,
+                "trace_id": record.key.trace_id,
+                "judge_version": VERSION,
+                "app": record.item.app,
+                "judge": "llm",
+                "outcome": outcome,
+                "faithfulness": score,
+                "judged_at": NOW,
+                "record": "{}",
+            }
+        )
+    if rows:
+        with store.engine.begin() as conn:
+            conn.execute(sa.insert(judgments), rows)
+    return queue, JudgmentStore(store.engine)
+
+
+def record_by_record(queue: SqlJudgeQueue, store: JudgmentStore) -> dict[str, Any]:
+    """The estimates as ragmon computed them before the database summed cells: every record read."""
+    records = [r for r in queue.records(since=NOW - WINDOW) if r.state in ("done", "failed", "skipped")]
+    outcomes = store.outcomes(r.key for r in records if r.state == "done")
+    samples = []
+    for record in records:
+        if record.state != "done":
+            samples.append(JudgedSample.from_record(record))
+            continue
+        found = outcomes.get((record.key.tenant, record.key.trace_id, record.key.judge_version))
+        if found is None:
+            continue
+        outcome, score = found
+        if outcome == "scored":
+            samples.append(JudgedSample.from_record(record, "scored", score))
+        elif outcome == "no_claims":
+            samples.append(JudgedSample.from_record(record, "no_claims"))
+        else:
+            samples.append(JudgedSample.from_record(replace(record, state="failed")))
+    return {g: estimate_by(samples, g, now=NOW, window=WINDOW) for g in GROUPINGS}
+
+
+def assert_same(a: FaithfulnessEstimate, b: FaithfulnessEstimate) -> None:
+    counts = ("n_judged", "n_failed", "n_no_claims", "n_skipped", "n_skipped_unadjusted", "method")
+    assert [getattr(a, f) for f in counts] == [getattr(b, f) for f in counts]
+    for field in ("estimate", "lower", "upper", "n_effective", "sum_weights"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert (x is None) == (y is None), field
+        if x is not None:
+            assert x == pytest.approx(y, rel=1e-9, abs=1e-12), field
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_summed_cells_give_the_record_by_record_estimate(store: Store, seed: int) -> None:
+    queue, judged = fill(store, random.Random(seed), 400)
+    expected = record_by_record(queue, judged)
+    cells = judged.window_cells(NOW - WINDOW, NOW)
+    assert (
+        sum(c.count for c in cells) < 400
+    )  # the window, the lost judgment and the leased ones left some out
+    for grouping in GROUPINGS:
+        got = estimate_cells_by(cells, grouping)
+        assert set(got) == set(expected[grouping])
+        assert got, grouping
+        for key, estimate in expected[grouping].items():
+            assert_same(got[key], estimate)
+
+
+def test_equal_scores_fall_back_to_wilson_as_one_by_one(store: Store) -> None:
+    queue, judged = fill(store, random.Random(9), 0)
+    items = [
+        JudgeItem(
+            trace_id=f"{i:032x}",
+            tenant="default",
+            app="a",
+            stratum="base",
+            inclusion_probability=0.1,
+            judge_version=VERSION,
+            enqueued_at=NOW,
+            trace_time=NOW - timedelta(hours=1),
+        )
+        for i in range(40)
+    ]
+    queue.enqueue(items)
+    for record in queue.claim(40, 60.0, "w"):
+        queue.complete(record.key)
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.insert(judgments),
+            [
+                {
+                    "tenant": "default",
+                    "trace_id": item.trace_id,
+                    "judge_version": VERSION,
+                    "app": "a",
+                    "judge": "llm",
+                    "outcome": "scored",
+                    "faithfulness": 0.7,
+                    "judged_at": NOW,
+                    "record": "{}",
+                }
+                for item in items
+            ],
+        )
+    (cell,) = judged.window_cells(NOW - WINDOW, NOW)
+    assert (cell.count, cell.score_m2) == (40, 0.0)
+    estimate = estimate_cells_by([cell], "app")[("a",)]
+    assert estimate.method == "wilson_kish"  # zero variance: the linearization interval would be a point
+    assert estimate.estimate == pytest.approx(0.7)
+    assert estimate.lower < 0.7 < estimate.upper
+    assert_same(estimate, record_by_record(queue, judged)["app"][("a",)])
+
+
+def test_one_tenants_cells_hold_only_its_records(store: Store) -> None:
+    queue, judged = fill(store, random.Random(5), 300)
+    everyone = judged.window_cells(NOW - WINDOW, NOW)
+    acme = judged.window_cells(NOW - WINDOW, NOW, tenant="acme")
+    default = judged.window_cells(NOW - WINDOW, NOW, tenant="default")
+    assert sum(c.count for c in acme) + sum(c.count for c in default) == sum(c.count for c in everyone)
+    records = queue.records(since=NOW - WINDOW, tenant="acme")
+    assert 0 < sum(c.count for c in acme) <= sum(1 for r in records if r.item.trace_time > NOW - WINDOW)
+    assert judged.window_cells(NOW - WINDOW, NOW, tenant="nobody") == []
