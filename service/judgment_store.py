@@ -103,6 +103,14 @@ def flags_for(judgment: Judgment, threshold: float) -> list[Flag]:
     ]
 
 
+# compiled once; see `JudgmentStore.outcomes`
+_OUTCOMES_OF_TRACES = sa.select(judgments.c.trace_id, judgments.c.outcome, judgments.c.faithfulness).where(
+    judgments.c.tenant == sa.bindparam("for_tenant"),
+    judgments.c.judge_version == sa.bindparam("for_version"),
+    judgments.c.trace_id.in_(sa.bindparam("trace_ids", expanding=True)),
+)
+
+
 class JudgmentStore:
     """Judgments and flags on an engine the caller owns (the trace store's)."""
 
@@ -285,19 +293,22 @@ class JudgmentStore:
         self, keys: Iterable[tuple[str, str, str]]
     ) -> dict[tuple[str, str, str], tuple[str, float | None]]:
         """(tenant, trace_id, judge_version) -> (outcome, faithfulness) for the keys that were judged."""
-        wanted = list(keys)
+        # per (tenant, judge version) with an IN list of trace ids: a row-value IN of whole keys
+        # is answered by SQLite with a scan of the table
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for tenant, trace_id, version in keys:
+            grouped.setdefault((tenant, version), []).append(trace_id)
         found: dict[tuple[str, str, str], tuple[str, float | None]] = {}
-        j = judgments.c
         with self._connect() as conn:
-            for start in range(0, len(wanted), 500):
-                chunk = wanted[start : start + 500]
-                rows = conn.execute(
-                    sa.select(j.tenant, j.trace_id, j.judge_version, j.outcome, j.faithfulness).where(
-                        sa.tuple_(j.tenant, j.trace_id, j.judge_version).in_(chunk)
-                    )
-                ).all()
-                for row in rows:
-                    found[(row.tenant, row.trace_id, row.judge_version)] = (row.outcome, row.faithfulness)
+            for (tenant, version), trace_ids in sorted(grouped.items()):
+                for start in range(0, len(trace_ids), 500):
+                    params = {
+                        "for_tenant": tenant,
+                        "for_version": version,
+                        "trace_ids": trace_ids[start : start + 500],
+                    }
+                    for row in conn.execute(_OUTCOMES_OF_TRACES, params):
+                        found[(tenant, row.trace_id, version)] = (row.outcome, row.faithfulness)
         return found
 
     def flagged(self, tenant: str, *, since: datetime | None = None, limit: int = 500) -> Sequence[Any]:

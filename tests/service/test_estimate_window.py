@@ -191,3 +191,46 @@ def test_one_tenants_cells_hold_only_its_records(store: Store) -> None:
     records = queue.records(since=NOW - WINDOW, tenant="acme")
     assert 0 < sum(c.count for c in acme) <= sum(1 for r in records if r.item.trace_time > NOW - WINDOW)
     assert judged.window_cells(NOW - WINDOW, NOW, tenant="nobody") == []
+
+
+def test_outcomes_answer_exact_keys_through_the_primary_key(store: Store) -> None:
+    _, judged = fill(store, random.Random(0), 0)
+    rows = [
+        {
+            "tenant": tenant,
+            "trace_id": f"{i:032x}",
+            "judge_version": version,
+            "app": "a",
+            "judge": "llm",
+            "outcome": "scored",
+            "faithfulness": i / 1000,
+            "judged_at": NOW,
+            "record": "{}",
+        }
+        for i in range(700)
+        for tenant, version in (("default", VERSION), ("acme", VERSION), ("default", "other/p2"))
+        if (i + len(tenant) + len(version)) % 3
+    ]
+    with store.engine.begin() as conn:
+        conn.execute(sa.insert(judgments), rows)
+    stored = {(r["tenant"], r["trace_id"], r["judge_version"]): r["faithfulness"] for r in rows}
+    asked = [
+        (t, f"{i:032x}", v) for i in range(0, 700, 3) for t, v in (("default", VERSION), ("acme", "other/p2"))
+    ]
+    asked += list(stored)[:600]  # more than one IN list for a (tenant, version)
+    executed: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        executed.append((statement, parameters))
+
+    sa.event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        found = judged.outcomes(asked)
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", record)
+    assert found == {k: ("scored", stored[k]) for k in asked if k in stored}
+    if store.dialect == "sqlite":
+        with store.engine.connect() as conn:
+            for statement, parameters in [e for e in executed if "FROM judgments" in e[0]]:
+                plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
+                assert not any(row[-1].startswith("SCAN judgments") for row in plan), plan
