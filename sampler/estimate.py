@@ -75,6 +75,14 @@ Grouping = Literal["app", "app_release", "app_intent"]
 GROUPINGS: tuple[Grouping, ...] = get_args(Grouping)
 
 
+def _check_design(inclusion_probability: float, outcome: str) -> None:
+    """Raise ValueError unless the probability is in (0, 1] and the outcome is known."""
+    if not (math.isfinite(inclusion_probability) and 0.0 < inclusion_probability <= 1.0):
+        raise ValueError(f"inclusion_probability must be in (0, 1], got {inclusion_probability!r}")
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class JudgedSample:
     """One selected trace as the estimator sees it.
@@ -122,11 +130,7 @@ class JudgedSample:
         )
 
     def __post_init__(self) -> None:
-        p = self.inclusion_probability
-        if not (math.isfinite(p) and 0.0 < p <= 1.0):
-            raise ValueError(f"inclusion_probability must be in (0, 1], got {p!r}")
-        if self.outcome not in OUTCOMES:
-            raise ValueError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
+        _check_design(self.inclusion_probability, self.outcome)
         if self.outcome == "scored":
             if self.score is None or not (0.0 <= self.score <= 1.0):
                 raise ValueError(f"a scored sample needs a score in [0, 1], got {self.score!r}")
@@ -187,11 +191,7 @@ class SampleCell:
     intent: str | None = None
 
     def __post_init__(self) -> None:
-        p = self.inclusion_probability
-        if not (math.isfinite(p) and 0.0 < p <= 1.0):
-            raise ValueError(f"inclusion_probability must be in (0, 1], got {p!r}")
-        if self.outcome not in OUTCOMES:
-            raise ValueError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
+        _check_design(self.inclusion_probability, self.outcome)
         if self.count < 1:
             raise ValueError(f"a cell holds at least one sample, got {self.count}")
         if self.outcome == "scored" and not 0.0 <= self.score_sum <= self.count:

@@ -26,6 +26,7 @@ from sampler.estimate import SampleCell
 from sampler.queue import judge_queue
 from service.errors import StoreUnavailable
 from service.judgment import Judgment
+from service.store import keys_by_group
 from service.tables import UtcDateTime
 
 FlagReason = Literal["unfaithful", "low_faithfulness", "judge_failure", "retrieval_failure"]
@@ -103,7 +104,7 @@ def flags_for(judgment: Judgment, threshold: float) -> list[Flag]:
     ]
 
 
-# compiled once; see `JudgmentStore.outcomes`
+# compiled once, per (tenant, judge version) with an IN list of trace ids (service.store.keys_by_group)
 _OUTCOMES_OF_TRACES = sa.select(judgments.c.trace_id, judgments.c.outcome, judgments.c.faithfulness).where(
     judgments.c.tenant == sa.bindparam("for_tenant"),
     judgments.c.judge_version == sa.bindparam("for_version"),
@@ -293,22 +294,12 @@ class JudgmentStore:
         self, keys: Iterable[tuple[str, str, str]]
     ) -> dict[tuple[str, str, str], tuple[str, float | None]]:
         """(tenant, trace_id, judge_version) -> (outcome, faithfulness) for the keys that were judged."""
-        # per (tenant, judge version) with an IN list of trace ids: a row-value IN of whole keys
-        # is answered by SQLite with a scan of the table
-        grouped: dict[tuple[str, str], list[str]] = {}
-        for tenant, trace_id, version in keys:
-            grouped.setdefault((tenant, version), []).append(trace_id)
         found: dict[tuple[str, str, str], tuple[str, float | None]] = {}
         with self._connect() as conn:
-            for (tenant, version), trace_ids in sorted(grouped.items()):
-                for start in range(0, len(trace_ids), 500):
-                    params = {
-                        "for_tenant": tenant,
-                        "for_version": version,
-                        "trace_ids": trace_ids[start : start + 500],
-                    }
-                    for row in conn.execute(_OUTCOMES_OF_TRACES, params):
-                        found[(tenant, row.trace_id, version)] = (row.outcome, row.faithfulness)
+            for (tenant, version), trace_ids in keys_by_group(((t, v), trace_id) for t, trace_id, v in keys):
+                params = {"for_tenant": tenant, "for_version": version, "trace_ids": trace_ids}
+                for row in conn.execute(_OUTCOMES_OF_TRACES, params):
+                    found[(tenant, row.trace_id, version)] = (row.outcome, row.faithfulness)
         return found
 
     def flagged(self, tenant: str, *, since: datetime | None = None, limit: int = 500) -> Sequence[Any]:

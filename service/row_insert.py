@@ -33,7 +33,6 @@ class PlainInsert:
             raise ValueError(
                 f"PlainInsert needs a positional paramstyle; {dialect.name} uses {dialect.paramstyle}"
             )
-        self.table = table
         self.sql = str(compiled)
         # the dialect's own implementation of each type (SQLite's DATETIME writes a fixed-width
         # string; the generic type would hand sqlite3 a datetime to format its own way)

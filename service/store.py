@@ -41,7 +41,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypedDict, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import orjson
 import sqlalchemy as sa
@@ -148,20 +148,24 @@ def _regenerate_feedback() -> sa.Exists:
 _KEYS_PER_STATEMENT = 500
 
 
-def _by_tenant(keys: Iterable[tuple[str, str]]) -> Iterator[tuple[str, list[str]]]:
-    """(tenant, up to `_KEYS_PER_STATEMENT` sorted keys) for statements that take one tenant and an
-    expanding list of keys: such a statement is compiled once, where a fresh `_keys_in`
-    expression is built and compiled for every call (the per-batch lookups of ingest)."""
-    grouped: dict[str, list[str]] = {}
-    for tenant, key in keys:
-        grouped.setdefault(tenant, []).append(key)
-    for tenant, group in sorted(grouped.items()):
-        group.sort()
-        for start in range(0, len(group), _KEYS_PER_STATEMENT):
-            yield tenant, group[start : start + _KEYS_PER_STATEMENT]
+Group = TypeVar("Group", str, tuple[str, str])
 
 
-# Statements of the ingest path, compiled once (see `_by_tenant`).
+def keys_by_group(keys: Iterable[tuple[Group, str]]) -> Iterator[tuple[Group, list[str]]]:
+    """(group, up to `_KEYS_PER_STATEMENT` sorted keys) for statements that take one group (a
+    tenant, or a tenant and judge version) and an expanding list of keys: such a statement is
+    compiled once, where a fresh `_keys_in` expression is built and compiled for every call, and
+    SQLite answers a row-value IN of whole keys with a scan."""
+    grouped: dict[Group, list[str]] = {}
+    for group, key in keys:
+        grouped.setdefault(group, []).append(key)
+    for group, members in sorted(grouped.items()):
+        members.sort()
+        for start in range(0, len(members), _KEYS_PER_STATEMENT):
+            yield group, members[start : start + _KEYS_PER_STATEMENT]
+
+
+# Statements of the ingest path, compiled once (see `keys_by_group`).
 _STORED_TRACE_KEYS = sa.select(traces.c.tenant, traces.c.trace_id).where(
     traces.c.tenant == sa.bindparam("for_tenant"), traces.c.trace_id.in_(sa.bindparam("keys", expanding=True))
 )
@@ -461,7 +465,7 @@ class Store:
             pending.setdefault((storable_text(trace.tenant), trace.trace_id), trace)
         with self._write("insert traces") as conn:
             new = self._insert_new_traces(conn, pending, created_at)
-            for tenant, keys in _by_tenant(new):
+            for tenant, keys in keys_by_group(new):
                 conn.execute(_MARK_FEEDBACK_REGENERATIONS, {"for_tenant": tenant, "keys": keys})
         return [trace_id for (tenant, trace_id) in pending if (tenant, trace_id) in new]
 
@@ -476,7 +480,7 @@ class Store:
             # SQLite: this transaction holds the only write lock (BEGIN IMMEDIATE), so a key read
             # as absent stays absent until commit, and the new rows need no ON CONFLICT.
             stored: set[tuple[str, str]] = set()
-            for tenant, keys in _by_tenant(order):
+            for tenant, keys in keys_by_group(order):
                 found = conn.execute(_STORED_TRACE_KEYS, {"for_tenant": tenant, "keys": keys})
                 stored.update((row_tenant, trace_id) for row_tenant, trace_id in found)
             new = [k for k in order if k not in stored]
@@ -564,7 +568,7 @@ class Store:
         if not wanted:
             return found
         with self._read("read feedback") as conn:
-            for tenant, trace_ids in _by_tenant(wanted):
+            for tenant, trace_ids in keys_by_group(wanted):
                 params = {"for_tenant": tenant, "keys": trace_ids}
                 rows = conn.execute(_FEEDBACK_OF_TRACES, params).mappings().all()
                 for row in rows:

@@ -29,7 +29,6 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -41,15 +40,14 @@ sys.path.insert(0, str(REPO))
 
 from sampler import (  # noqa: E402
     GROUPINGS,
-    JudgedSample,
     SqlJudgeQueue,
     create_tables,
-    estimate_by,
     estimate_cells_by,
 )
 from sampler.queue import judge_queue  # noqa: E402
 from service.judgment_store import JudgmentStore, judgments  # noqa: E402
 from service.store import Store  # noqa: E402
+from tests.service.record_by_record import record_by_record  # noqa: E402
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(hours=24)
@@ -110,28 +108,6 @@ def fill(url: str, n: int, seed: int) -> None:
     store.close()
 
 
-def every_record(queue: SqlJudgeQueue, store: JudgmentStore) -> dict[str, Any]:
-    """The estimate as computed before: each record read, judgments looked up by key."""
-    records = [r for r in queue.records(since=NOW - WINDOW) if r.state in ("done", "failed", "skipped")]
-    outcomes = store.outcomes(r.key for r in records if r.state == "done")
-    samples = []
-    for record in records:
-        if record.state != "done":
-            samples.append(JudgedSample.from_record(record))
-            continue
-        found = outcomes.get((record.key.tenant, record.key.trace_id, record.key.judge_version))
-        if found is None:
-            continue
-        outcome, score = found
-        if outcome == "scored":
-            samples.append(JudgedSample.from_record(record, "scored", score))
-        elif outcome == "no_claims":
-            samples.append(JudgedSample.from_record(record, "no_claims"))
-        else:
-            samples.append(JudgedSample.from_record(replace(record, state="failed")))
-    return {g: estimate_by(samples, g, now=NOW, window=WINDOW) for g in GROUPINGS}
-
-
 def summed_cells(store: JudgmentStore) -> dict[str, Any]:
     cells = store.window_cells(NOW - WINDOW, NOW)
     return {g: estimate_cells_by(cells, g) for g in GROUPINGS}
@@ -179,7 +155,9 @@ def main() -> None:
             fill(url, n, seed=n)
             store = Store(url)
             queue, judged = SqlJudgeQueue(store.engine), JudgmentStore(store.engine)
-            old = measure(functools.partial(every_record, queue, judged), args.repeat)
+            old = measure(
+                functools.partial(record_by_record, queue, judged, now=NOW, window=WINDOW), args.repeat
+            )
             new = measure(functools.partial(summed_cells, judged), args.repeat)
             store.close()
         if not same(old[3], new[3]):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,16 +11,15 @@ import sqlalchemy as sa
 
 from sampler import (
     GROUPINGS,
-    JudgedSample,
     JudgeItem,
     SqlJudgeQueue,
     create_tables,
-    estimate_by,
     estimate_cells_by,
 )
 from sampler.estimate import FaithfulnessEstimate
 from service.judgment_store import JudgmentStore, judgments
 from service.store import Store
+from tests.service.record_by_record import record_by_record
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(hours=24)
@@ -89,28 +87,6 @@ def fill(store: Store, rng: random.Random, n: int) -> tuple[SqlJudgeQueue, Judgm
     return queue, JudgmentStore(store.engine)
 
 
-def record_by_record(queue: SqlJudgeQueue, store: JudgmentStore) -> dict[str, Any]:
-    """The estimates as ragmon computed them before the database summed cells: every record read."""
-    records = [r for r in queue.records(since=NOW - WINDOW) if r.state in ("done", "failed", "skipped")]
-    outcomes = store.outcomes(r.key for r in records if r.state == "done")
-    samples = []
-    for record in records:
-        if record.state != "done":
-            samples.append(JudgedSample.from_record(record))
-            continue
-        found = outcomes.get((record.key.tenant, record.key.trace_id, record.key.judge_version))
-        if found is None:
-            continue
-        outcome, score = found
-        if outcome == "scored":
-            samples.append(JudgedSample.from_record(record, "scored", score))
-        elif outcome == "no_claims":
-            samples.append(JudgedSample.from_record(record, "no_claims"))
-        else:
-            samples.append(JudgedSample.from_record(replace(record, state="failed")))
-    return {g: estimate_by(samples, g, now=NOW, window=WINDOW) for g in GROUPINGS}
-
-
 def assert_same(a: FaithfulnessEstimate, b: FaithfulnessEstimate) -> None:
     counts = ("n_judged", "n_failed", "n_no_claims", "n_skipped", "n_skipped_unadjusted", "method")
     assert [getattr(a, f) for f in counts] == [getattr(b, f) for f in counts]
@@ -124,7 +100,7 @@ def assert_same(a: FaithfulnessEstimate, b: FaithfulnessEstimate) -> None:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_summed_cells_give_the_record_by_record_estimate(store: Store, seed: int) -> None:
     queue, judged = fill(store, random.Random(seed), 400)
-    expected = record_by_record(queue, judged)
+    expected = record_by_record(queue, judged, now=NOW, window=WINDOW)
     cells = judged.window_cells(NOW - WINDOW, NOW)
     assert (
         sum(c.count for c in cells) < 400
@@ -179,7 +155,7 @@ def test_equal_scores_fall_back_to_wilson_as_one_by_one(store: Store) -> None:
     assert estimate.method == "wilson_kish"  # zero variance: the linearization interval would be a point
     assert estimate.estimate == pytest.approx(0.7)
     assert estimate.lower < 0.7 < estimate.upper
-    assert_same(estimate, record_by_record(queue, judged)["app"][("a",)])
+    assert_same(estimate, record_by_record(queue, judged, now=NOW, window=WINDOW)["app"][("a",)])
 
 
 def test_one_tenants_cells_hold_only_its_records(store: Store) -> None:

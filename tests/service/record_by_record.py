@@ -1,0 +1,37 @@
+"""The faithfulness estimate as ragmon computed it before the database summed cells: every record read.
+
+The oracle `JudgmentStore.window_cells` is checked against (tests/service/test_estimate_window.py) and
+timed against (bench/judge/estimate_window.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from sampler import GROUPINGS, FaithfulnessEstimate, Grouping, JudgedSample, SqlJudgeQueue, estimate_by
+from service.judgment_store import JudgmentStore
+
+
+def record_by_record(
+    queue: SqlJudgeQueue, store: JudgmentStore, *, now: datetime, window: timedelta
+) -> dict[Grouping, dict[tuple[str, ...], FaithfulnessEstimate]]:
+    """Each record of the window read, its judgment looked up by key, the estimate per grouping."""
+    records = [r for r in queue.records(since=now - window) if r.state in ("done", "failed", "skipped")]
+    outcomes = store.outcomes(r.key for r in records if r.state == "done")
+    samples = []
+    for record in records:
+        if record.state != "done":
+            samples.append(JudgedSample.from_record(record))
+            continue
+        found = outcomes.get((record.key.tenant, record.key.trace_id, record.key.judge_version))
+        if found is None:
+            continue  # completed by a worker whose judgment write was lost: not a sample
+        outcome, score = found
+        if outcome == "scored":
+            samples.append(JudgedSample.from_record(record, "scored", score))
+        elif outcome == "no_claims":
+            samples.append(JudgedSample.from_record(record, "no_claims"))
+        else:
+            samples.append(JudgedSample.from_record(replace(record, state="failed")))
+    return {g: estimate_by(samples, g, now=now, window=window) for g in GROUPINGS}
