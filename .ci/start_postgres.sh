@@ -2,7 +2,7 @@
 # Start a disposable PostgreSQL server for the store tests and print its DATABASE_URL.
 #
 #   export DATABASE_URL="$(.ci/start_postgres.sh /tmp/ragmon-pg)"
-#   pytest tests/service/test_store.py
+#   pytest tests/service/store/test_trace_store.py
 #   .ci/stop_postgres.sh /tmp/ragmon-pg
 #
 # Env: PGPORT (default 25432). Listens on 127.0.0.1 only, trust auth, user postgres.

@@ -18,14 +18,14 @@ redelivery. Remembering them for good made memory grow with every trace.
 Guarantees: `consume_spans` never blocks on I/O and never raises for bad span
 content (bad spans were rejected by the receiver); `stop()` emits every open
 trace before returning. `build` is a coroutine over a batch of traces: the
-pipeline's runs it in worker processes (service/ingest_pool.py), `in_thread`
+pipeline's runs it in worker processes (service/ingest/pool.py), `in_thread`
 adapts a plain per-trace function for a worker thread, so the event loop keeps
 serving requests while traces are built. An emission builds in chunks of
 `EMIT_CHUNK` traces, all submitted at once, and hands each chunk on as soon
 as it is built, in order. A trace taken for emission is handed on exactly
 once, even when the emitting task is cancelled mid-build.
 
-Spans are buffered as `Span`, `PackedSpan` or `WireSpan` (service/spans.py):
+Spans are buffered as `Span`, `PackedSpan` or `WireSpan` (service/conventions/spans.py):
 the assembler reads only their tenant, trace id, root flag and size.
 """
 
@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 
 from service.config import AssemblerConfig
 from service.consumer import TraceConsumer
+from service.conventions.spans import AnySpan, Span
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import RagTrace
-from service.spans import AnySpan, Span
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ async def serve(config: RagmonConfig) -> None:
     """Run ragmon until interrupted."""
     import uvicorn
 
-    from service.api import create_app
+    from service.api.app import create_app
 
     tune_for_service()
     server = uvicorn.Server(
@@ -162,8 +162,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from service import demo
-    from service.api import create_app
+    from service.api.app import create_app
+    from service.demo import run as demo
 
     if args.target is not None:
         return demo.main(args)
@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_parser.set_defaults(run=_cmd_config)
 
     try:
-        from service import demo
+        from service.demo import run as demo
     except ImportError:  # pragma: no cover - demo is part of the package; guard for partial installs
         demo = None  # type: ignore[assignment]
     if demo is not None:
@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         demo_parser.set_defaults(run=_cmd_demo, target=None, requests=300, rate=0.0)
 
     try:
-        from service import eval_cli
+        from service.probes import eval_cli
     except ImportError:  # pragma: no cover
         eval_cli = None  # type: ignore[assignment]
     if eval_cli is not None:
@@ -283,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_arguments(worker_parser)
     worker_parser.set_defaults(run=lambda args: worker.main(args, config_from_args(args)))
 
-    from service import drift_cli, report
+    from service.drift import cli as drift_cli
+    from service.report import weekly as report
 
     drift_parser = commands.add_parser("drift", help="drift references and runs: pin, list, run")
     drift_cli.add_arguments(drift_parser, _add_config_flags)
@@ -293,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_arguments(report_parser)
     report_parser.set_defaults(run=lambda args: report.main(args, config_from_args(args)))
 
-    from service import review_export
+    from service.review import export as review_export
 
     review_parser = commands.add_parser("review", help="the human review queue: export reviewed items")
     review_commands = review_parser.add_subparsers(dest="review_command", required=True)
@@ -302,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     review_export.add_arguments(export_parser)
     export_parser.set_defaults(run=lambda args: review_export.main(args, config_from_args(args).store_url))
 
-    from service import probe_cli
+    from service.probes import cli as probe_cli
 
     probe_parser = commands.add_parser(
         "probe", help="send golden-set probes to an app (on a schedule); score runs, pin a baseline"

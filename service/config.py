@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,7 +31,6 @@ from pydantic import (
 
 from sampler.budget import BudgetConfig
 from sampler.policy import SamplerConfig
-from service.judge import JudgeConfig
 
 SAMPLE_API_KEY = "ragmon-sample-key-change-me"
 
@@ -214,6 +214,61 @@ class MetricsConfig(_Section):
     max_golden_sets: int = Field(
         10, gt=0, description="golden-set names on probe gauges before the rest are 'other'"
     )
+
+
+def _default_model() -> str:
+    return os.environ.get("RAGMON_JUDGE_MODEL") or "gpt-4o-mini"
+
+
+class JudgeConfig(BaseModel):
+    """Where and how the LLM judge calls its model; every default runs as-is.
+
+    `base_url` and `api_key` left unset fall back to `OPENAI_BASE_URL` and
+    `OPENAI_API_KEY`, exactly as the `openai` SDK does; `model` defaults to
+    `RAGMON_JUDGE_MODEL`, else gpt-4o-mini.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str | None = Field(
+        default=None, description="OpenAI-compatible endpoint; else $OPENAI_BASE_URL"
+    )
+    api_key: SecretStr | None = Field(
+        default=None, description="endpoint key; else $OPENAI_API_KEY; never logged"
+    )
+    model: str = Field(
+        default_factory=_default_model, min_length=1, description="judge model; else $RAGMON_JUDGE_MODEL"
+    )
+    timeout_s: float = Field(default=30.0, gt=0, description="whole request, per call")
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP/TLS connect timeout per call")
+    max_attempts: int = Field(default=4, ge=1, description="calls per judgment while the endpoint fails")
+    max_invalid_replies: int = Field(default=2, ge=1, description="invalid replies before a recorded failure")
+    backoff_base_s: float = Field(default=0.5, gt=0, description="first retry delay (jittered, doubling)")
+    backoff_max_s: float = Field(default=20.0, gt=0, description="longest retry delay")
+    max_retry_after_s: float = Field(
+        default=60.0, ge=0, description="a longer Retry-After ends the judgment at once instead of sleeping"
+    )
+    max_completion_tokens: int = Field(default=1024, ge=16, description="cap on the judge reply length")
+    max_context_chars: int = Field(
+        default=16_000, ge=1, description="context beyond this is cut, last chunks first"
+    )
+    max_connections: int = Field(default=100, ge=1, description="HTTP connection pool size")
+    when_unavailable: Literal["raise", "record"] = Field(
+        default="raise", description="endpoint down: keep the item queued (raise) or record a failure"
+    )
+    backend: Literal["ragmon", "phoenix_evals"] = Field(
+        default="ragmon",
+        description="ragmon: claim-level judge; phoenix_evals: Arize Phoenix evals' template on the same "
+        "endpoint (service/judge/phoenix_evals.py)",
+    )
+    phoenix_template: Literal["faithfulness", "hallucination"] = Field(
+        default="faithfulness", description="the Phoenix evals template of the phoenix_evals backend"
+    )
+
+    def endpoint_configured(self, environ: Mapping[str, str] | None = None) -> bool:
+        """Whether an endpoint is configured here or in the environment (else the offline judge runs)."""
+        env = os.environ if environ is None else environ
+        return bool(self.base_url or self.api_key or env.get("OPENAI_BASE_URL") or env.get("OPENAI_API_KEY"))
 
 
 class JudgingConfig(_Section):

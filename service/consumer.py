@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from service.conventions.spans import Span
 from service.model import Feedback, RagTrace
-from service.spans import Span
 
 
 class SpanConsumer(Protocol):

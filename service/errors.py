@@ -37,7 +37,7 @@ class RagmonError(Exception):
         return f"{type(self).__name__}(reason={self.reason!r}, message={self.message!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Errors cross process boundaries (service/ingest_pool.py). The default pickling
+        # Errors cross process boundaries (service/ingest/pool.py). The default pickling
         # calls `cls(*args)` and loses keyword-only state such as `reason` and `retry_after_s`.
         return (_restore, (type(self), self.message, dict(self.__dict__)))
 

@@ -29,9 +29,8 @@ from prometheus_client.registry import Collector
 
 from sampler.budget import SKIP_REASONS
 from service.config import MetricsConfig
-from service.judgment import FailureReason
+from service.labels import FailureReason, RejectReason
 from service.model import Feedback, RagTrace
-from service.otlp import RejectReason
 
 _log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ PHOENIX_FAILURE_REASONS = (
 )
 PHOENIX_DROP_REASONS = ("buffer_full", "retries_exhausted", "rejected", "root_span_missing", "shutdown")
 REGENERATION_SOURCES = ("attribute", "feedback", "reask")
-# Whole-request refusals; per-span reasons come from `otlp.RejectReason`.
+# Whole-request refusals; per-span reasons come from `labels.RejectReason`.
 REQUEST_REJECT_REASONS = (
     "decode_error",
     "invalid_input",
@@ -101,7 +100,7 @@ class BoundedLabel:
 
 
 LabelledValues = Iterable[tuple[Sequence[str], float]]
-# Review queues, states and verdicts: closed sets (service/review_model.py).
+# Review queues, states and verdicts: closed sets (service/review/records.py).
 REVIEW_QUEUES = ("flagged", "blind")
 REVIEW_STATES = ("open", "claimed", "done")
 REVIEW_VERDICTS = ("faithful", "unfaithful", "unsure")
@@ -610,7 +609,7 @@ class Metrics:
     def _declare_probe_metrics(self, config: MetricsConfig) -> None:
         """Golden-set probe runs: the latest scored run of each golden set, and its delta vs the baseline.
 
-        Set by `service/probe_gauges.py`; `golden` and `category` are capped (`other`), `category`
+        Set by `service/probes/gauges.py`; `golden` and `category` are capped (`other`), `category`
         "all" is the whole run, `k` comes from the probes config, `slice` is a closed set.
         """
         r = self.registry

@@ -33,7 +33,7 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Every trace is pickled out of a builder process (service/ingest_pool.py). Pydantic's
+        # Every trace is pickled out of a builder process (service/ingest/pool.py). Pydantic's
         # generic state (a dict of four dicts, rebuilt through __setstate__) took ~40 % more CPU
         # both ways than the field values alone; these models have no extra or private state.
         return (_unpickled, (type(self), self.__dict__, self.__pydantic_fields_set__))

@@ -28,33 +28,33 @@ from typing import TYPE_CHECKING, Any
 
 from sampler import JudgeBudget, SqlJudgeQueue, TraceSampler, create_tables
 from service.assemble import SpanAssembler
-from service.bus import MemoryBus
+from service.bus.leader import exclusive
+from service.bus.memory import MemoryBus
 from service.config import RagmonConfig
-from service.drift import DriftScheduler, DriftWindowSink
-from service.drift_store import DriftStore
+from service.conventions.pricing import PriceTable
+from service.conventions.spans import AnySpan
+from service.drift.monitor import DriftScheduler, DriftWindowSink
+from service.drift.store import DriftStore
 from service.errors import QueueFull
-from service.golden_store import GoldenStore
-from service.ingest_pool import IngestPool
-from service.judge import build_judge
-from service.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
-from service.judgment import Judgment
-from service.judgment_store import JudgmentStore
-from service.leader import exclusive
+from service.ingest.pool import IngestPool
+from service.judge.build import build_judge
+from service.judge.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
+from service.judge.judgment import Judgment
+from service.judge.store import JudgmentStore
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
-from service.phoenix_annotations import PhoenixAnnotator
-from service.phoenix_forward import PhoenixForwarder
-from service.pricing import PriceTable
-from service.probe_gauges import restore_probe_gauges
+from service.phoenix.annotations import PhoenixAnnotator
+from service.phoenix.forward import PhoenixForwarder
+from service.probes.gauges import restore_probe_gauges
+from service.probes.store import GoldenStore
 from service.regeneration import ReaskDetector
-from service.review_gauges import ReviewGauges
-from service.review_intake import ReviewIntake
-from service.review_store import ReviewStore
-from service.spans import AnySpan
-from service.store import Store, StoreSink
+from service.review.gauges import ReviewGauges
+from service.review.intake import ReviewIntake
+from service.review.store import ReviewStore
+from service.store.trace_store import Store, StoreSink
 
 if TYPE_CHECKING:
-    from service.kafka_bus import KafkaBus
+    from service.bus.kafka import KafkaBus
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class Pipeline:
         self.distributed = config.bus.kind == "kafka"
         self.bus: MemoryBus | KafkaBus
         if self.distributed:
-            from service.kafka_bus import KafkaBus  # kafka-python comes with the `kafka` extra
+            from service.bus.kafka import KafkaBus  # kafka-python comes with the `kafka` extra
 
             # ingest publishes; `ragmon worker` runs the sinks, judge workers and drift (service/worker.py)
             self.bus = KafkaBus(config.kafka, self.metrics)

@@ -11,7 +11,7 @@ Roles (`--role`, repeatable; default `worker.roles`):
   faithfulness estimator. The queue is durable: while the judge endpoint is
   down, the items wait there.
 * `drift`: may run the drift detectors, gated by a leader lock
-  (`service.leader`), so one replica at a time runs them. Drift windows live
+  (`service.bus.leader`), so one replica at a time runs them. Drift windows live
   in the memory of the process that consumes the traces, so every `sinks`
   worker flushes its windows on schedule whatever its roles.
 
@@ -35,13 +35,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import exc as sa_exc
 from starlette.responses import Response
 
+from service.bus.kafka import KafkaReceiver
+from service.bus.leader import leader_lock
 from service.config import RagmonConfig, WorkerRole
 from service.errors import StoreUnavailable
-from service.kafka_bus import KafkaReceiver
-from service.leader import leader_lock
+from service.ingest.responses import readiness_response
 from service.metrics import Metrics
 from service.pipeline import Pipeline
-from service.responses import readiness_response
 from service.runtime import tune_for_service
 
 __all__ = ["DRIFT_LOCK", "Worker", "add_arguments", "create_worker_app", "main"]

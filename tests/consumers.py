@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from service.conventions.spans import Span
 from service.errors import RagmonError
 from service.model import Feedback, RagTrace
-from service.spans import Span
 
 
 class SinkConsumer:

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from service.api import create_app
+from service.api.app import create_app
 from service.config import RagmonConfig, load_config
 from service.pipeline import Pipeline
 

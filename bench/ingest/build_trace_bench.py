@@ -1,8 +1,8 @@
-"""Micro-benchmark of `service.semconv.build_trace`: microseconds per trace, before and after.
+"""Micro-benchmark of `service.conventions.semconv.build_trace`: microseconds per trace, before and after.
 
 The traces are recorded with the real OpenTelemetry SDK, exported with the
 SDK's own protobuf encoder (`encode_spans`) and read back with ragmon's
-decoder (`service.otlp.decode_protobuf`), so `build_trace` sees exactly what
+decoder (`service.ingest.otlp.decode_protobuf`), so `build_trace` sees exactly what
 the ingest path gives it. One trace is four spans, as OpenInference's
 LangChain and OpenAI instrumentors write them: a CHAIN root (JSON input,
 metadata, session and user), an EMBEDDING span with a 384-float query vector,
@@ -10,7 +10,7 @@ a RETRIEVER span with five documents of about 500 characters, and an LLM span
 with chat messages and token counts.
 
 `--baseline REV` (default: the last commit before the fast path) loads
-`service/semconv.py` as it was at that git revision into a private module and
+`service/conventions/semconv.py` as it was at that git revision into a private module and
 times it on the same traces; the script first checks that both give equal
 traces, so the two numbers measure the same work.
 
@@ -47,13 +47,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from service.conventions.pricing import PriceTable  # noqa: E402
+from service.conventions.semconv import build_trace  # noqa: E402
+from service.conventions.spans import Span  # noqa: E402
+from service.ingest.otlp import decode_protobuf  # noqa: E402
 from service.model import RagTrace  # noqa: E402
-from service.otlp import decode_protobuf  # noqa: E402
-from service.pricing import PriceTable  # noqa: E402
-from service.semconv import build_trace  # noqa: E402
-from service.spans import Span  # noqa: E402
 
-BASELINE_REV = "2946de3"  # service/semconv.py before it was split and made fast
+BASELINE_REV = "2946de3"  # service/conventions/semconv.py before it was split and made fast
 KIND = SpanAttributes.OPENINFERENCE_SPAN_KIND
 DIM = 384
 DOCS = 5
@@ -152,14 +152,18 @@ def record_traces(n: int, seed: int) -> list[list[Span]]:
 
 
 def load_baseline(rev: str) -> BuildFn:
-    """`build_trace` from `service/semconv.py` at git revision `rev`, as a private module."""
+    """`build_trace` from `service/conventions/semconv.py` at git revision `rev`, as a private module."""
     source = subprocess.run(
-        ["git", "show", f"{rev}:service/semconv.py"], cwd=REPO, check=True, capture_output=True, text=True
+        ["git", "show", f"{rev}:service/conventions/semconv.py"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     module = types.ModuleType("semconv_baseline")
     module.__file__ = str(REPO / "service" / "semconv.py")
     sys.modules[module.__name__] = module  # dataclasses look their module up while building
-    exec(compile(source, f"{rev}:service/semconv.py", "exec"), module.__dict__)
+    exec(compile(source, f"{rev}:service/conventions/semconv.py", "exec"), module.__dict__)
     build: BuildFn = module.build_trace
     return build
 

@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
 
-from service.demo_corpus import TOPICS, build_corpus, embed_text
+from service.demo.corpus import TOPICS, build_corpus, embed_text
 
 SPANS_PER_TRACE = 4
 DOCS_PER_TRACE = 5

@@ -1,6 +1,6 @@
 """Micro-benchmark: a decode round trip to a worker process, three ways of getting there.
 
-A request's body goes to a decoder process and its spans come back (service/ingest_pool.py).
+A request's body goes to a decoder process and its spans come back (service/ingest/pool.py).
 This sends one real bench body (`payload.Batches`: 100 traces, ~750 KB) to a decoder
 (`_decode_packed`, what the server calls) from an asyncio event loop, as the server does, and
 waits for the answer, `--calls` times, while 0, 1 or 2 threads of this process keep the GIL
@@ -9,7 +9,7 @@ busy, as the server's sink threads do. The three take turns:
 * `executor`: `ProcessPoolExecutor` with its pipes as it makes them (64 KiB), called with
   `loop.run_in_executor` (ragmon before 04be8ff);
 * `widened`: the same with both pipes widened to 1 MiB (ragmon 04be8ff to the loop pool);
-* `loop pool`: `LoopProcessPool` (service/loop_pool.py), whose pipes the event loop itself
+* `loop pool`: `LoopProcessPool` (service/ingest/loop_pool.py), whose pipes the event loop itself
   writes and reads (ragmon now).
 
 Prints p50 and p99 round-trip milliseconds for each, and the ratios to the loop pool.
@@ -34,9 +34,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest.payload import Batches  # noqa: E402
-from service.ingest_pool import _context, _decode_packed  # noqa: E402
-from service.loop_pool import LoopProcessPool, _pipe_limit  # noqa: E402
-from service.otlp import DecodedBatch  # noqa: E402
+from service.ingest.loop_pool import LoopProcessPool, _pipe_limit  # noqa: E402
+from service.ingest.otlp import DecodedBatch  # noqa: E402
+from service.ingest.pool import _context, _decode_packed  # noqa: E402
 from service.runtime import SWITCH_INTERVAL_S  # noqa: E402
 
 Call = Callable[[], Awaitable[DecodedBatch]]

@@ -4,7 +4,7 @@ The traces are the ingest benchmark's own (bench/ingest/payload.py: 4 spans,
 5 retrieved documents of ~500 characters, a 384-float query vector), decoded
 and built by ragmon's ingest code, so the store sees what the server hands it.
 
-`--baseline REV` loads `service/store.py` as it was at that git revision into
+`--baseline REV` loads `service/store/trace_store.py` as it was at that git revision into
 a private module (the rest of `service` is the working tree's) and times it
 on the same batches, alternating passes with the working tree's `Store`; each
 pass writes a fresh database file. CPU time of this process includes SQLite's
@@ -33,11 +33,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest.payload import Batches  # noqa: E402
-from service import otlp  # noqa: E402
+from service.conventions.pricing import PriceTable  # noqa: E402
+from service.conventions.semconv import build_trace  # noqa: E402
+from service.ingest import otlp  # noqa: E402
 from service.model import RagTrace  # noqa: E402
-from service.pricing import PriceTable  # noqa: E402
-from service.semconv import build_trace  # noqa: E402
-from service.store import Store  # noqa: E402
+from service.store.trace_store import Store  # noqa: E402
 
 BASELINE_REV = "e221fe3"  # SQLAlchemy executemany for trace rows, per-batch IN-list statements
 
@@ -54,14 +54,18 @@ def bench_traces(n: int, seed: int) -> list[RagTrace]:
 
 
 def load_baseline(rev: str) -> type[Store]:
-    """`Store` from `service/store.py` at git revision `rev`, as a private module."""
+    """`Store` from `service/store/trace_store.py` at git revision `rev`, as a private module."""
     source = subprocess.run(
-        ["git", "show", f"{rev}:service/store.py"], cwd=REPO, check=True, capture_output=True, text=True
+        ["git", "show", f"{rev}:service/store/trace_store.py"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     module = types.ModuleType("store_baseline")
     module.__file__ = str(REPO / "service" / "store.py")
     sys.modules[module.__name__] = module
-    exec(compile(source, f"{rev}:service/store.py", "exec"), module.__dict__)
+    exec(compile(source, f"{rev}:service/store/trace_store.py", "exec"), module.__dict__)
     store_class: type[Store] = module.Store
     return store_class
 

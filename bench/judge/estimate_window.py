@@ -38,6 +38,8 @@ import sqlalchemy as sa
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.service.judge.record_by_record import record_by_record  # noqa: E402
+
 from sampler import (  # noqa: E402
     GROUPINGS,
     SqlJudgeQueue,
@@ -45,9 +47,8 @@ from sampler import (  # noqa: E402
     estimate_cells_by,
 )
 from sampler.queue import judge_queue  # noqa: E402
-from service.judgment_store import JudgmentStore, judgments  # noqa: E402
-from service.store import Store  # noqa: E402
-from tests.service.record_by_record import record_by_record  # noqa: E402
+from service.judge.store import JudgmentStore, judgments  # noqa: E402
+from service.store.trace_store import Store  # noqa: E402
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(hours=24)

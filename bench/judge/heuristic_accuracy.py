@@ -27,7 +27,7 @@ from scipy.stats import norm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from service.heuristic_judge import HeuristicJudge
+from service.judge.heuristic import HeuristicJudge
 
 DEFAULT_DATA = (
     Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "faithfulness" / "halueval_qa_dev.jsonl"

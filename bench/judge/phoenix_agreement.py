@@ -46,10 +46,11 @@ from scipy.stats import norm
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from service.heuristic_judge import HeuristicJudge  # noqa: E402
-from service.judge import JudgeConfig, build_judge  # noqa: E402
-from service.judge_prompt import DATA_CLOSE, DATA_OPEN  # noqa: E402
-from service.judgment import Judge, Judgment  # noqa: E402
+from service.config import JudgeConfig  # noqa: E402
+from service.judge.build import build_judge  # noqa: E402
+from service.judge.heuristic import HeuristicJudge  # noqa: E402
+from service.judge.judgment import Judge, Judgment  # noqa: E402
+from service.judge.prompt import DATA_CLOSE, DATA_OPEN  # noqa: E402
 from service.model import Chunk, RagTrace, Retrieval  # noqa: E402
 
 DATA = (

@@ -38,9 +38,10 @@ import openai
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from service.judge import JudgeConfig, LlmJudge  # noqa: E402
-from service.judge_prompt import build_messages  # noqa: E402
-from service.judgment import Verdict  # noqa: E402
+from service.config import JudgeConfig  # noqa: E402
+from service.judge.judgment import Verdict  # noqa: E402
+from service.judge.llm import LlmJudge  # noqa: E402
+from service.judge.prompt import build_messages  # noqa: E402
 from service.model import Chunk, RagTrace, Retrieval  # noqa: E402
 
 VERDICT = json.dumps(

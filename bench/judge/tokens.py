@@ -107,7 +107,8 @@ async def run_ragmon(base_url: str, n: int) -> None:
     sys.path.insert(0, str(ROOT))
     from datetime import UTC, datetime
 
-    from service.judge import JudgeConfig, LlmJudge
+    from service.config import JudgeConfig
+    from service.judge.llm import LlmJudge
     from service.model import Chunk, RagTrace, Retrieval
 
     judge = LlmJudge(JudgeConfig(base_url=base_url, api_key="bench", model="gpt-4o-mini"))

@@ -17,15 +17,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from service import drift_api, ingest, probes_api, reports_api, review, traces_api
-from service.auth import TenantMiddleware, TenantResolver
+from service.api import drift as drift_api
+from service.api import probes as probes_api
+from service.api import reports as reports_api
+from service.api import traces as traces_api
 from service.config import RagmonConfig
 from service.errors import DecodeError, InvalidInput, RagmonError
-from service.limits import BodyLimitMiddleware
+from service.ingest import http_receivers as ingest
+from service.ingest.auth import TenantMiddleware, TenantResolver
+from service.ingest.grpc_receiver import OtlpGrpcReceiver
+from service.ingest.limits import BodyLimitMiddleware
+from service.ingest.responses import error_response, readiness_response
 from service.metrics import Metrics
-from service.otlp_grpc import OtlpGrpcReceiver
 from service.pipeline import Pipeline
-from service.responses import error_response, readiness_response
+from service.review import page as review
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +105,7 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
     app.include_router(drift_api.router)
     app.include_router(reports_api.router)
     app.include_router(probes_api.router)
-    app.include_router(review.router)  # reviewer sign-in of its own (service/review_session.py)
+    app.include_router(review.router)  # reviewer sign-in of its own (service/review/session.py)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness: the process answers")
     async def healthz() -> dict[str, str]:

@@ -1,4 +1,9 @@
-"""Request dependencies as named `Annotated` aliases; each route declares what it needs."""
+"""Request dependencies as named `Annotated` aliases; each route declares what it needs.
+
+`TenantDep` is defined beside the middleware that resolves the tenant
+(`service/ingest/auth.py`), which the receivers use too; it is re-exported here
+so that every route finds its dependencies in one module.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.errors import Unauthenticated
+from service.ingest.auth import TenantDep
 from service.pipeline import Pipeline
+
+__all__ = ["PipelineDep", "TenantDep"]
 
 
 def _pipeline(request: Request) -> Pipeline:
@@ -15,13 +22,4 @@ def _pipeline(request: Request) -> Pipeline:
     return pipeline
 
 
-def _tenant(request: Request) -> str:
-    """The caller's tenant, set by `TenantMiddleware` (which already refused unknown callers)."""
-    tenant = request.scope.get("state", {}).get("tenant")
-    if not isinstance(tenant, str):
-        raise Unauthenticated("no tenant resolved for this request")
-    return tenant
-
-
 PipelineDep = Annotated[Pipeline, Depends(_pipeline)]
-TenantDep = Annotated[str, Depends(_tenant)]

@@ -13,8 +13,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.deps import PipelineDep, TenantDep
-from service.drift import pin_references
+from service.api.deps import PipelineDep, TenantDep
+from service.drift.monitor import pin_references
 
 __all__ = ["PinIn", "RunIn", "router"]
 

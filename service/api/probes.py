@@ -29,13 +29,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.correctness import build_correctness
-from service.deps import PipelineDep, TenantDep
-from service.golden import parse_golden
-from service.golden_store import GoldenStore, ProbeRun
+from service.api.deps import PipelineDep, TenantDep
+from service.judge.correctness import build_correctness
 from service.pipeline import Pipeline
-from service.probe_gauges import against_baseline, publish_probe_run
-from service.probes import compare_runs, score_run
+from service.probes.gauges import against_baseline, publish_probe_run
+from service.probes.golden import parse_golden
+from service.probes.scoring import compare_runs, score_run
+from service.probes.store import GoldenStore, ProbeRun
 
 __all__ = ["GoldenIn", "PinIn", "RunIn", "ScoreIn", "router"]
 
@@ -43,7 +43,7 @@ router = APIRouter(prefix="/api/v1/probes", tags=["probes"])
 
 
 class GoldenIn(BaseModel):
-    """A golden set as JSONL text (the format of `service/golden.py`) and the name it is kept under."""
+    """A golden set as JSONL text (the format of `service/probes/golden.py`) and the name it is kept under."""
 
     model_config = ConfigDict(extra="forbid")
 

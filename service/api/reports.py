@@ -8,24 +8,16 @@ files. Before any report was written they answer 404 with the command to run.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse
 
 from service.config import RagmonConfig
+from service.report.latest import LATEST_HTML, LATEST_MD, reports_dir
 
-__all__ = ["LATEST_HTML", "LATEST_MD", "reports_dir", "router"]
+__all__ = ["router"]
 
 router = APIRouter(prefix="/reports", tags=["reports"])
-
-LATEST_HTML = "latest.html"
-LATEST_MD = "latest.md"
-
-
-def reports_dir(config: RagmonConfig) -> Path:
-    """Where the latest report is kept: `<data-dir>/reports`."""
-    return config.data_dir / "reports"
 
 
 async def _read(request: Request, name: str) -> str:

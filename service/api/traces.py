@@ -14,8 +14,8 @@ from fastapi import APIRouter, HTTPException, Path, Query
 from pydantic import BaseModel
 
 from sampler import ItemKey
-from service.deps import PipelineDep, TenantDep
-from service.judging import summary_from_record
+from service.api.deps import PipelineDep, TenantDep
+from service.judge.judging import summary_from_record
 
 router = APIRouter(prefix="/api/v1", tags=["traces"])
 

@@ -27,9 +27,9 @@ Consumer guarantees (`KafkaReceiver`, in `ragmon worker`):
   `PermanentError` or a record that does not decode is counted and skipped,
   since retrying the same input would fail the same way.
 * Lag per group and partition is exported after every commit
-  (`service.kafka_lag`, from the fetch high watermark).
+  (`service.bus.lag`, from the fetch high watermark).
 
-kafka-python exceptions are caught only in this module and `service.kafka_lag`.
+kafka-python exceptions are caught only in this module and `service.bus.lag`.
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
+from service.bus.lag import LagExporter, partition_lags
 from service.config import KafkaConfig
 from service.consumer import FeedbackConsumer, TraceConsumer
 from service.errors import RetryableError
-from service.kafka_lag import LagExporter, partition_lags
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, JsonValue, TypeAdapter, ValidationError
 
-from service.spans import Attributes, AttrValue
+from service.conventions.spans import Attributes, AttrValue
 
 __all__ = [
     "first_count",

@@ -46,7 +46,7 @@ from openinference.semconv.trace import (
     SpanAttributes,
 )
 
-from service.spans import Attributes
+from service.conventions.spans import Attributes
 
 __all__ = [
     "EMBEDDING_MODEL_KEYS",

@@ -31,9 +31,9 @@ from openinference.semconv.trace import (
 )
 from pydantic import JsonValue
 
-from service.attribute_values import indexed, json_object, json_safe, number, parse_json, vector
-from service.span_attributes import GenAIAttributes, TraceloopAttributes
-from service.spans import Attributes, AttrValue, Span
+from service.conventions.attribute_values import indexed, json_object, json_safe, number, parse_json, vector
+from service.conventions.attributes import GenAIAttributes, TraceloopAttributes
+from service.conventions.spans import Attributes, AttrValue, Span
 
 __all__ = ["ChunkFields", "SpanContent", "ranked"]
 

@@ -43,7 +43,7 @@ from openinference.semconv.trace import (
     SpanAttributes,
 )
 
-from service.attribute_values import (
+from service.conventions.attribute_values import (
     first_count,
     first_text,
     flag,
@@ -53,10 +53,7 @@ from service.attribute_values import (
     string_list,
     vector,
 )
-from service.call_usage import Call, span_call, usage_rows
-from service.model import QueryEmbedding, RagTrace
-from service.pricing import PriceTable
-from service.span_attributes import (
+from service.conventions.attributes import (
     AttributeKind,
     GenAIAttributes,
     RagmonAttributes,
@@ -64,9 +61,12 @@ from service.span_attributes import (
     attribute_kind,
     embedding_model_of,
 )
-from service.span_content import ChunkFields, SpanContent, ranked
-from service.span_stage import Stage, span_stage
-from service.spans import Attributes, AttrValue, Span
+from service.conventions.content import ChunkFields, SpanContent, ranked
+from service.conventions.pricing import PriceTable
+from service.conventions.spans import Attributes, AttrValue, Span
+from service.conventions.stage import Stage, span_stage
+from service.conventions.usage import Call, span_call, usage_rows
+from service.model import QueryEmbedding, RagTrace
 
 __all__ = [
     "AttributeKind",

@@ -51,7 +51,7 @@ class Span:
         return max(0, self.end_ns - self.start_ns) / 1e9
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Positional fields pickle in half the time of the default slots state (service/ingest_pool.py).
+        # Positional fields pickle in half the time of the default slots state (service/ingest/pool.py).
         return (
             Span,
             (
@@ -76,7 +76,7 @@ class PackedSpan(NamedTuple):
     """A decoded span with everything but what the assembler routes by kept pickled.
 
     Worker processes decode bodies into these and later build traces from them
-    (service/ingest_pool.py), so the server process never unpickles a span's
+    (service/ingest/pool.py), so the server process never unpickles a span's
     attributes: it only groups the spans by trace.
     """
 
@@ -103,7 +103,7 @@ class WireSpan(NamedTuple):
     """An OTLP protobuf span that passed every check that can reject it, kept as its wire bytes.
 
     Decoding a body only screens its spans (ids, times, embedding vectors:
-    service/otlp.py); the attributes are converted when the trace is built
+    service/ingest/otlp.py); the attributes are converted when the trace is built
     (`otlp.span_from_wire`), off the request's path. `resource` is the
     decoded resource of the span's `ResourceSpans`, one dict shared by its
     spans. `size_bytes` estimates the decoded span, as `Span.size_bytes` does.

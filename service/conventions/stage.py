@@ -12,9 +12,9 @@ from typing import Literal
 
 from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttributes
 
-from service.attribute_values import first_text
-from service.span_attributes import GenAIAttributes, TraceloopAttributes
-from service.spans import Span
+from service.conventions.attribute_values import first_text
+from service.conventions.attributes import GenAIAttributes, TraceloopAttributes
+from service.conventions.spans import Span
 
 __all__ = ["Stage", "span_stage"]
 

@@ -15,11 +15,11 @@ from typing import Any, Literal
 
 from openinference.semconv.trace import RerankerAttributes, SpanAttributes
 
-from service.attribute_values import first_count, first_text, number
+from service.conventions.attribute_values import first_count, first_text, number
+from service.conventions.attributes import GenAIAttributes, TraceloopAttributes
+from service.conventions.pricing import PriceTable
+from service.conventions.spans import Span
 from service.model import CostSource
-from service.pricing import PriceTable
-from service.span_attributes import GenAIAttributes, TraceloopAttributes
-from service.spans import Span
 
 __all__ = ["Call", "UsageKind", "span_call", "usage_rows"]
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from service.demo_corpus import (
+from service.demo.corpus import (
     SHIFT_TOPICS,
     TOPICS,
     Corpus,

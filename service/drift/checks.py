@@ -34,7 +34,7 @@ from detectors import (
     explain_query_drift,
 )
 from detectors.base import BatchDetector
-from service.drift_sample import Sample
+from service.drift.sample import Sample
 
 __all__ = ["Check", "CheckSettings", "check_model_change", "check_samples", "insufficient"]
 

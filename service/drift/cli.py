@@ -16,10 +16,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from service.config import RagmonConfig
-from service.drift import DriftScheduler, pin_references
-from service.drift_store import DriftStore
+from service.drift.monitor import DriftScheduler, pin_references
+from service.drift.store import DriftStore
 from service.metrics import Metrics
-from service.store import Store
+from service.store.trace_store import Store
 
 __all__ = ["add_arguments", "main", "parse_time"]
 

@@ -53,9 +53,9 @@ from detectors.features import (
     topk_mean_score,
 )
 from service.config import DriftConfig
-from service.drift_checks import Check, CheckSettings, check_model_change, check_samples
-from service.drift_sample import Observation, Sample
-from service.drift_store import BucketBatch, DriftStore, ReferenceInfo, RunRecord, bucket_start
+from service.drift.checks import Check, CheckSettings, check_model_change, check_samples
+from service.drift.sample import Observation, Sample
+from service.drift.store import BucketBatch, DriftStore, ReferenceInfo, RunRecord, bucket_start
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 

@@ -40,9 +40,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from detectors import DriftResult
-from service.drift_sample import Observation, Sample, draw_counts, merge_counts
+from service.drift.sample import Observation, Sample, draw_counts, merge_counts
 from service.errors import StoreUnavailable
-from service.tables import UtcDateTime
+from service.store.tables import UtcDateTime
 
 __all__ = ["BucketBatch", "DriftStore", "ReferenceInfo", "RunRecord", "bucket_start"]
 
@@ -321,7 +321,7 @@ class DriftStore:
         try:
             with self.engine.connect() as conn:
                 if write:
-                    # SQLite write lock at BEGIN (see service.store): read-then-write must not deadlock.
+                    # SQLite write lock at BEGIN (store.trace_store): read-then-write must not deadlock.
                     conn.execution_options(ragmon_writes=True)
                 with conn.begin():
                     yield conn

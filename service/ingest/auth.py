@@ -12,15 +12,17 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Callable, Iterable
+from typing import Annotated
 
+from fastapi import Depends, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.config import AuthConfig
 from service.errors import Unauthenticated, UnknownTenant
-from service.responses import error_response
+from service.ingest.responses import error_response
 
 DEFAULT_TENANT = "default"
-# The review page and its API sign reviewers in themselves (service/review.py).
+# The review page and its API sign reviewers in themselves (service/review/page.py).
 OPEN_PATHS = (
     "/healthz",
     "/readyz",
@@ -108,3 +110,14 @@ class TenantMiddleware:
             return
         scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)
+
+
+def _tenant(request: Request) -> str:
+    """The caller's tenant, set by `TenantMiddleware` (which already refused unknown callers)."""
+    tenant = request.scope.get("state", {}).get("tenant")
+    if not isinstance(tenant, str):
+        raise Unauthenticated("no tenant resolved for this request")
+    return tenant
+
+
+TenantDep = Annotated[str, Depends(_tenant)]

@@ -18,10 +18,10 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from service.auth import TenantResolver, key_from_headers
 from service.errors import PermanentError, RetryableError
-from service.pipeline import Pipeline
-from service.responses import PROTOBUF
+from service.ingest.auth import TenantResolver, key_from_headers
+from service.ingest.responses import PROTOBUF
+from service.ingest.target import IngestTarget
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
 
 class _TraceService:
-    def __init__(self, pipeline: Pipeline, resolver: TenantResolver) -> None:
+    def __init__(self, pipeline: IngestTarget, resolver: TenantResolver) -> None:
         self.pipeline = pipeline
         self.resolver = resolver
 
@@ -86,7 +86,7 @@ class OtlpGrpcReceiver:
     """Owns the grpc.aio server; `start()` binds the port, `stop()` lets in-flight calls finish."""
 
     def __init__(
-        self, pipeline: Pipeline, resolver: TenantResolver, host: str, port: int, max_bytes: int
+        self, pipeline: IngestTarget, resolver: TenantResolver, host: str, port: int, max_bytes: int
     ) -> None:
         self.pipeline = pipeline
         self.resolver = resolver

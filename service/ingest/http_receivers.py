@@ -23,8 +23,19 @@ from fastapi import APIRouter, Request, Response
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from pydantic import ValidationError
 
-from service.deps import PipelineDep, TenantDep
 from service.errors import UnsupportedMediaType
+from service.ingest.auth import TenantDep
+from service.ingest.responses import JSON, PROTOBUF, media_type_of
+from service.ingest.target import IngestDep, IngestTarget
+from service.ingest.wire import (
+    FeedbackIn,
+    FeedbackOut,
+    RejectedRecord,
+    TraceBatchIn,
+    TraceBatchOut,
+    TraceIn,
+    hash_user_id,
+)
 from service.model import (
     Chunk,
     CostSource,
@@ -34,17 +45,6 @@ from service.model import (
     RagTrace,
     Retrieval,
     Timings,
-)
-from service.pipeline import Pipeline
-from service.responses import JSON, PROTOBUF, media_type_of
-from service.wire import (
-    FeedbackIn,
-    FeedbackOut,
-    RejectedRecord,
-    TraceBatchIn,
-    TraceBatchOut,
-    TraceIn,
-    hash_user_id,
 )
 
 otlp_router = APIRouter(tags=["otlp"])
@@ -56,7 +56,7 @@ api_router = APIRouter(prefix="/api/v1", tags=["ingest"])
     summary="OTLP/HTTP trace export (protobuf or JSON, optionally gzip)",
     response_class=Response,
 )
-async def export_traces(request: Request, tenant: TenantDep, pipeline: PipelineDep) -> Response:
+async def export_traces(request: Request, tenant: TenantDep, pipeline: IngestDep) -> Response:
     media_type = media_type_of(request.headers.get("content-type"))
     if media_type not in (PROTOBUF, JSON):
         raise UnsupportedMediaType(
@@ -91,7 +91,7 @@ async def export_traces(request: Request, tenant: TenantDep, pipeline: PipelineD
     return Response(answer.SerializeToString(), 200, media_type=PROTOBUF)
 
 
-def trace_from_wire(record: TraceIn, tenant: str, pipeline: Pipeline) -> RagTrace:
+def trace_from_wire(record: TraceIn, tenant: str, pipeline: IngestTarget) -> RagTrace:
     """A validated JSON-API record → `RagTrace`, pricing model usage the app did not price."""
     retrieval = record.retrieval
     chunks: tuple[Chunk, ...] = ()
@@ -173,7 +173,7 @@ def _first_error(exc: ValidationError) -> str:
     summary="Ingest RAG traces from apps without OpenTelemetry",
     responses={422: {"description": "every record was invalid"}, 503: {"description": "busy: retry later"}},
 )
-async def ingest_json_traces(batch: TraceBatchIn, tenant: TenantDep, pipeline: PipelineDep) -> Any:
+async def ingest_json_traces(batch: TraceBatchIn, tenant: TenantDep, pipeline: IngestDep) -> Any:
     """Each record is validated on its own (schema: `TraceIn`); good ones are kept, bad ones listed."""
     accepted: list[RagTrace] = []
     rejected: list[RejectedRecord] = []
@@ -210,7 +210,7 @@ async def ingest_json_traces(batch: TraceBatchIn, tenant: TenantDep, pipeline: P
     summary="Thumbs up/down and regenerate events, joined to traces by trace id",
 )
 async def ingest_feedback(
-    events: FeedbackIn | list[FeedbackIn], tenant: TenantDep, pipeline: PipelineDep
+    events: FeedbackIn | list[FeedbackIn], tenant: TenantDep, pipeline: IngestDep
 ) -> FeedbackOut:
     """Feedback may arrive before its trace is assembled; it is joined when either is read."""
     items = events if isinstance(events, list) else [events]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import PayloadTooLarge
-from service.responses import error_response
+from service.ingest.responses import error_response
 
 
 class BodyLimitMiddleware:

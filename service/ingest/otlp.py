@@ -68,7 +68,6 @@ import re
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
@@ -78,11 +77,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
+from service.conventions.attributes import EMBEDDING_MODEL_KEYS, VECTOR_KEY_SUFFIX
+from service.conventions.semconv import AttributeKind, attribute_kind, embedding_model_of
+from service.conventions.spans import AnySpan, Attributes, AttrValue, Span, SpanEvent, WireSpan
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
-from service.protobuf_wire import WireError, span_slices
-from service.semconv import AttributeKind, attribute_kind, embedding_model_of
-from service.span_attributes import EMBEDDING_MODEL_KEYS, VECTOR_KEY_SUFFIX
-from service.spans import AnySpan, Attributes, AttrValue, Span, SpanEvent, WireSpan
+from service.ingest.protobuf_wire import WireError, span_slices
+from service.labels import RejectReason
 
 __all__ = [
     "DecodedBatch",
@@ -117,19 +117,6 @@ _SPECIAL_DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.in
 # Attribute keys repeat from span to span; the kind of each is looked up once. Bounded, because
 # keys come from clients (an LRU of at most 4,096 keys).
 _kind_of = lru_cache(maxsize=4096)(attribute_kind)
-
-
-class RejectReason(StrEnum):
-    """Why a span (or, for INVALID_ATTRIBUTE, one attribute value) was not accepted; a metric label."""
-
-    INVALID_TRACE_ID = "invalid_trace_id"
-    INVALID_SPAN_ID = "invalid_span_id"
-    INVALID_PARENT_SPAN_ID = "invalid_parent_span_id"
-    INVALID_TIME = "invalid_time"
-    NAN_VECTOR = "nan_vector"
-    VECTOR_DIMENSION_MISMATCH = "vector_dimension_mismatch"
-    MALFORMED_SPAN = "malformed_span"
-    INVALID_ATTRIBUTE = "invalid_attribute"
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ loop and the store through the GIL; in a worker process they run on another.
 bench/RESULTS.md ("Decode and build in worker processes") has the numbers.
 
 What crosses the process boundary is kept cheap, and the request's path short.
-A decoder only screens a protobuf body (service/otlp.py): it applies the rules
+A decoder only screens a protobuf body (service/ingest/otlp.py): it applies the rules
 that reject spans and returns each accepted span as a `WireSpan`, the four
 fields the assembler routes by plus the span's wire bytes. Converting the
 attributes happens in a builder, with building the trace: screening costs
@@ -28,7 +28,7 @@ machine should do; unset means one per usable CPU beyond the first, at most
 this module once, and without the parent's `__main__`, so starting a pool
 costs tens of milliseconds and no worker inherits the server's threads. The
 event loop writes calls to them and reads their answers itself
-(service/loop_pool.py says why).
+(service/ingest/loop_pool.py says why).
 
 Faults: a worker that dies (killed, out of memory) is replaced at once
 (`ragmon_ingest_pool_restarts_total`); the calls it held run again in a thread
@@ -51,15 +51,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from service import otlp
 from service.assemble import SpanGroups, build_each
-from service.loop_pool import LoopProcessPool, WorkerDied
+from service.conventions.pricing import PriceTable
+from service.conventions.semconv import build_trace
+from service.conventions.spans import AnySpan, PackedSpan, Span, WireSpan
+from service.ingest import otlp
+from service.ingest.loop_pool import LoopProcessPool, WorkerDied
 from service.metrics import Metrics
 from service.model import RagTrace
-from service.pricing import PriceTable
 from service.runtime import GC_THRESHOLDS
-from service.semconv import build_trace
-from service.spans import AnySpan, PackedSpan, Span, WireSpan
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def default_processes() -> int:
 
 def _context() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["service.ingest_pool"])
+    context.set_forkserver_preload(["service.ingest.pool"])
     return context
 
 

@@ -41,7 +41,7 @@ import openai
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.config import JsonDict
 
-from service.judge import JudgeConfig
+from service.config import JudgeConfig
 
 __all__ = [
     "CORRECTNESS_PROMPT_VERSION",

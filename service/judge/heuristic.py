@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.judgment import FailureMode, FailureReason, JudgeName, Judgment, Verdict
+from service.judge.judgment import FailureMode, FailureReason, JudgeName, Judgment, Verdict
 from service.model import RagTrace
 
 __all__ = ["HEURISTIC_VERSION", "HeuristicConfig", "HeuristicJudge", "split_claims"]

@@ -35,12 +35,12 @@ from sampler import (
 from sampler.queue import QueueRecord
 from service.config import JudgingConfig
 from service.errors import JudgeUnavailable, StoreUnavailable
-from service.judgment import Judge, Judgment
-from service.judgment_store import JudgmentStore
+from service.judge.judgment import Judge, Judgment
+from service.judge.store import JudgmentStore
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import Chunk, Feedback, QueryEmbedding, RagTrace, Retrieval, Timings
-from service.store import Store
+from service.store.trace_store import Store
 
 log = logging.getLogger(__name__)
 

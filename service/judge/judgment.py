@@ -14,16 +14,19 @@ idempotent storage is (tenant, trace_id, judge_version).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from service.labels import FailureReason
 from service.model import RagTrace
 
 __all__ = [
     "TRANSIENT_REASONS",
+    "CostFn",
     "Diagnosis",
     "FailureMode",
     "FailureReason",
@@ -38,6 +41,9 @@ __all__ = [
     "diagnose",
 ]
 
+CostFn = Callable[[str, int, int], float | None]
+"""(model, input_tokens, output_tokens) -> USD, or None when the model has no price."""
+
 JudgeName = Literal["llm", "heuristic"]
 VerdictOutcome = Literal["scored", "no_claims"]
 Outcome = Literal["scored", "no_claims", "failed"]
@@ -46,20 +52,6 @@ FailureMode = Literal[
 ]
 Diagnosis = Literal[
     "ok", "retrieval_failure", "generation_failure", "correct_abstention", "unnecessary_abstention"
-]
-FailureReason = Literal[
-    "rate_limited",  # 429 after the retry budget
-    "server_error",  # 5xx after the retry budget
-    "timeout",  # no reply within the configured timeout, after the retry budget
-    "connection_error",  # endpoint unreachable
-    "malformed",  # reply is not the JSON object the schema asks for
-    "partition_violation",  # supported/unsupported are not a complete, disjoint partition of the claims
-    "inconsistent_verdict",  # outcome or failure_mode contradicts the claims and partition
-    "refused",  # the model refused, or a content filter stopped it
-    "truncated",  # the reply hit the output-token limit
-    "rejected",  # the endpoint refused the request itself (4xx other than 429)
-    "no_answer",  # the trace carries no answer text: nothing to judge
-    "no_context",  # chunks were retrieved but the app sent none of their text
 ]
 # Reasons that say nothing about the trace: the same trace may well be judged later.
 TRANSIENT_REASONS: frozenset[FailureReason] = frozenset(

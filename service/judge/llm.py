@@ -1,4 +1,4 @@
-"""`LlmJudge`: faithfulness judging through any OpenAI-compatible endpoint, and `build_judge`.
+"""`LlmJudge`: faithfulness judging through any OpenAI-compatible endpoint.
 
 One chat-completions call per judged trace, temperature 0, structured output
 parsed into `Verdict` by the `openai` SDK. Guarantees of `LlmJudge.judge`:
@@ -36,19 +36,24 @@ from typing import Any, Literal
 
 import httpx2
 import openai
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import ValidationError
 
+from service.config import JudgeConfig
 from service.errors import JudgeUnavailable
-from service.heuristic_judge import HeuristicJudge
-from service.judge_prompt import PROMPT_VERSION, build_messages, prompt_fingerprint
-from service.judgment import TRANSIENT_REASONS, FailureReason, Judge, JudgeCall, JudgeName, Judgment, Verdict
+from service.judge.judgment import (
+    TRANSIENT_REASONS,
+    CostFn,
+    FailureReason,
+    JudgeCall,
+    JudgeName,
+    Judgment,
+    Verdict,
+)
+from service.judge.prompt import PROMPT_VERSION, build_messages, prompt_fingerprint
+from service.judge.retry_after import retry_after_seconds
 from service.model import RagTrace
-from service.retry_after import retry_after_seconds
 
-__all__ = ["CostFn", "JudgeConfig", "LlmJudge", "build_judge"]
-
-CostFn = Callable[[str, int, int], float | None]
-"""(model, input_tokens, output_tokens) -> USD, or None when the model has no price."""
+__all__ = ["LlmJudge"]
 
 _NO_KEY = "ragmon-no-key"  # local endpoints (vLLM, Ollama) ignore the key, but the SDK wants one
 _INVALID_REPLY: frozenset[FailureReason] = frozenset(
@@ -62,61 +67,6 @@ _RETRY_STATUS: Mapping[int, FailureReason] = {
     503: "server_error",
     504: "server_error",
 }
-
-
-def _default_model() -> str:
-    return os.environ.get("RAGMON_JUDGE_MODEL") or "gpt-4o-mini"
-
-
-class JudgeConfig(BaseModel):
-    """Where and how the LLM judge calls its model; every default runs as-is.
-
-    `base_url` and `api_key` left unset fall back to `OPENAI_BASE_URL` and
-    `OPENAI_API_KEY`, exactly as the `openai` SDK does; `model` defaults to
-    `RAGMON_JUDGE_MODEL`, else gpt-4o-mini.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    base_url: str | None = Field(
-        default=None, description="OpenAI-compatible endpoint; else $OPENAI_BASE_URL"
-    )
-    api_key: SecretStr | None = Field(
-        default=None, description="endpoint key; else $OPENAI_API_KEY; never logged"
-    )
-    model: str = Field(
-        default_factory=_default_model, min_length=1, description="judge model; else $RAGMON_JUDGE_MODEL"
-    )
-    timeout_s: float = Field(default=30.0, gt=0, description="whole request, per call")
-    connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP/TLS connect timeout per call")
-    max_attempts: int = Field(default=4, ge=1, description="calls per judgment while the endpoint fails")
-    max_invalid_replies: int = Field(default=2, ge=1, description="invalid replies before a recorded failure")
-    backoff_base_s: float = Field(default=0.5, gt=0, description="first retry delay (jittered, doubling)")
-    backoff_max_s: float = Field(default=20.0, gt=0, description="longest retry delay")
-    max_retry_after_s: float = Field(
-        default=60.0, ge=0, description="a longer Retry-After ends the judgment at once instead of sleeping"
-    )
-    max_completion_tokens: int = Field(default=1024, ge=16, description="cap on the judge reply length")
-    max_context_chars: int = Field(
-        default=16_000, ge=1, description="context beyond this is cut, last chunks first"
-    )
-    max_connections: int = Field(default=100, ge=1, description="HTTP connection pool size")
-    when_unavailable: Literal["raise", "record"] = Field(
-        default="raise", description="endpoint down: keep the item queued (raise) or record a failure"
-    )
-    backend: Literal["ragmon", "phoenix_evals"] = Field(
-        default="ragmon",
-        description="ragmon: claim-level judge; phoenix_evals: Arize Phoenix evals' template on the same "
-        "endpoint (service/phoenix_judge.py)",
-    )
-    phoenix_template: Literal["faithfulness", "hallucination"] = Field(
-        default="faithfulness", description="the Phoenix evals template of the phoenix_evals backend"
-    )
-
-    def endpoint_configured(self, environ: Mapping[str, str] | None = None) -> bool:
-        """Whether an endpoint is configured here or in the environment (else the offline judge runs)."""
-        env = os.environ if environ is None else environ
-        return bool(self.base_url or self.api_key or env.get("OPENAI_BASE_URL") or env.get("OPENAI_API_KEY"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +141,7 @@ class LlmJudge:
         retries should be off, since the judge counts and paces its retries itself."""
         self.config = config or JudgeConfig()
         if cost_fn is None:
-            from service.pricing import PriceTable
+            from service.conventions.pricing import PriceTable
 
             cost_fn = PriceTable.default().cost
         self._cost_fn = cost_fn
@@ -392,17 +342,3 @@ class LlmJudge:
             return response.json()
         except ValueError:
             return None
-
-
-def build_judge(config: JudgeConfig | None = None, *, cost_fn: CostFn | None = None) -> Judge:
-    """The judge to run: phoenix_evals when `judge.backend` says so, else the LLM judge when an endpoint is
-    configured, else the offline heuristic. Raises ValueError for phoenix_evals without an endpoint."""
-    config = config or JudgeConfig()
-    if config.backend == "phoenix_evals":
-        # arize-phoenix-evals is needed only by this backend
-        from service.phoenix_judge import PhoenixEvalsJudge
-
-        return PhoenixEvalsJudge(config, cost_fn=cost_fn)
-    if config.endpoint_configured():
-        return LlmJudge(config, cost_fn=cost_fn)
-    return HeuristicJudge()

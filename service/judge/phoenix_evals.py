@@ -54,9 +54,17 @@ from phoenix.evals.metrics.faithfulness import FaithfulnessEvaluator
 from phoenix.evals.metrics.hallucination import HallucinationEvaluator
 from phoenix.evals.rate_limiters import RateLimitError
 
+from service.config import JudgeConfig
 from service.errors import JudgeUnavailable
-from service.judge import CostFn, JudgeConfig
-from service.judgment import TRANSIENT_REASONS, FailureReason, JudgeCall, JudgeName, Judgment, Verdict
+from service.judge.judgment import (
+    TRANSIENT_REASONS,
+    CostFn,
+    FailureReason,
+    JudgeCall,
+    JudgeName,
+    Judgment,
+    Verdict,
+)
 from service.model import RagTrace
 
 __all__ = ["NOT_ASSESSED", "PhoenixEvalsJudge"]
@@ -123,7 +131,7 @@ class PhoenixEvalsJudge:
             )
         self.config = config
         if cost_fn is None:
-            from service.pricing import PriceTable
+            from service.conventions.pricing import PriceTable
 
             cost_fn = PriceTable.default().cost
         self._cost_fn = cost_fn

@@ -44,11 +44,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 
 from service.config import PhoenixConfig
-from service.judgment import Judgment
+from service.judge.judgment import Judgment
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
-from service.phoenix_client import RETRYABLE, backoff_s, http_client, reason_of_error
-from service.review_model import ReviewRecord
+from service.phoenix.client import RETRYABLE, backoff_s, http_client, reason_of_error
+from service.review.records import ReviewRecord
 
 if TYPE_CHECKING:
     # arize-phoenix-client (the `phoenix` extra) is imported only when annotating is on

@@ -1,7 +1,7 @@
 """The HTTP side of talking to Arize Phoenix: one bounded client, why a call failed, and how long to wait.
 
-Shared by the span tee (`service/phoenix_forward.py`) and the annotation
-writer (`service/phoenix_annotations.py`). Every call has the configured
+Shared by the span tee (`service/phoenix/forward.py`) and the annotation
+writer (`service/phoenix/annotations.py`). Every call has the configured
 timeouts; failures map to the closed set `PHOENIX_FAILURE_REASONS` of
 `service/metrics.py`. 408, 429 and 5xx, timeouts and connection errors are
 worth a retry; any other 4xx is not (the same request fails the same way).
@@ -14,7 +14,7 @@ import random
 import httpx
 
 from service.config import PhoenixConfig
-from service.retry_after import retry_after_seconds
+from service.judge.retry_after import retry_after_seconds
 
 __all__ = ["RETRYABLE", "backoff_s", "http_client", "reason_of_error", "reason_of_status", "retry_after_s"]
 

@@ -46,7 +46,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from service.config import PhoenixConfig
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
-from service.phoenix_client import (
+from service.phoenix.client import (
     RETRYABLE,
     backoff_s,
     http_client,

@@ -35,8 +35,8 @@ from typing import Any
 import httpx
 
 from service.errors import InvalidInput
-from service.golden import load_golden
-from service.probe_runner import ProbeRunner, new_run_id
+from service.probes.golden import load_golden
+from service.probes.runner import ProbeRunner, new_run_id
 
 __all__ = ["add_golden_arguments", "add_probe_arguments", "golden_main", "parse_every", "probe_main"]
 

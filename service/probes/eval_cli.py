@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 from service.errors import InvalidInput
-from service.golden import load_golden
-from service.retrieval_metrics import evaluate, targets_from_golden, targets_from_qrels
-from service.trec import read_qrels, read_run
+from service.probes.golden import load_golden
+from service.probes.retrieval_metrics import evaluate, targets_from_golden, targets_from_qrels
+from service.probes.trec import read_qrels, read_run
 
 __all__ = ["add_arguments", "main"]
 
@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="golden_file",
         type=Path,
         metavar="FILE",
-        help="golden-set JSONL (see service/golden.py) instead of qrels",
+        help="golden-set JSONL (see service/probes/golden.py) instead of qrels",
     )
     retrieval.add_argument(
         "--run",

@@ -17,9 +17,9 @@ from typing import Any
 from prometheus_client import Gauge
 
 from service.config import ProbesConfig
-from service.golden_store import GoldenStore, ProbeRun
 from service.metrics import Metrics
-from service.probes import compare_runs
+from service.probes.scoring import compare_runs
+from service.probes.store import GoldenStore, ProbeRun
 
 __all__ = ["publish_probe_run", "restore_probe_gauges"]
 

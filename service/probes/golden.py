@@ -35,7 +35,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
-from service.line_problems import LineProblems
+from service.probes.line_problems import LineProblems
 
 __all__ = [
     "Evidence",

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 from pydantic import JsonValue
 
-from service.golden import ExpectedBehaviour, GoldenSet
-from service.trec import Qrels
+from service.probes.golden import ExpectedBehaviour, GoldenSet
+from service.probes.trec import Qrels
 
 __all__ = [
     "SLICES",

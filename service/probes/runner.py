@@ -1,6 +1,6 @@
 """`ProbeRunner`: sends every golden question to the app's endpoint as tagged probe traffic.
 
-Each question is one request in the documented shape (`service/probe_tagging.py`):
+Each question is one request in the documented shape (`service/probes/tagging.py`):
 
     POST <endpoint>   x-ragmon-probe-run: <run id>   x-ragmon-probe-question: <question id>
     {"question": "<text>", "probe": {"run_id": "<run id>", "question_id": "<question id>"}}
@@ -27,8 +27,8 @@ from datetime import UTC, datetime
 
 import httpx
 
-from service.golden import GoldenQuestion, GoldenSet
-from service.probe_tagging import PROBE_QUESTION_HEADER, PROBE_RUN_HEADER
+from service.probes.golden import GoldenQuestion, GoldenSet
+from service.probes.tagging import PROBE_QUESTION_HEADER, PROBE_RUN_HEADER
 
 __all__ = ["ProbeRunner", "ProbeSend", "new_run_id", "probe_request"]
 

@@ -4,7 +4,7 @@
 `probe_question_id` (the last trace wins when the app sent several; traces
 with no question id or an unknown one are counted, not scored) and scores:
 
-* retrieval, with `service.retrieval_metrics.evaluate` against the gold the
+* retrieval, with `service.probes.retrieval_metrics.evaluate` against the gold the
   run's tenant may see: recall, precision, hit rate and nDCG (graded and
   binary) at each k, reciprocal rank and average precision, overall and per
   category. The ranking is the context the LLM saw: the reranker's output
@@ -46,9 +46,9 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats
 
-from service.correctness import Correctness, CorrectnessJudge
-from service.golden import GoldenSet
-from service.retrieval_metrics import evaluate, metric_names, targets_from_golden
+from service.judge.correctness import Correctness, CorrectnessJudge
+from service.probes.golden import GoldenSet
+from service.probes.retrieval_metrics import evaluate, metric_names, targets_from_golden
 
 __all__ = [
     "DIAGNOSES",

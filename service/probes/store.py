@@ -4,7 +4,7 @@ Three tables of their own (own `MetaData`) on the engine the trace store
 owns:
 
 * `golden_sets`: one row per (tenant, name, version); `version` is the
-  content hash of `service.golden` and the row keeps the set as JSONL.
+  content hash of `service.probes.golden` and the row keeps the set as JSONL.
   Loading the same content again under the same name changes nothing.
 * `probe_runs`: one row per (tenant, run_id): which golden set version it
   was sent from, when it started, and its latest score (JSON), if scored.
@@ -32,9 +32,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from service.errors import InvalidInput, StoreUnavailable
-from service.golden import GoldenSet, parse_golden
-from service.store import transaction
-from service.tables import UtcDateTime, trace_contexts, trace_record, traces
+from service.probes.golden import GoldenSet, parse_golden
+from service.store.tables import UtcDateTime, trace_contexts, trace_record, traces
+from service.store.trace_store import transaction
 
 __all__ = ["GoldenInfo", "GoldenStore", "ProbeRun", "metadata"]
 

@@ -13,7 +13,7 @@ The app answers as it answers anyone, and tags the trace of that request so
 ragmon can score it against the golden set. With OpenTelemetry, set the span
 attributes on the request's root span:
 
-    from service.probe_tagging import ragmon_probe_attributes
+    from service.probes.tagging import ragmon_probe_attributes
     span.set_attributes(ragmon_probe_attributes(request.headers))
 
 With the JSON API, send `probe_run_id` and `probe_question_id`

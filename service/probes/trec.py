@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.line_problems import LineProblems
+from service.probes.line_problems import LineProblems
 
 __all__ = ["Qrels", "Run", "parse_qrels", "parse_run", "read_qrels", "read_run"]
 

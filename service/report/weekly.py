@@ -2,7 +2,7 @@
 
 Per app: query drift over time (the stored query-embedding runs), the
 faithfulness estimate per day with its interval (Hájek over the judge queue,
-computed by `service.judging.FaithfulnessEstimator`), the regeneration rate
+computed by `service.judge.judging.FaithfulnessEstimator`), the regeneration rate
 per day with its Wilson interval and the exact binomial control band, p50 and
 p95 latency per stage with distribution-free intervals, cost per query with a
 t interval, and the new query groups against the app's pinned reference
@@ -37,15 +37,15 @@ from detectors import explain_query_drift
 from detectors.regeneration_band import binomial_band
 from sampler import create_tables
 from service.config import JudgingConfig, RagmonConfig
-from service.drift_cli import parse_time
-from service.drift_store import DriftStore, RunRecord
-from service.judging import FaithfulnessEstimator
-from service.judgment_store import JudgmentStore
+from service.drift.cli import parse_time
+from service.drift.store import DriftStore, RunRecord
+from service.judge.judging import FaithfulnessEstimator
+from service.judge.store import JudgmentStore
 from service.metrics import Metrics
-from service.reports_api import LATEST_HTML, LATEST_MD, reports_dir
-from service.store import Store
-from service.svg_chart import Series, time_chart
-from service.tables import feedback, traces
+from service.report.latest import LATEST_HTML, LATEST_MD, reports_dir
+from service.report.svg_chart import Series, time_chart
+from service.store.tables import feedback, traces
+from service.store.trace_store import Store
 
 __all__ = ["Report", "add_arguments", "build_report", "main", "render_html", "render_markdown"]
 

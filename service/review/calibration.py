@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from scipy.stats import binomtest, norm
 
-from service.review_model import CalibrationRow, Queue
+from service.review.records import CalibrationRow, Queue
 
 __all__ = ["Calibration", "Rate", "calibrate", "judge_says_faithful"]
 

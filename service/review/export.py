@@ -1,4 +1,4 @@
-"""Reviewed items as golden-set JSONL (`service/golden.py`), and the `ragmon review export` command.
+"""Reviewed items as golden-set JSONL (`service/probes/golden.py`), and the `ragmon review export` command.
 
 One row per reviewed trace (the latest review when a trace was reviewed in
 both queues): `question_id` is the trace id, `question` the user's query,
@@ -22,10 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from service.golden import GoldChunk, GoldenQuestion
-from service.review_model import ReviewRecord
-from service.review_store import ReviewStore
-from service.store import Store
+from service.probes.golden import GoldChunk, GoldenQuestion
+from service.review.records import ReviewRecord
+from service.review.store import ReviewStore
+from service.store.trace_store import Store
 
 __all__ = ["add_arguments", "golden_rows", "main"]
 

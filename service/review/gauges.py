@@ -17,11 +17,11 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from service.calibration import Calibration, calibrate
 from service.config import ReviewConfig
 from service.metrics import REVIEW_QUEUES, REVIEW_STATES, LabelledValues, Metrics
-from service.review_model import Progress
-from service.review_store import ReviewStore
+from service.review.calibration import Calibration, calibrate
+from service.review.records import Progress
+from service.review.store import ReviewStore
 
 __all__ = ["ReviewGauges"]
 

@@ -21,11 +21,11 @@ import hashlib
 from collections.abc import Sequence
 
 from service.config import ReviewConfig
-from service.judgment import Judgment
-from service.judgment_store import flags_for
+from service.judge.judgment import Judgment
+from service.judge.store import flags_for
 from service.model import Feedback, RagTrace
-from service.review_model import Intake, Queue, Reason
-from service.review_store import ReviewStore
+from service.review.records import Intake, Queue, Reason
+from service.review.store import ReviewStore
 
 __all__ = ["ReviewIntake", "draw"]
 

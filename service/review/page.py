@@ -7,7 +7,7 @@ an answer or chunk holding HTML or script shows as text and never runs. Every
 response carries a Content-Security-Policy that allows scripts and styles
 from this origin only (no inline script), and `no-store` caching.
 
-Access: reviewers only (see `service/review_session.py`); a reviewer sees the
+Access: reviewers only (see `service/review/session.py`); a reviewer sees the
 tenants granted to them and nothing else: an item of another tenant answers
 404 exactly as an item that does not exist. The ingest API key middleware
 lets these paths through; this router does its own authentication.
@@ -25,13 +25,13 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.auth import TenantResolver, key_from_headers
-from service.calibration import calibrate
 from service.errors import Unauthenticated, UnknownTenant
-from service.golden import ExpectedBehaviour
-from service.judgment import FailureMode
-from service.review_export import golden_rows, to_jsonl
-from service.review_model import (
+from service.ingest.auth import TenantResolver, key_from_headers
+from service.judge.judgment import FailureMode
+from service.probes.golden import ExpectedBehaviour
+from service.review.calibration import calibrate
+from service.review.export import golden_rows, to_jsonl
+from service.review.records import (
     ClaimRefused,
     ItemFilters,
     ItemState,
@@ -40,7 +40,7 @@ from service.review_model import (
     ReviewIn,
     ReviewItem,
 )
-from service.review_session import LOGIN_COOKIE, SESSION_COOKIE, Reviewer, ReviewerAuth
+from service.review.session import LOGIN_COOKIE, SESSION_COOKIE, Reviewer, ReviewerAuth
 
 __all__ = ["CSP", "ReviewerDep", "router"]
 

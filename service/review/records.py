@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, get_args
 
-from service.golden import ExpectedBehaviour
-from service.judgment import FailureMode
+from service.judge.judgment import FailureMode
+from service.probes.golden import ExpectedBehaviour
 
 __all__ = [
     "ITEM_STATES",

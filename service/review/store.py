@@ -36,8 +36,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from service.errors import StoreUnavailable
-from service.judgment_store import judgments
-from service.review_model import (
+from service.judge.store import judgments
+from service.review.records import (
     SEVERITY,
     CalibrationRow,
     ClaimRefused,
@@ -50,8 +50,8 @@ from service.review_model import (
     ReviewRecord,
     severity_of,
 )
-from service.store import transaction
-from service.tables import UtcDateTime, to_utc
+from service.store.tables import UtcDateTime, to_utc
+from service.store.trace_store import transaction
 
 __all__ = ["ReviewStore", "metadata", "review_items", "review_reasons", "reviews"]
 

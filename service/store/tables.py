@@ -133,7 +133,7 @@ traces = sa.Table(
     sa.Index("ix_traces_tenant_app_time", "tenant", "app", "start_time"),
     # Retention scans all tenants by age.
     sa.Index("ix_traces_start_time", "start_time"),
-    # probe scoring collects one run's traces (service/probes.py)
+    # probe scoring collects one run's traces (service/probes/scoring.py)
     sa.Index("ix_traces_tenant_probe_run", "tenant", "probe_run_id"),
 )
 

@@ -3,7 +3,7 @@
 One code path for SQLite (a file in WAL mode, the embedded default) and
 PostgreSQL (`postgresql+psycopg://...`), written in SQLAlchemy Core (one
 exception, for speed: new traces on SQLite, under "Idempotent writes"). Table
-shapes and the record ↔ row converters live in `service.tables`.
+shapes and the record ↔ row converters live in `service.store.tables`.
 
 Guarantees every method keeps:
 
@@ -12,7 +12,7 @@ Guarantees every method keeps:
   NOTHING`); the first delivered version wins. Each batch is one transaction:
   all of it is written, or none. On SQLite new traces take a faster road to
   the same rows: the batch's stored keys are read under the write lock and only
-  the others inserted, by plain executemany (service/row_insert.py says why).
+  the others inserted, by plain executemany (service/store/row_insert.py says why).
 * Tenant isolation: every read filters by the tenant it is given.
 * Bounded waits: connecting, waiting for a lock and running a statement are
   each limited by the timeouts given to `Store`.
@@ -53,8 +53,8 @@ from sqlalchemy.pool import StaticPool
 from service.consumer import FeedbackConsumer, TraceConsumer
 from service.errors import InvalidInput, StoreUnavailable
 from service.model import Feedback, FeedbackKind, RagTrace
-from service.row_insert import PlainInsert
-from service.tables import (
+from service.store.row_insert import PlainInsert
+from service.store.tables import (
     SCHEMA_VERSION,
     feedback,
     feedback_row,
@@ -302,7 +302,7 @@ class Store:
         self.statement_timeout_s = statement_timeout_s
         self._closed = False
         serializer = json_text
-        # new trace rows and contexts through the driver's executemany (service/row_insert.py)
+        # new trace rows and contexts through the driver's executemany (service/store/row_insert.py)
         self._plain_inserts: tuple[PlainInsert, PlainInsert] | None = None
         if parsed.get_backend_name() == "sqlite":
             self._engine = self._sqlite_engine(parsed, serializer)

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards.promql import metric_names
-from service.demo import run_demo
+from service.demo.run import run_demo
 from tests.dashboards.queries import DASHBOARDS, expressions, recorded_names
 from tests.live_server import live_server
 

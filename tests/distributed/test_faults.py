@@ -20,8 +20,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from service.bus.kafka import KafkaBus
 from service.config import KafkaConfig
-from service.kafka_bus import KafkaBus
 from service.metrics import Metrics
 from tests.distributed.conftest import Broker, Postgres, WorkerProcess, count_rows, kafka_settings
 from tests.distributed.traffic import json_traces, traces

@@ -1,4 +1,4 @@
-"""`service/kafka_bus.py` against a real broker: publish, consume into the real sinks, redeliver, buffer."""
+"""`service/bus/kafka.py` against a real broker: publish, consume into the real sinks, redeliver, buffer."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from service.bus.kafka import KafkaBus, KafkaReceiver
 from service.config import KafkaConfig
 from service.errors import StoreUnavailable
-from service.kafka_bus import KafkaBus, KafkaReceiver
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 from service.pipeline import Fanout, MetricsSink
-from service.store import Store, StoreSink
+from service.store.trace_store import Store, StoreSink
 from tests.distributed.conftest import Broker, kafka_settings
 from tests.distributed.traffic import feedback_for, traces
 

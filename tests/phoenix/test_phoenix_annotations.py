@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from phoenix.client import Client
 
-from service.judgment import Judgment
-from service.phoenix_annotations import judgment_annotation
+from service.judge.judgment import Judgment
+from service.phoenix.annotations import judgment_annotation
 from tests.live_server import LiveServer, live_server
 from tests.phoenix.conftest import PhoenixServer
 from tests.phoenix.rag_traces import RagApp, SentTrace

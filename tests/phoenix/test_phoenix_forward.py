@@ -16,7 +16,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from phoenix.client import Client
 
-from service.phoenix_forward import otlp_json_to_protobuf
+from service.phoenix.forward import otlp_json_to_protobuf
 from tests.live_server import LiveServer, live_server
 from tests.phoenix.conftest import PhoenixServer
 from tests.phoenix.rag_traces import RagApp, SentTrace, otlp_json

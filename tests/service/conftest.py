@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from service.store import Store
+from service.store.trace_store import Store
 
 _NO_POSTGRES = (
     "DATABASE_URL is not set; to run the PostgreSQL cases: "

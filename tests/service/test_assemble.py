@@ -11,9 +11,9 @@ import pytest
 
 from service.assemble import EMIT_CHUNK, SpanAssembler, SpanGroups, in_thread
 from service.config import AssemblerConfig
+from service.conventions.spans import Span
 from service.metrics import Metrics
 from service.model import RagTrace
-from service.spans import Span
 from tests.consumers import SinkConsumer
 
 

@@ -1,4 +1,4 @@
-"""`service/leader.py`: one holder per name, and leadership that ends with the holder's session."""
+"""`service/bus/leader.py`: one holder per name, and leadership that ends with the holder's session."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from service.leader import AdvisoryLeaderLock, ProcessLeaderLock, exclusive, leader_lock
+from service.bus.leader import AdvisoryLeaderLock, ProcessLeaderLock, exclusive, leader_lock
 
 
 def test_process_lock_has_one_holder_until_released() -> None:

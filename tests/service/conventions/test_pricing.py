@@ -1,4 +1,4 @@
-"""Tests for `service/pricing.py`: the shipped table, name matching, overrides, cost."""
+"""Tests for `service/conventions/pricing.py`: the shipped table, name matching, overrides, cost."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from importlib import resources
 
 import pytest
 
-from service.pricing import ModelPrice, PriceTable, model_name_candidates
+from service.conventions.pricing import ModelPrice, PriceTable, model_name_candidates
 
 REQUIRED_MODELS = [
     "gpt-4o",

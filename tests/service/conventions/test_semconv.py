@@ -1,4 +1,4 @@
-"""Tests for `service/semconv.py`: OpenInference, OTel GenAI and OpenLLMetry spans -> `RagTrace`."""
+"""Tests for `service/conventions/semconv.py`: OpenInference, GenAI and OpenLLMetry spans -> `RagTrace`."""
 
 from __future__ import annotations
 
@@ -25,14 +25,22 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from service.attribute_values import first_count, first_text, indexed, json_object, number, parse_json, vector
-from service.call_usage import Call, span_call, usage_rows
+from service.conventions.attribute_values import (
+    first_count,
+    first_text,
+    indexed,
+    json_object,
+    number,
+    parse_json,
+    vector,
+)
+from service.conventions.content import SpanContent
+from service.conventions.pricing import PriceTable
+from service.conventions.semconv import RagmonAttributes, attribute_kind, build_trace, span_stage
+from service.conventions.spans import Span, SpanEvent
+from service.conventions.usage import Call, span_call, usage_rows
+from service.ingest.otlp import decode_protobuf
 from service.model import RagTrace
-from service.otlp import decode_protobuf
-from service.pricing import PriceTable
-from service.semconv import RagmonAttributes, attribute_kind, build_trace, span_stage
-from service.span_content import SpanContent
-from service.spans import Span, SpanEvent
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 T0 = 1_700_000_000_000_000_000  # ns
@@ -935,7 +943,7 @@ def test_usage_rows_are_unpriced_when_any_call_is() -> None:
 
 
 def test_hostile_json_strings_stay_text_instead_of_failing_the_trace() -> None:
-    from service.attribute_values import json_object, parse_json
+    from service.conventions.attribute_values import json_object, parse_json
 
     assert json_object("{(1, 2): 'x'}") == {"(1, 2)": "x"}  # tuple keys become text, not a crash
     deep = "[" * 100_000 + "]" * 100_000

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from service.demo_corpus import SHIFT_TOPICS, TOPICS, build_corpus, embed_text
+from service.demo.corpus import SHIFT_TOPICS, TOPICS, build_corpus, embed_text
 
 
 def test_embeddings_are_unit_vectors_and_the_same_in_another_process() -> None:
@@ -18,7 +18,7 @@ def test_embeddings_are_unit_vectors_and_the_same_in_another_process() -> None:
     assert here.shape == (64,)
     assert np.isclose(np.linalg.norm(here), 1.0)
     code = (
-        "import json; from service.demo_corpus import embed_text; "
+        "import json; from service.demo.corpus import embed_text; "
         f"print(json.dumps(list(embed_text({text!r}, 64))))"
     )
     # a new interpreter has a different str-hash salt; the vector must not depend on it

@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from service.demo_corpus import word_set
-from service.demo_traffic import LOCAL_MODEL, plan_traffic
+from service.demo.corpus import word_set
+from service.demo.traffic import LOCAL_MODEL, plan_traffic
 
 
 def _wilson(k: int, n: int, z: float = 3.29) -> tuple[float, float]:

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from service.cli import main as cli_main
-from service.drift_sample import Observation
-from service.drift_store import BucketBatch, DriftStore
-from service.store import Store
+from service.drift.sample import Observation
+from service.drift.store import BucketBatch, DriftStore
+from service.store.trace_store import Store
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NOW = datetime.now(UTC)
 PAST = NOW - timedelta(days=3)
 

@@ -8,18 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.service.drift.drift_traffic import send, traces
 
 from detectors import HashingEmbedder, embedding_model_key
 from service.config import DriftConfig
-from service.demo import run_demo
-from service.demo_corpus import SHIFT_TOPICS
-from service.drift import DriftScheduler, DriftWindowSink
-from service.drift_store import DriftStore
+from service.demo.corpus import SHIFT_TOPICS
+from service.demo.run import run_demo
+from service.drift.monitor import DriftScheduler, DriftWindowSink
+from service.drift.store import DriftStore
 from service.metrics import Metrics
 from service.model import QueryEmbedding, RagTrace
-from service.store import Store
+from service.store.trace_store import Store
 from tests.live_server import live_server
-from tests.service.drift_traffic import send, traces
 
 DRIFT = {"min_window": 30, "interval_s": 3600.0, "flush_s": 3600.0}
 QUIET = {"judging": {"enabled": False}}

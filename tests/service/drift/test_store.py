@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from detectors import DriftResult
-from service.drift import pin_references
-from service.drift_sample import Observation, Sample, draw_counts, merge_counts
-from service.drift_store import BucketBatch, DriftStore, RunRecord, bucket_start
-from service.store import Store
+from service.drift.monitor import pin_references
+from service.drift.sample import Observation, Sample, draw_counts, merge_counts
+from service.drift.store import BucketBatch, DriftStore, RunRecord, bucket_start
+from service.store.trace_store import Store
 
 T0 = datetime(2026, 3, 2, 10, tzinfo=UTC)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from service.loop_pool import PIPE_BYTES, LoopProcessPool, WorkerDied
+from service.ingest.loop_pool import PIPE_BYTES, LoopProcessPool, WorkerDied
 from tests.processes import wait_gone
 
 CONTEXT = multiprocessing.get_context("forkserver")

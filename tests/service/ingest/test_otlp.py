@@ -1,4 +1,4 @@
-"""Tests for `service/otlp.py`: real exporter output, OTLP/JSON as the spec writes it, and every bad input."""
+"""Tests for `service/ingest/otlp.py`: real exporter output, OTLP/JSON as the spec says, every bad input."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import format_span_id, format_trace_id
 
+from service.conventions.spans import WireSpan
 from service.errors import DecodeError
-from service.otlp import (
+from service.ingest.otlp import (
     DecodedBatch,
     RejectReason,
     decode_json,
@@ -30,7 +31,6 @@ from service.otlp import (
     screen_protobuf,
     span_from_wire,
 )
-from service.spans import WireSpan
 
 VECTOR_KEY = "embedding.embeddings.0.embedding.vector"
 TENANT = "acme"

@@ -25,14 +25,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from service import otlp
+from service.conventions.pricing import PriceTable
+from service.conventions.semconv import build_trace
+from service.conventions.spans import AnySpan, PackedSpan, Span, WireSpan
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
-from service.ingest_pool import IngestPool, _cgroup_cpus, _unpacked
+from service.ingest import otlp
+from service.ingest.pool import IngestPool, _cgroup_cpus, _unpacked
 from service.metrics import Metrics
 from service.model import RagTrace
-from service.pricing import PriceTable
-from service.semconv import build_trace
-from service.spans import AnySpan, PackedSpan, Span, WireSpan
 from tests.live_server import live_server
 
 TENANT = "acme"

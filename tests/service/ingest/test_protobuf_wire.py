@@ -1,4 +1,4 @@
-"""Finding each span's bytes in an OTLP body by walking the wire format (service/protobuf_wire.py)."""
+"""Finding each span's bytes in an OTLP body by walking the wire format (service/ingest/protobuf_wire.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from service.otlp import decode_protobuf, screen_protobuf
-from service.protobuf_wire import WireError, field_ranges, span_slices
-from service.spans import WireSpan
+from service.conventions.spans import WireSpan
+from service.ingest.otlp import decode_protobuf, screen_protobuf
+from service.ingest.protobuf_wire import WireError, field_ranges, span_slices
 
 
 def _varint(n: int) -> bytes:

@@ -1,6 +1,6 @@
 """The faithfulness estimate as ragmon computed it before the database summed cells: every record read.
 
-The oracle `JudgmentStore.window_cells` is checked against (tests/service/test_estimate_window.py) and
+The oracle `JudgmentStore.window_cells` is checked against (tests/service/judge/test_estimate_window.py) and
 timed against (bench/judge/estimate_window.py).
 """
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from sampler import GROUPINGS, FaithfulnessEstimate, Grouping, JudgedSample, SqlJudgeQueue, estimate_by
-from service.judgment_store import JudgmentStore
+from service.judge.store import JudgmentStore
 
 
 def record_by_record(

@@ -1,4 +1,4 @@
-"""Tests of service/correctness.py: the offline fact match and the LLM check through a real fake endpoint."""
+"""Tests of service/judge/correctness.py: the offline fact match and the LLM check on a fake endpoint."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.correctness import (
+from service.config import JudgeConfig
+from service.judge.correctness import (
     CorrectnessVerdict,
     HeuristicCorrectness,
     LlmCorrectness,
     build_correctness,
 )
-from service.judge import JudgeConfig
 from tests.fake_openai import FakeOpenAI, Reply
 
 FACTS = ("Refunds take 5 business days", "Refunds go back to the original card")

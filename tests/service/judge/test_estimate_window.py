@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from tests.service.judge.record_by_record import record_by_record
 
 from sampler import (
     GROUPINGS,
@@ -17,9 +18,8 @@ from sampler import (
     estimate_cells_by,
 )
 from sampler.estimate import FaithfulnessEstimate
-from service.judgment_store import JudgmentStore, judgments
-from service.store import Store
-from tests.service.record_by_record import record_by_record
+from service.judge.store import JudgmentStore, judgments
+from service.store.trace_store import Store
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(hours=24)

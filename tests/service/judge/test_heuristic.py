@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from scipy.stats import norm
 
-from service.heuristic_judge import HeuristicJudge, split_claims
-from service.judgment import Judge
+from service.judge.heuristic import HeuristicJudge, split_claims
+from service.judge.judgment import Judge
 from service.model import Chunk, RagTrace, Retrieval
 
 CONTEXT = [
@@ -23,7 +23,7 @@ QUESTION = "Who wrote The Hobbit and when was it published?"
 
 def shared_data() -> Path:
     env = os.environ.get("RAGMON_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
 
 
 def test_claims_are_sentences_and_clauses() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from service.judgment import Judgment, Verdict, diagnose
+from service.judge.judgment import Judgment, Verdict, diagnose
 from service.model import RagTrace
 
 TRACE = RagTrace(trace_id="ab" * 16, app="shop", start_time=datetime(2026, 1, 1, tzinfo=UTC))

@@ -15,13 +15,15 @@ from typing import Any
 import openai
 import pytest
 
+from service.config import JudgeConfig
+from service.conventions.pricing import PriceTable
 from service.errors import JudgeUnavailable
-from service.heuristic_judge import HeuristicJudge
-from service.judge import JudgeConfig, LlmJudge, build_judge
-from service.judge_prompt import DATA_CLOSE, DATA_OPEN
-from service.judgment import Judgment
+from service.judge.build import build_judge
+from service.judge.heuristic import HeuristicJudge
+from service.judge.judgment import Judgment
+from service.judge.llm import LlmJudge
+from service.judge.prompt import DATA_CLOSE, DATA_OPEN
 from service.model import Chunk, RagTrace, Retrieval
-from service.pricing import PriceTable
 from tests.fake_openai import FakeOpenAI, Gullible, Reply
 
 MODEL = "gpt-4o-mini"

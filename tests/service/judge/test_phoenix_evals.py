@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from service.config import JudgeConfig
 from service.errors import JudgeUnavailable
-from service.judge import JudgeConfig, build_judge
+from service.judge.build import build_judge
+from service.judge.phoenix_evals import NOT_ASSESSED, PhoenixEvalsJudge
 from service.model import Chunk, RagTrace, Retrieval
-from service.phoenix_judge import NOT_ASSESSED, PhoenixEvalsJudge
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.live_server import live_server
 

@@ -1,4 +1,4 @@
-"""Failure reasons and backoff of calls to Phoenix (`service/phoenix_client.py`)."""
+"""Failure reasons and backoff of calls to Phoenix (`service/phoenix/client.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from service.config import PhoenixConfig
 from service.metrics import PHOENIX_FAILURE_REASONS
-from service.phoenix_client import (
+from service.phoenix.client import (
     RETRYABLE,
     backoff_s,
     http_client,

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from service.probe_tagging import ragmon_probe_fields
+from service.probes.tagging import ragmon_probe_fields
 
 
 @dataclass

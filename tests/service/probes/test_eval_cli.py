@@ -1,4 +1,4 @@
-"""Tests of service/eval_cli.py: `ragmon eval retrieval` on trec_eval's files and on a golden set."""
+"""Tests of service/probes/eval_cli.py: `ragmon eval retrieval` on trec_eval's files and on a golden set."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.service.probes.trec_eval_oracle import TOLERANCE, our_key, parse_trec_eval_output, trec_eval_dir
 
-from service.eval_cli import add_arguments, main
-from service.golden import load_golden
-from tests.service.trec_eval_oracle import TOLERANCE, our_key, parse_trec_eval_output, trec_eval_dir
+from service.probes.eval_cli import add_arguments, main
+from service.probes.golden import load_golden
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _invoke(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -1,4 +1,4 @@
-"""Tests of service/golden.py: the JSONL format, eligibility, per-line errors, versions."""
+"""Tests of service/probes/golden.py: the JSONL format, eligibility, per-line errors, versions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from service.errors import InvalidInput, http_status
-from service.golden import GoldenQuestion, GoldenSet, load_golden, parse_golden
+from service.probes.golden import GoldenQuestion, GoldenSet, load_golden, parse_golden
 
 
 def _line(**row: Any) -> str:

@@ -1,11 +1,11 @@
-"""Tests of service/line_problems.py: one InvalidInput listing every bad line, capped."""
+"""Tests of service/probes/line_problems.py: one InvalidInput listing every bad line, capped."""
 
 from __future__ import annotations
 
 import pytest
 
 from service.errors import InvalidInput, http_status
-from service.line_problems import MAX_LISTED, LineProblems
+from service.probes.line_problems import MAX_LISTED, LineProblems
 
 
 def test_no_problems_raises_nothing() -> None:

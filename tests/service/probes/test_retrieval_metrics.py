@@ -1,4 +1,4 @@
-"""Tests of service/retrieval_metrics.py: trec_eval's own outputs, pytrec_eval on random data, slices."""
+"""Tests of service/probes/retrieval_metrics.py: trec_eval's own outputs, pytrec_eval on random data"""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import random
 from collections.abc import Callable
 
 import pytest
+from tests.service.probes.trec_eval_oracle import TOLERANCE, our_key, parse_trec_eval_output, trec_eval_dir
 
-from service.golden import parse_golden
-from service.retrieval_metrics import (
+from service.probes.golden import parse_golden
+from service.probes.retrieval_metrics import (
     SLICES,
     Evaluation,
     QueryTarget,
@@ -27,8 +28,7 @@ from service.retrieval_metrics import (
     targets_from_golden,
     targets_from_qrels,
 )
-from service.trec import read_qrels, read_run
-from tests.service.trec_eval_oracle import TOLERANCE, our_key, parse_trec_eval_output, trec_eval_dir
+from service.probes.trec import read_qrels, read_run
 
 # (trec_eval output, qrels, run, relevance level -l, -c) as trec_eval's test directory produced them.
 ORACLE_CASES = [

@@ -1,16 +1,16 @@
-"""Tests of service/probe_runner.py and the `ragmon probe` command's sending side, against a real HTTP app."""
+"""Tests of service/probes/runner.py and the `ragmon probe` command's sending side, against a real app."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from tests.service.probes.probe_app import ProbeApp, probe_app
 
 from service.cli import main as ragmon
-from service.golden import parse_golden
-from service.probe_cli import parse_every
-from service.probe_runner import ProbeRunner, new_run_id
-from tests.service.probe_app import ProbeApp, probe_app
+from service.probes.cli import parse_every
+from service.probes.golden import parse_golden
+from service.probes.runner import ProbeRunner, new_run_id
 
 ROWS = [
     '{"question_id": "q1", "question": "How long do refunds take?", "gold_chunks": [{"chunk_id": "c1"}]}',

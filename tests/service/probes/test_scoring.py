@@ -1,4 +1,4 @@
-"""Tests of service/probes.py: scoring and slices, diagnosis, the paired bootstrap; the live probe path.
+"""Tests of service/probes/scoring.py: scoring and slices, diagnosis, paired bootstrap; the live probe path.
 
 The live test runs a real ragmon and a real app whose relevance filter
 silently drops the gold chunks of one category in the second run, and drives
@@ -19,16 +19,16 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from tests.service.probes.probe_app import ProbeApp, probe_app
 
 from service.cli import main as ragmon
-from service.correctness import HeuristicCorrectness
-from service.golden import parse_golden
-from service.probes import compare_runs, diagnose, score_run
+from service.judge.correctness import HeuristicCorrectness
+from service.probes.golden import parse_golden
+from service.probes.scoring import compare_runs, diagnose, score_run
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.live_server import live_server
-from tests.service.probe_app import ProbeApp, probe_app
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROMTOOL = shutil.which("promtool")
 
 

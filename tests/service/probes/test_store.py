@@ -1,4 +1,4 @@
-"""Tests of service/golden_store.py on SQLite and PostgreSQL: versions, runs, scores, baselines, traces."""
+"""Tests of service/probes/store.py on SQLite and PostgreSQL: versions, runs, scores, baselines, traces."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from service.errors import InvalidInput
-from service.golden import parse_golden
-from service.golden_store import GoldenStore, ProbeRun
 from service.model import Chunk, RagTrace, Retrieval
-from service.store import Store
+from service.probes.golden import parse_golden
+from service.probes.store import GoldenStore, ProbeRun
+from service.store.trace_store import Store
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 ROWS = [

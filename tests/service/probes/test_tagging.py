@@ -1,14 +1,14 @@
-"""Tests of service/probe_tagging.py: the helper apps call to tag probe traffic."""
+"""Tests of service/probes/tagging.py: the helper apps call to tag probe traffic."""
 
 from __future__ import annotations
 
-from service.probe_tagging import (
+from service.conventions.attributes import RagmonAttributes
+from service.probes.tagging import (
     PROBE_QUESTION_ATTRIBUTE,
     PROBE_RUN_ATTRIBUTE,
     ragmon_probe_attributes,
     ragmon_probe_fields,
 )
-from service.span_attributes import RagmonAttributes
 
 
 def test_attribute_names_are_ragmons() -> None:

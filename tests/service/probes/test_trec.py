@@ -1,4 +1,4 @@
-"""Tests of service/trec.py: trec_eval's ranking order, tolerated and refused lines."""
+"""Tests of service/probes/trec.py: trec_eval's ranking order, tolerated and refused lines."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import itertools
 from pathlib import Path
 
 import pytest
+from tests.service.probes.trec_eval_oracle import trec_eval_dir
 
 from service.errors import InvalidInput, PermanentError
-from service.trec import parse_qrels, parse_run, read_qrels, read_run
-from tests.service.trec_eval_oracle import trec_eval_dir
+from service.probes.trec import parse_qrels, parse_run, read_qrels, read_run
 
 
 def test_run_is_ranked_by_score_then_docno_descending_ignoring_the_rank_column() -> None:

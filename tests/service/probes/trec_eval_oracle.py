@@ -21,7 +21,7 @@ TOLERANCE = 5e-5 + 1e-12
 def trec_eval_dir() -> Path:
     """The trec_eval test directory, or a pytest skip naming where it was looked for."""
     configured = os.environ.get("RAGMON_SHARED_DATA")
-    root = Path(configured) if configured else Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+    root = Path(configured) if configured else Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
     directory = root / "retrieval" / "trec_eval_test"
     if not (directory / "qrels.test").is_file():
         pytest.skip(

@@ -1,4 +1,4 @@
-"""`service/review.py` through a real server: sign-in, CSRF, tenants, leases, labels, metrics, export."""
+"""`service/review/page.py` through a real server: sign-in, CSRF, tenants, leases, labels, metrics, export."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import main as ragmon
-from service.golden import GoldenQuestion, parse_golden
+from service.probes.golden import GoldenQuestion, parse_golden
 from tests.live_server import LiveServer
 from tests.review_server import API_KEYS, TOKENS, review_server, signed_in
 

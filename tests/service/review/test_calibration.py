@@ -1,4 +1,4 @@
-"""`service/calibration.py`: the 2x2 table, exclusions, and interval coverage over seeds."""
+"""`service/review/calibration.py`: the 2x2 table, exclusions, and interval coverage over seeds."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from service.calibration import calibrate, judge_says_faithful
-from service.review_model import CalibrationRow
+from service.review.calibration import calibrate, judge_says_faithful
+from service.review.records import CalibrationRow
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 

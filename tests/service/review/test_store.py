@@ -1,4 +1,4 @@
-"""`service/review_store.py` on SQLite and PostgreSQL: intake, priority, leases, reviews, progress."""
+"""`service/review/store.py` on SQLite and PostgreSQL: intake, priority, leases, reviews, progress."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from service.config import ReviewConfig
-from service.judgment import Judgment
-from service.judgment_store import JudgmentStore
-from service.review_intake import ReviewIntake
-from service.review_model import ClaimRefused, Intake, ItemFilters, ReviewIn
-from service.review_store import ReviewStore
-from service.store import Store
+from service.judge.judgment import Judgment
+from service.judge.store import JudgmentStore
+from service.review.intake import ReviewIntake
+from service.review.records import ClaimRefused, Intake, ItemFilters, ReviewIn
+from service.review.store import ReviewStore
+from service.store.trace_store import Store
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 

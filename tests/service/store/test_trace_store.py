@@ -1,4 +1,4 @@
-"""Tests for `service/store.py` (and the row mapping in `service/tables.py`).
+"""Tests for `service/store/trace_store.py` (and the row mapping in `service/store/tables.py`).
 
 Every test that takes `store` runs on SQLite and on PostgreSQL (the latter
 only with DATABASE_URL set; see conftest.py).
@@ -24,8 +24,15 @@ from sqlalchemy.pool import NullPool
 
 from service.errors import InvalidInput, StoreUnavailable
 from service.model import Chunk, Feedback, ModelUsage, QueryEmbedding, RagTrace, Retrieval, Timings
-from service.store import MAX_PAGE_SIZE, Store, StoreSink, TraceFilters, decode_cursor, encode_cursor
-from service.tables import SCHEMA_VERSION, feedback, feedback_row, trace_contexts, traces
+from service.store.tables import SCHEMA_VERSION, feedback, feedback_row, trace_contexts, traces
+from service.store.trace_store import (
+    MAX_PAGE_SIZE,
+    Store,
+    StoreSink,
+    TraceFilters,
+    decode_cursor,
+    encode_cursor,
+)
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 

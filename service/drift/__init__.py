@@ -1,0 +1,9 @@
+"""Drift in the running service: observation windows, pinned references, scheduled checks, the CLI.
+
+Owns: the window sink and the scheduler (`monitor.py`), one check of every detector against a
+reference (`checks.py`), observations and their uniform samples (`sample.py`), references and runs in
+the database (`store.py`), and `ragmon drift` (`cli.py`). The detectors themselves are in
+`detectors/`.
+
+May import: `detectors`, `store`, `metrics`, `config`, `model`, `errors`, `lifecycle`.
+"""

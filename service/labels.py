@@ -1,0 +1,42 @@
+"""Closed sets of metric label values that ragmon's records carry too.
+
+They live here, below both `metrics.py` and the capabilities that produce
+them, so that declaring a metric's label children never imports a receiver or
+a judge.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+__all__ = ["FailureReason", "RejectReason"]
+
+
+class RejectReason(StrEnum):
+    """Why a span (or, for INVALID_ATTRIBUTE, one attribute value) was not accepted; a metric label."""
+
+    INVALID_TRACE_ID = "invalid_trace_id"
+    INVALID_SPAN_ID = "invalid_span_id"
+    INVALID_PARENT_SPAN_ID = "invalid_parent_span_id"
+    INVALID_TIME = "invalid_time"
+    NAN_VECTOR = "nan_vector"
+    VECTOR_DIMENSION_MISMATCH = "vector_dimension_mismatch"
+    MALFORMED_SPAN = "malformed_span"
+    INVALID_ATTRIBUTE = "invalid_attribute"
+
+
+FailureReason = Literal[
+    "rate_limited",  # 429 after the retry budget
+    "server_error",  # 5xx after the retry budget
+    "timeout",  # no reply within the configured timeout, after the retry budget
+    "connection_error",  # endpoint unreachable
+    "malformed",  # reply is not the JSON object the schema asks for
+    "partition_violation",  # supported/unsupported are not a complete, disjoint partition of the claims
+    "inconsistent_verdict",  # outcome or failure_mode contradicts the claims and partition
+    "refused",  # the model refused, or a content filter stopped it
+    "truncated",  # the reply hit the output-token limit
+    "rejected",  # the endpoint refused the request itself (4xx other than 429)
+    "no_answer",  # the trace carries no answer text: nothing to judge
+    "no_context",  # chunks were retrieved but the app sent none of their text
+]
