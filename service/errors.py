@@ -14,7 +14,8 @@
         └── JudgeUnavailable      the judge endpoint did not answer
 
 Exceptions from kafka-python, SQLAlchemy and openai are caught only in
-`bus.py`, `store.py` and `judge.py` and re-raised as one of these.
+`service/bus/`, the stores (`service/store/` and each feature's `store.py`)
+and the judges (`service/judge/`), and re-raised as one of these.
 """
 
 from __future__ import annotations

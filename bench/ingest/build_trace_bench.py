@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +45,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench.baseline import load_module_at  # noqa: E402
 from service.conventions.pricing import PriceTable  # noqa: E402
 from service.conventions.semconv import build_trace  # noqa: E402
 from service.conventions.spans import Span  # noqa: E402
@@ -152,18 +151,8 @@ def record_traces(n: int, seed: int) -> list[list[Span]]:
 
 
 def load_baseline(rev: str) -> BuildFn:
-    """`build_trace` from `service/conventions/semconv.py` at git revision `rev`, as a private module."""
-    source = subprocess.run(
-        ["git", "show", f"{rev}:service/conventions/semconv.py"],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    module = types.ModuleType("semconv_baseline")
-    module.__file__ = str(REPO / "service" / "semconv.py")
-    sys.modules[module.__name__] = module  # dataclasses look their module up while building
-    exec(compile(source, f"{rev}:service/conventions/semconv.py", "exec"), module.__dict__)
+    """`build_trace` from `service/conventions/semconv.py` (earlier `service/semconv.py`) at `rev`."""
+    module = load_module_at(rev, "semconv_baseline", "service/conventions/semconv.py", "service/semconv.py")
     build: BuildFn = module.build_trace
     return build
 

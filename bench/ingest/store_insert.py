@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
-import types
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench.baseline import load_module_at  # noqa: E402
 from bench.ingest.payload import Batches  # noqa: E402
 from service.conventions.pricing import PriceTable  # noqa: E402
 from service.conventions.semconv import build_trace  # noqa: E402
@@ -54,18 +53,8 @@ def bench_traces(n: int, seed: int) -> list[RagTrace]:
 
 
 def load_baseline(rev: str) -> type[Store]:
-    """`Store` from `service/store/trace_store.py` at git revision `rev`, as a private module."""
-    source = subprocess.run(
-        ["git", "show", f"{rev}:service/store/trace_store.py"],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    module = types.ModuleType("store_baseline")
-    module.__file__ = str(REPO / "service" / "store.py")
-    sys.modules[module.__name__] = module
-    exec(compile(source, f"{rev}:service/store/trace_store.py", "exec"), module.__dict__)
+    """`Store` from `service/store/trace_store.py` (before: `service/store.py`) at git revision `rev`."""
+    module = load_module_at(rev, "store_baseline", "service/store/trace_store.py", "service/store.py")
     store_class: type[Store] = module.Store
     return store_class
 

@@ -38,8 +38,6 @@ import sqlalchemy as sa
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.service.judge.record_by_record import record_by_record  # noqa: E402
-
 from sampler import (  # noqa: E402
     GROUPINGS,
     SqlJudgeQueue,
@@ -49,6 +47,7 @@ from sampler import (  # noqa: E402
 from sampler.queue import judge_queue  # noqa: E402
 from service.judge.store import JudgmentStore, judgments  # noqa: E402
 from service.store.trace_store import Store  # noqa: E402
+from tests.service.judge.record_by_record import record_by_record  # noqa: E402
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(hours=24)

@@ -30,7 +30,7 @@ attribute                      type                        meaning
 `ragmon.ttft_ms`               double                      time to first token of the answer, ms
 =============================  ==========================  ==============================================
 
-`attribute_kind` and `embedding_model_of` tell the decoder (`otlp.py`) which
+`attribute_kind` and `embedding_model_of` tell the decoder (`service/ingest/otlp.py`) which
 attribute values must be numbers, counts or vectors, so a `RagTrace` is never
 built from a score that is not a number.
 """

@@ -1,8 +1,8 @@
 """Semantic-convention mapping: the decoded spans of one trace -> one `RagTrace`.
 
 `build_trace` reads OpenInference, OpenTelemetry GenAI and OpenLLMetry spans
-side by side, plus ragmon's own `ragmon.*` attributes; `span_attributes.py`
-lists the names, `span_content.py` reads messages, payloads, documents and
+side by side, plus ragmon's own `ragmon.*` attributes; `attributes.py`
+lists the names, `content.py` reads messages, payloads, documents and
 vectors out of one span. This module decides what the trace is: which stage
 each span is, which span's value wins, and how stages roll up.
 
@@ -24,7 +24,7 @@ outermost spans of that stage, and token usage is taken from a span only when
 no span of the same stage below it reports usage.
 
 `attribute_kind`, `embedding_model_of` and `RagmonAttributes` live in
-`span_attributes.py` and are re-exported here for the decoder and for apps.
+`attributes.py` and are re-exported here for the decoder and for apps.
 """
 
 from __future__ import annotations

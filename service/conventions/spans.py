@@ -1,6 +1,6 @@
 """`Span`: one decoded OTLP span, the unit the assembler buffers.
 
-Receivers (`otlp.py` for protobuf and JSON, the gRPC receiver) produce these
+Receivers (`service/ingest/otlp.py` for protobuf and JSON, the gRPC receiver) produce these
 (or their packed forms below, `PackedSpan` and `WireSpan`, which worker
 processes hand around); `semconv.py` turns the spans of one trace into a
 `RagTrace`. Ids are

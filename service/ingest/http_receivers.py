@@ -2,7 +2,7 @@
 
 Order of work per request (STYLE.md §5): size cap (413, middleware) →
 content type and encoding (415) → refuse early when the pipeline is behind →
-decompress with a cap and decode in a worker process (`ingest_pool.py`) →
+decompress with a cap and decode in a worker process (`pool.py`) →
 hand the spans to the pipeline, which refuses with `QueueFull`
 (503 + Retry-After) when the bus is over capacity → answer. An OTLP request
 with some bad spans is answered 200 with `partial_success` (rejected count and

@@ -5,7 +5,7 @@ read; a body without one (chunked) is read up to the limit and refused the
 moment it crosses it. The app only ever sees bodies within the limit (the
 middleware hands it the bytes it buffered). Refusals are 413 in the caller's
 encoding and counted. Decompressed sizes are capped where bodies are
-decompressed (`ingest.py`).
+decompressed (`http_receivers.py`).
 """
 
 from __future__ import annotations

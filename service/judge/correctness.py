@@ -25,7 +25,7 @@ refusal, a truncation or an endpoint that stays down gives outcome `failed`
 with the reason, and `correct` None. An empty answer to a question with
 facts is scored with every fact missing, without a call. No facts: outcome
 `no_facts`, `correct` None. openai exceptions are caught in this module
-(and in `judge.py`) only.
+(and in `llm.py`) only.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ __all__ = [
 
 PROBE_RUN_HEADER = "x-ragmon-probe-run"
 PROBE_QUESTION_HEADER = "x-ragmon-probe-question"
-# Spelled out rather than imported from span_attributes.py, which pulls in the
+# Spelled out rather than imported from service/conventions/attributes.py, which pulls in the
 # OpenInference package; a test keeps the two equal.
 PROBE_RUN_ATTRIBUTE = "ragmon.probe.run_id"
 PROBE_QUESTION_ATTRIBUTE = "ragmon.probe.question_id"
