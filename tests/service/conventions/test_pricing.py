@@ -35,7 +35,7 @@ def table() -> PriceTable:
 
 
 def test_shipped_table_is_dated_and_covers_common_models(table: PriceTable) -> None:
-    raw = json.loads(resources.files("service").joinpath("prices.json").read_text("utf-8"))
+    raw = json.loads(resources.files("service.conventions").joinpath("prices.json").read_text("utf-8"))
     assert table.as_of == raw["as_of"]
     assert len(table) == len(raw["models"])
     for model in REQUIRED_MODELS:
