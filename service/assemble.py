@@ -25,8 +25,10 @@ serving requests while traces are built. An emission builds in chunks of
 as it is built, in order. A trace taken for emission is handed on exactly
 once, even when the emitting task is cancelled mid-build.
 
-Spans are buffered as `Span`, `PackedSpan` or `WireSpan` (service/conventions/spans.py):
-the assembler reads only their tenant, trace id, root flag and size.
+Spans are buffered as `Span`, `PackedSpan` or `WireSpan` (service/conventions/spans.py),
+and GenAI events sent as log records as `LogEvent`, with the spans of their trace:
+the assembler reads only their tenant, trace id, root flag and size. An event
+can open a trace (it often arrives before its span); it is never its root.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 
 from service.config import AssemblerConfig
 from service.consumer import TraceConsumer
-from service.conventions.spans import AnySpan, Span
+from service.conventions.spans import AnySpan, LogEvent, Span
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import RagTrace
@@ -48,7 +50,7 @@ from service.model import RagTrace
 log = logging.getLogger(__name__)
 
 TraceKey = tuple[str, str]  # (tenant, trace_id)
-TraceBuilder = Callable[[Sequence[Span], bool], RagTrace]
+TraceBuilder = Callable[[Sequence[Span | LogEvent], bool], RagTrace]
 # (spans, partial) per trace; the spans may be packed
 SpanGroups = Sequence[tuple[Sequence[AnySpan], bool]]
 # one trace per group, None where it could not be built
@@ -63,7 +65,9 @@ EMIT_CHUNK = 64
 _RECENT_LIMIT = 200_000
 
 
-def build_each(build: TraceBuilder, groups: Sequence[tuple[Sequence[Span], bool]]) -> list[RagTrace | None]:
+def build_each(
+    build: TraceBuilder, groups: Sequence[tuple[Sequence[Span | LogEvent], bool]]
+) -> list[RagTrace | None]:
     """One `build` per group; None (and a logged error) where it raised: a builder bug must not
     take the pipeline down."""
     built: list[RagTrace | None] = []

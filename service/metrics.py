@@ -254,6 +254,24 @@ class Metrics:
         self.spans_received = Counter(
             "ragmon_spans_received", "spans accepted by a receiver", ["receiver"], registry=r
         )
+        self.log_events_received = Counter(
+            "ragmon_log_events_received",
+            "GenAI events (OTLP log records) accepted by a receiver, to be joined to their spans",
+            ["receiver"],
+            registry=r,
+        )
+        self.ignored_log_records = Counter(
+            "ragmon_ignored_log_records",
+            "OTLP log records answered as accepted but not stored: they are not GenAI events",
+            ["receiver"],
+            registry=r,
+        )
+        self.ignored_metrics_requests = Counter(
+            "ragmon_ignored_metrics_requests",
+            "OTLP metrics export requests answered as accepted and not stored (ragmon reads no app metrics)",
+            ["receiver"],
+            registry=r,
+        )
         self.ingest_pool_restarts = Counter(
             "ragmon_ingest_pool_restarts",
             "times an ingest worker process died and was replaced (the calls it held ran in the "

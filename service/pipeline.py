@@ -32,7 +32,7 @@ from service.bus.leader import exclusive
 from service.bus.memory import MemoryBus
 from service.config import RagmonConfig
 from service.conventions.pricing import PriceTable
-from service.conventions.spans import AnySpan
+from service.conventions.spans import AnySpan, LogEvent
 from service.drift.monitor import DriftScheduler, DriftWindowSink
 from service.drift.store import DriftStore
 from service.errors import QueueFull
@@ -256,6 +256,12 @@ class Pipeline:
         self.check_room()
         await self.assembler.consume_spans(spans)
         self.metrics.spans_received.labels(receiver=receiver).inc(len(spans))
+
+    async def accept_log_events(self, events: Sequence[LogEvent], receiver: str) -> None:
+        """GenAI events sent as log records: buffered with the spans of their trace, joined at build."""
+        self.check_room()
+        await self.assembler.consume_spans(events)
+        self.metrics.log_events_received.labels(receiver=receiver).inc(len(events))
 
     async def accept_traces(self, traces: Sequence[RagTrace]) -> None:
         self.check_room()

@@ -29,6 +29,7 @@ no span of the same stage below it reports usage.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -63,7 +64,7 @@ from service.conventions.attributes import (
 )
 from service.conventions.content import ChunkFields, SpanContent, ranked
 from service.conventions.pricing import PriceTable
-from service.conventions.spans import Attributes, AttrValue, Span
+from service.conventions.spans import Attributes, AttrValue, LogEvent, Span, SpanEvent
 from service.conventions.stage import Stage, span_stage
 from service.conventions.usage import Call, span_call, usage_rows
 from service.model import QueryEmbedding, RagTrace
@@ -268,13 +269,65 @@ def _ancestors(span: Span, by_id: dict[str, Span]) -> list[Span]:
     return chain
 
 
+def _joined(spans: Sequence[Span | LogEvent]) -> list[Span]:
+    """The spans with each `LogEvent` added to its span's events (by span id, in time order).
+
+    A redelivered record (same span, name and time) is added once. Events
+    whose span never arrived are kept on a span of their own (the span was
+    dropped, or sampled out), a child of the root when there is one, so their
+    content is not lost. The spans given are not changed: copies carry the
+    events, so building the same spans twice gives the same trace.
+    """
+    events = [item for item in spans if isinstance(item, LogEvent)]
+    plain = [item for item in spans if isinstance(item, Span)]
+    if not events:
+        return plain
+    by_span: dict[str, list[SpanEvent]] = {}
+    seen: set[tuple[str, str, int]] = set()
+    carriers: dict[str, LogEvent] = {}
+    for event in sorted(events, key=attrgetter("time_ns", "name")):
+        key = (event.span_id, event.name, event.time_ns)
+        if key in seen:
+            continue
+        seen.add(key)
+        by_span.setdefault(event.span_id, []).append(event.as_span_event())
+        carriers.setdefault(event.span_id, event)
+    joined = [
+        dataclasses.replace(span, events=[*span.events, *by_span[span.span_id]])
+        if span.span_id in by_span
+        else span
+        for span in plain
+    ]
+    known = {span.span_id for span in plain}
+    root = next((span for span in plain if span.is_root), None)
+    for span_id, first in carriers.items():
+        if span_id in known:
+            continue
+        times = [e.time_ns for e in by_span[span_id]]
+        joined.append(
+            Span(
+                trace_id=first.trace_id,
+                span_id=span_id,
+                parent_span_id=root.span_id if root is not None else None,
+                name=first.name,
+                start_ns=min(times),
+                end_ns=max(times),
+                events=by_span[span_id],
+                resource=first.resource,
+                tenant=first.tenant,
+            )
+        )
+    return joined
+
+
 # ---------------------------------------------------------------- the trace
 
 
 def build_trace(
-    spans: Sequence[Span], *, partial: bool, prices: PriceTable, now: datetime | None = None
+    spans: Sequence[Span | LogEvent], *, partial: bool, prices: PriceTable, now: datetime | None = None
 ) -> RagTrace:
-    """One `RagTrace` from the spans of one trace (any order; duplicates by span id are ignored).
+    """One `RagTrace` from the spans of one trace (any order; duplicates by span id are ignored),
+    and the events of its spans that arrived as log records (`LogEvent`, joined by span id).
 
     Deterministic: the same spans give the same trace, whatever their order or
     how often they were delivered. `now` (default: the current time) only
@@ -289,7 +342,7 @@ def build_trace(
     if len(trace_ids) != 1:
         raise ValueError(f"spans of {len(trace_ids)} traces given; build_trace takes one trace")
     unique: dict[str, Span] = {}
-    for span in spans:
+    for span in _joined(spans):
         unique.setdefault(span.span_id, span)
     by_start = sorted(unique.values(), key=_BY_START)
     root = next((s for s in by_start if not s.parent_span_id), None)

@@ -121,6 +121,36 @@ class WireSpan(NamedTuple):
         return not self.parent_span_id
 
 
-# What the assembler buffers: a span, the same span packed by a worker process, or a screened
-# protobuf span still in its wire form.
-AnySpan = Span | PackedSpan | WireSpan
+@dataclass(slots=True)
+class LogEvent:
+    """An event of span `span_id` that arrived as an OTLP log record, not inside the span.
+
+    The OTel GenAI instrumentations send message content this way
+    (`gen_ai.user.message`, `gen_ai.choice`,
+    `gen_ai.client.inference.operation.details`): the log record carries the
+    trace and span ids of the call it belongs to. The assembler buffers it with
+    the spans of its trace, whichever arrives first, and `semconv` attaches it
+    to its span as a `SpanEvent` when the trace is built. `attributes` are the
+    record's attributes with the fields of its body (an AnyValue map) merged in;
+    a body that is not a map is kept under "content".
+    """
+
+    trace_id: str
+    span_id: str
+    name: str
+    time_ns: int
+    attributes: Attributes = field(default_factory=dict)
+    resource: Attributes = field(default_factory=dict)
+    tenant: str = "default"
+    size_bytes: int = 0
+
+    # never the root: a trace is complete when its root *span* has ended
+    is_root = False
+
+    def as_span_event(self) -> SpanEvent:
+        return SpanEvent(self.name, self.time_ns, self.attributes)
+
+
+# What the assembler buffers: a span, the same span packed by a worker process, a screened
+# protobuf span still in its wire form, or an event of a span sent as a log record.
+AnySpan = Span | PackedSpan | WireSpan | LogEvent

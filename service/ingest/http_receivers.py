@@ -15,16 +15,22 @@ Nothing slow happens here; every rejection is counted by reason.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from google.protobuf.message import Message
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from pydantic import ValidationError
 
 from service.errors import UnsupportedMediaType
 from service.ingest.auth import TenantDep
+from service.ingest.otlp import DecodedBatch
+from service.ingest.otlp_metrics import check_metrics_body
 from service.ingest.responses import JSON, PROTOBUF, media_type_of
 from service.ingest.target import IngestDep, IngestTarget
 from service.ingest.wire import (
@@ -51,44 +57,106 @@ otlp_router = APIRouter(tags=["otlp"])
 api_router = APIRouter(prefix="/api/v1", tags=["ingest"])
 
 
+async def _otlp_body(request: Request) -> tuple[bytes, str, str]:
+    """(body, media type, content encoding) of an OTLP request; 415 for anything but protobuf or JSON."""
+    media_type = media_type_of(request.headers.get("content-type"))
+    if media_type not in (PROTOBUF, JSON):
+        raise UnsupportedMediaType(
+            f"Content-Type {media_type or '(none)'!r} is not OTLP; use {PROTOBUF} or {JSON}"
+        )
+    return await request.body(), media_type, request.headers.get("content-encoding", "")
+
+
+def _otlp_answer(
+    media_type: str, answer: Message, rejected_field: str, decoded: DecodedBatch | None
+) -> Response:
+    """200 with the export response in the caller's encoding, with `partial_success` when something
+    was refused. OTLP allows a message with zero rejected items as a warning (dropped values)."""
+    refused = decoded is not None and bool(decoded.rejected_spans or decoded.error_message)
+    if media_type == JSON:
+        payload: dict[str, Any] = {}
+        if refused and decoded is not None:
+            camel = "".join(w.capitalize() if i else w for i, w in enumerate(rejected_field.split("_")))
+            payload["partialSuccess"] = {
+                camel: str(decoded.rejected_spans),
+                "errorMessage": decoded.error_message,
+            }
+        return Response(json.dumps(payload), 200, media_type=JSON)
+    if refused and decoded is not None:
+        partial = answer.partial_success
+        setattr(partial, rejected_field, decoded.rejected_spans)
+        partial.error_message = decoded.error_message
+    return Response(answer.SerializeToString(), 200, media_type=PROTOBUF)
+
+
+def _count_rejections(pipeline: IngestTarget, decoded: DecodedBatch) -> None:
+    for reason, count in decoded.rejections.items():
+        pipeline.metrics.reject(reason, count)
+
+
 @otlp_router.post(
     "/v1/traces",
     summary="OTLP/HTTP trace export (protobuf or JSON, optionally gzip)",
     response_class=Response,
 )
 async def export_traces(request: Request, tenant: TenantDep, pipeline: IngestDep) -> Response:
-    media_type = media_type_of(request.headers.get("content-type"))
-    if media_type not in (PROTOBUF, JSON):
-        raise UnsupportedMediaType(
-            f"Content-Type {media_type or '(none)'!r} is not OTLP; use {PROTOBUF} or {JSON}"
-        )
-    raw = await request.body()
+    raw, media_type, encoding = await _otlp_body(request)
     pipeline.check_room()  # refuse before decoding what could not be taken
     decoded = await pipeline.ingest_pool.decode(
         raw,
         json_body=media_type == JSON,
-        encoding=request.headers.get("content-encoding", ""),
+        encoding=encoding,
         tenant=tenant,
         limit=pipeline.config.server.max_body_bytes,
     )
-    for reason, count in decoded.rejections.items():
-        pipeline.metrics.reject(reason, count)
+    _count_rejections(pipeline, decoded)
     await pipeline.accept_spans(decoded.spans, receiver="otlp_http")
-    pipeline.phoenix_forward.offer(raw, media_type, request.headers.get("content-encoding", ""))
-    answer = trace_service_pb2.ExportTraceServiceResponse()
-    # OTLP allows a message with zero rejected spans as a warning (e.g. dropped attribute values)
-    if decoded.rejected_spans or decoded.error_message:
-        answer.partial_success.rejected_spans = decoded.rejected_spans
-        answer.partial_success.error_message = decoded.error_message
-    if media_type == JSON:
-        payload: dict[str, Any] = {}
-        if decoded.rejected_spans or decoded.error_message:
-            payload["partialSuccess"] = {
-                "rejectedSpans": str(decoded.rejected_spans),
-                "errorMessage": decoded.error_message,
-            }
-        return Response(json.dumps(payload), 200, media_type=JSON)
-    return Response(answer.SerializeToString(), 200, media_type=PROTOBUF)
+    pipeline.phoenix_forward.offer(raw, media_type, encoding)
+    return _otlp_answer(media_type, trace_service_pb2.ExportTraceServiceResponse(), "rejected_spans", decoded)
+
+
+@otlp_router.post(
+    "/v1/logs",
+    summary="OTLP/HTTP log export: GenAI events (message content) are joined to their spans; "
+    "other records are ignored",
+    response_class=Response,
+)
+async def export_logs(request: Request, tenant: TenantDep, pipeline: IngestDep) -> Response:
+    raw, media_type, encoding = await _otlp_body(request)
+    pipeline.check_room()
+    decoded = await pipeline.ingest_pool.decode_logs(
+        raw,
+        json_body=media_type == JSON,
+        encoding=encoding,
+        tenant=tenant,
+        limit=pipeline.config.server.max_body_bytes,
+    )
+    _count_rejections(pipeline, decoded)
+    pipeline.metrics.ignored_log_records.labels(receiver="otlp_http").inc(decoded.ignored)
+    await pipeline.accept_log_events(decoded.log_events, receiver="otlp_http")
+    return _otlp_answer(
+        media_type, logs_service_pb2.ExportLogsServiceResponse(), "rejected_log_records", decoded
+    )
+
+
+@otlp_router.post(
+    "/v1/metrics",
+    summary="OTLP/HTTP metric export: checked, answered and not stored (ragmon reads no app metrics)",
+    response_class=Response,
+)
+async def export_metrics(request: Request, tenant: TenantDep, pipeline: IngestDep) -> Response:
+    raw, media_type, encoding = await _otlp_body(request)
+    await asyncio.to_thread(
+        check_metrics_body,
+        raw,
+        json_body=media_type == JSON,
+        encoding=encoding,
+        limit=pipeline.config.server.max_body_bytes,
+    )
+    pipeline.metrics.ignored_metrics_requests.labels(receiver="otlp_http").inc()
+    return _otlp_answer(
+        media_type, metrics_service_pb2.ExportMetricsServiceResponse(), "rejected_data_points", None
+    )
 
 
 def trace_from_wire(record: TraceIn, tenant: str, pipeline: IngestTarget) -> RagTrace:

@@ -69,7 +69,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from google.protobuf.message import DecodeError as ProtobufDecodeError
@@ -104,10 +104,10 @@ _NUMBER_SIZE = 32
 _LIST_SLOT = 8
 
 _MAX_DETAILS = 5
-_HEX32 = re.compile(r"[0-9a-fA-F]{32}")
-_HEX16 = re.compile(r"[0-9a-fA-F]{16}")
-_ZERO_TRACE = "0" * 32
-_ZERO_SPAN = "0" * 16
+HEX32 = re.compile(r"[0-9a-fA-F]{32}")
+HEX16 = re.compile(r"[0-9a-fA-F]{16}")
+ZERO_TRACE = "0" * 32
+ZERO_SPAN = "0" * 16
 _WIRE_DOUBLE_ITEM = 11
 # A key is stored verbatim in a span's wire bytes: a span without this in them has no vector.
 _VECTOR_KEY_MARK = VECTOR_KEY_SUFFIX.encode()
@@ -133,6 +133,8 @@ class DecodedBatch:
     rejected_spans: int = 0
     rejections: dict[str, int] = field(default_factory=dict)
     details: list[str] = field(default_factory=list)
+    # what `rejected_spans` counts, for the message (the logs receiver counts log records)
+    unit: ClassVar[str] = "spans"
 
     @property
     def error_message(self) -> str:
@@ -147,7 +149,7 @@ class DecodedBatch:
                 if reason != "invalid_attribute"
             )
             total = self.rejected_spans + len(self.spans)
-            parts.append(f"rejected {self.rejected_spans} of {total} spans ({span_counts})")
+            parts.append(f"rejected {self.rejected_spans} of {total} {self.unit} ({span_counts})")
         dropped = self.rejections.get(RejectReason.INVALID_ATTRIBUTE, 0)
         if dropped:
             parts.append(f"dropped {dropped} invalid attribute value{'s' if dropped != 1 else ''}")
@@ -198,16 +200,16 @@ class _VectorDims:
 # ---------------------------------------------------------------- values and sizes
 
 
-def _size(value: AttrValue) -> int:
+def value_size(value: AttrValue) -> int:
     if isinstance(value, str | bytes):
         return _STR_OVERHEAD + len(value)
     if isinstance(value, list):
         if value and isinstance(value[0], int | float):
             # Vectors are homogeneous; do not walk 1,536 floats to size them.
             return _ENTRY_OVERHEAD + len(value) * (_LIST_SLOT + _NUMBER_SIZE)
-        return _ENTRY_OVERHEAD + sum(_LIST_SLOT + _size(item) for item in value)
+        return _ENTRY_OVERHEAD + sum(_LIST_SLOT + value_size(item) for item in value)
     if isinstance(value, dict):
-        return _ENTRY_OVERHEAD + sum(_ENTRY_OVERHEAD + len(k) + _size(v) for k, v in value.items())
+        return _ENTRY_OVERHEAD + sum(_ENTRY_OVERHEAD + len(k) + value_size(v) for k, v in value.items())
     return _NUMBER_SIZE
 
 
@@ -272,7 +274,7 @@ def _normalize(key: str, kind: AttributeKind, value: AttrValue) -> AttrValue:
     return _check_vector(key, value)
 
 
-def _finish_attributes(
+def finish_attributes(
     raw: Iterable[tuple[str, AttrValue]], batch: DecodedBatch, where: str, dims: set[int] | None
 ) -> tuple[Attributes, int]:
     """Typed attributes and their estimated size; raises `_Invalid` for a span-level problem.
@@ -284,7 +286,7 @@ def _finish_attributes(
     size = 0
     for key, value in raw:
         kind = _kind_of(key)
-        if kind is None and type(value) is str:  # most values: nothing to check, sized without `_size`
+        if kind is None and type(value) is str:  # most values: nothing to check, sized without `value_size`
             attributes[key] = value
             size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(value)
             continue
@@ -301,7 +303,7 @@ def _add_checked(
     where: str,
     dims: set[int] | None,
 ) -> int:
-    """Add one attribute that may need checking (see `_finish_attributes`); returns its estimated size."""
+    """Add one attribute that may need checking (see `finish_attributes`); returns its estimated size."""
     if kind is not None and (kind != "vector" or dims is not None):
         try:
             value = _normalize(key, kind, value)
@@ -313,7 +315,7 @@ def _add_checked(
         if kind == "vector" and dims is not None and isinstance(value, list):
             dims.add(len(value))
     attributes[key] = value
-    return _ENTRY_OVERHEAD + len(key) + _size(value)
+    return _ENTRY_OVERHEAD + len(key) + value_size(value)
 
 
 # ---------------------------------------------------------------- protobuf
@@ -322,7 +324,7 @@ def _add_checked(
 _PB_SCALARS = frozenset({"string_value", "int_value", "double_value", "bool_value", "bytes_value"})
 
 
-def _pb_value(value: AnyValue) -> AttrValue:
+def pb_value(value: AnyValue) -> AttrValue:
     which = value.WhichOneof("value")
     if which in _PB_SCALARS:
         scalar: AttrValue = getattr(value, which)
@@ -330,7 +332,7 @@ def _pb_value(value: AnyValue) -> AttrValue:
     if which == "array_value":
         return _pb_array(value.array_value)
     if which == "kvlist_value":
-        return {kv.key: _pb_value(kv.value) for kv in value.kvlist_value.values}
+        return {kv.key: pb_value(kv.value) for kv in value.kvlist_value.values}
     return None
 
 
@@ -345,7 +347,7 @@ def _pb_array(array: ArrayValue) -> list[AttrValue]:
     if doubles is not None and doubles.size:
         values: list[AttrValue] = doubles.tolist()
         return values
-    return [_pb_value(item) for item in array.values]
+    return [pb_value(item) for item in array.values]
 
 
 def _wire_doubles(raw: bytes) -> np.ndarray[Any, np.dtype[np.float64]] | None:
@@ -357,10 +359,10 @@ def _wire_doubles(raw: bytes) -> np.ndarray[Any, np.dtype[np.float64]] | None:
     return np.ascontiguousarray(items).view("<f8").ravel()
 
 
-def _pb_attributes(
+def pb_attributes(
     pairs: Iterable[KeyValue], batch: DecodedBatch, where: str, dims: set[int] | None
 ) -> tuple[Attributes, int]:
-    """`_finish_attributes` over protobuf KeyValues, with the common case (a string value of a key
+    """`finish_attributes` over protobuf KeyValues, with the common case (a string value of a key
     that needs no check) read inline: a span carries dozens of attributes, and the generator and
     the calls per attribute were a fifth of decoding."""
     attributes: Attributes = {}
@@ -373,7 +375,7 @@ def _pb_attributes(
             attributes[key] = text
             size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(text)
             continue
-        size += _add_checked(attributes, key, _pb_value(any_value), kind, batch, where, dims)
+        size += _add_checked(attributes, key, pb_value(any_value), kind, batch, where, dims)
     return attributes, size
 
 
@@ -406,10 +408,10 @@ def _pb_span(
 ) -> Span:
     raw_trace, raw_span, raw_parent = _checked_ids(span, where)
     vector_dims: set[int] = set()
-    attributes, size = _pb_attributes(span.attributes, batch, where, vector_dims)
+    attributes, size = pb_attributes(span.attributes, batch, where, vector_dims)
     events: list[SpanEvent] = []
     for event in span.events:
-        event_attributes, event_size = _pb_attributes(event.attributes, batch, where, None)
+        event_attributes, event_size = pb_attributes(event.attributes, batch, where, None)
         events.append(SpanEvent(event.name, event.time_unix_nano, event_attributes))
         size += _EVENT_OVERHEAD + len(event.name) + event_size
     _check_dims(attributes, vector_dims, dims, where)
@@ -451,12 +453,12 @@ def _screen_span(
     raw_trace, _, raw_parent = _checked_ids(span, where)
     if raw is None:
         raw = span.SerializeToString()
-    # What the decoded span will weigh (see `_size`): its wire bytes widened to Python objects, plus
+    # What the decoded span will weigh (see `value_size`): its wire bytes widened to Python objects, plus
     # a dict entry per attribute; within 2x of the decoded estimate for strings and numbers.
     size = _SPAN_OVERHEAD + 2 * len(raw) + (_ENTRY_OVERHEAD + _STR_OVERHEAD) * len(span.attributes)
     if _VECTOR_KEY_MARK in raw:
         vector_size = _screen_vectors(span, dims, where)
-        # a vector's 11 wire bytes a number become ~40 in Python (see `_size`)
+        # a vector's 11 wire bytes a number become ~40 in Python (see `value_size`)
         size += vector_size * (_LIST_SLOT + _NUMBER_SIZE)
     parent = raw_parent.hex() if any(raw_parent) else None
     return WireSpan(tenant, raw_trace.hex(), parent, size, raw, resource)
@@ -527,12 +529,12 @@ def screen_request(
     `span_from_wire` decodes the span)."""
     if not isinstance(msg, ExportTraceServiceRequest):
         raise TypeError(f"expected ExportTraceServiceRequest, got {type(msg).__name__}")
-    _check_tenant(tenant)
+    check_tenant(tenant)
     batch = DecodedBatch()
     dims = _VectorDims()
     raws = iter(raw_spans) if raw_spans is not None else None
     for r, resource_spans in enumerate(msg.resource_spans):
-        resource, _ = _pb_attributes(resource_spans.resource.attributes, batch, f"resource {r}", None)
+        resource, _ = pb_attributes(resource_spans.resource.attributes, batch, f"resource {r}", None)
         for s, scope_spans in enumerate(resource_spans.scope_spans):
             for i, span in enumerate(scope_spans.spans):
                 where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
@@ -595,7 +597,7 @@ def decode_protobuf(body: bytes, tenant: str) -> DecodedBatch:
 # ---------------------------------------------------------------- OTLP/JSON
 
 
-def _json_int(value: Any) -> int:
+def json_int(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError("boolean where an integer belongs")
     if isinstance(value, int):
@@ -607,7 +609,7 @@ def _json_int(value: Any) -> int:
     raise ValueError(f"{value!r:.40} is not an integer")
 
 
-def _json_value(value: Any) -> AttrValue:
+def json_value(value: Any) -> AttrValue:
     """An OTLP/JSON AnyValue as a plain Python value; raises ValueError/TypeError when it is not one."""
     if not isinstance(value, dict):
         raise TypeError("AnyValue must be an object")
@@ -617,7 +619,7 @@ def _json_value(value: Any) -> AttrValue:
             raise TypeError("stringValue must be a string")
         return text
     if "intValue" in value:
-        return _json_int(value["intValue"])
+        return json_int(value["intValue"])
     if "doubleValue" in value:
         number = value["doubleValue"]
         if isinstance(number, str):
@@ -631,7 +633,7 @@ def _json_value(value: Any) -> AttrValue:
             raise TypeError("boolValue must be true or false")
         return flag
     if "arrayValue" in value:
-        return [_json_value(item) for item in _json_list(value["arrayValue"], "values")]
+        return [json_value(item) for item in _json_list(value["arrayValue"], "values")]
     if "kvlistValue" in value:
         pairs: dict[str, AttrValue] = {}
         for kv in _json_list(value["kvlistValue"], "values"):
@@ -659,10 +661,10 @@ def _json_pair(kv: Any) -> tuple[str, AttrValue]:
     if not isinstance(kv, dict) or not isinstance(kv.get("key"), str):
         raise TypeError("attribute must be an object with a string key")
     raw = kv.get("value")
-    return kv["key"], None if raw is None else _json_value(raw)
+    return kv["key"], None if raw is None else json_value(raw)
 
 
-def _json_pairs(items: list[Any], batch: DecodedBatch, where: str) -> Iterable[tuple[str, AttrValue]]:
+def json_pairs(items: list[Any], batch: DecodedBatch, where: str) -> Iterable[tuple[str, AttrValue]]:
     for kv in items:
         try:
             yield _json_pair(kv)
@@ -673,7 +675,7 @@ def _json_pairs(items: list[Any], batch: DecodedBatch, where: str) -> Iterable[t
             )
 
 
-def _json_id(value: Any, pattern: re.Pattern[str], zero: str) -> str | None:
+def json_id(value: Any, pattern: re.Pattern[str], zero: str) -> str | None:
     if not isinstance(value, str) or not pattern.fullmatch(value):
         return None
     lowered = value.lower()
@@ -697,13 +699,13 @@ def _json_span(
 ) -> Span:
     if not isinstance(span, dict):
         raise _Invalid(RejectReason.MALFORMED_SPAN, f"{where}: span is not an object")
-    trace_id = _json_id(span.get("traceId"), _HEX32, _ZERO_TRACE)
+    trace_id = json_id(span.get("traceId"), HEX32, ZERO_TRACE)
     if trace_id is None:
         raise _Invalid(
             RejectReason.INVALID_TRACE_ID,
             f"{where}: traceId {span.get('traceId')!r:.40} is not 32 hex digits, non-zero",
         )
-    span_id = _json_id(span.get("spanId"), _HEX16, _ZERO_SPAN)
+    span_id = json_id(span.get("spanId"), HEX16, ZERO_SPAN)
     if span_id is None:
         raise _Invalid(
             RejectReason.INVALID_SPAN_ID,
@@ -712,15 +714,15 @@ def _json_span(
     raw_parent = span.get("parentSpanId") or None
     parent: str | None = None
     if raw_parent is not None:
-        if not isinstance(raw_parent, str) or not _HEX16.fullmatch(raw_parent):
+        if not isinstance(raw_parent, str) or not HEX16.fullmatch(raw_parent):
             raise _Invalid(
                 RejectReason.INVALID_PARENT_SPAN_ID,
                 f"{where}: parentSpanId {raw_parent!r:.40} is not 16 hex digits",
             )
-        parent = None if raw_parent.lower() == _ZERO_SPAN else raw_parent.lower()
+        parent = None if raw_parent.lower() == ZERO_SPAN else raw_parent.lower()
     try:
-        start = _json_int(span.get("startTimeUnixNano", 0))
-        end = _json_int(span.get("endTimeUnixNano", 0))
+        start = json_int(span.get("startTimeUnixNano", 0))
+        end = json_int(span.get("endTimeUnixNano", 0))
     except ValueError as exc:
         raise _Invalid(RejectReason.INVALID_TIME, f"{where}: {exc}") from None
     if start <= 0 or end < start:
@@ -733,9 +735,7 @@ def _json_span(
     name = span.get("name", "")
     name = name if isinstance(name, str) else ""
     vector_dims: set[int] = set()
-    attributes, size = _finish_attributes(
-        _json_pairs(raw_attributes, batch, where), batch, where, vector_dims
-    )
+    attributes, size = finish_attributes(json_pairs(raw_attributes, batch, where), batch, where, vector_dims)
     events: list[SpanEvent] = []
     for raw_event in raw_events:
         if not isinstance(raw_event, dict) or not isinstance(raw_event.get("attributes", []), list):
@@ -745,11 +745,11 @@ def _json_span(
         event_name = raw_event.get("name", "")
         event_name = event_name if isinstance(event_name, str) else ""
         try:
-            event_time = _json_int(raw_event.get("timeUnixNano", 0))
+            event_time = json_int(raw_event.get("timeUnixNano", 0))
         except ValueError as exc:
             raise _Invalid(RejectReason.INVALID_TIME, f"{where}: event {event_name!r}: {exc}") from None
-        event_attributes, event_size = _finish_attributes(
-            _json_pairs(raw_event.get("attributes", []), batch, where), batch, where, None
+        event_attributes, event_size = finish_attributes(
+            json_pairs(raw_event.get("attributes", []), batch, where), batch, where, None
         )
         events.append(SpanEvent(event_name, event_time, event_attributes))
         size += _EVENT_OVERHEAD + len(event_name) + event_size
@@ -772,7 +772,7 @@ def _json_span(
     )
 
 
-def _structure(container: Any, key: str, where: str) -> list[Any]:
+def json_structure(container: Any, key: str, where: str) -> list[Any]:
     """A list the request's shape requires; its absence is an empty list, a wrong type a `DecodeError`."""
     if not isinstance(container, dict):
         raise DecodeError(f"{where} must be a JSON object")
@@ -788,7 +788,7 @@ def decode_json(body: bytes, tenant: str) -> DecodedBatch:
     """Decode an OTLP/HTTP JSON body; raises `DecodeError` when it is not a valid request."""
     if not isinstance(body, bytes | bytearray | memoryview):
         raise TypeError(f"body must be bytes, got {type(body).__name__}")
-    _check_tenant(tenant)
+    check_tenant(tenant)
     try:
         text = bytes(body).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -799,17 +799,17 @@ def decode_json(body: bytes, tenant: str) -> DecodedBatch:
         raise DecodeError(f"body is not valid JSON: {exc}") from exc
     batch = DecodedBatch()
     dims = _VectorDims()
-    for r, resource_spans in enumerate(_structure(document, "resourceSpans", "request")):
+    for r, resource_spans in enumerate(json_structure(document, "resourceSpans", "request")):
         where_r = f"resourceSpans[{r}]"
-        scope_list = _structure(resource_spans, "scopeSpans", where_r)
+        scope_list = json_structure(resource_spans, "scopeSpans", where_r)
         raw_resource = resource_spans.get("resource") or {}
-        resource_attributes = _structure(raw_resource, "attributes", f"{where_r}.resource")
-        resource, _ = _finish_attributes(
-            _json_pairs(resource_attributes, batch, f"{where_r}.resource"), batch, f"{where_r}.resource", None
+        resource_attributes = json_structure(raw_resource, "attributes", f"{where_r}.resource")
+        resource, _ = finish_attributes(
+            json_pairs(resource_attributes, batch, f"{where_r}.resource"), batch, f"{where_r}.resource", None
         )
         for s, scope_spans in enumerate(scope_list):
             where_s = f"{where_r}.scopeSpans[{s}]"
-            for i, span in enumerate(_structure(scope_spans, "spans", where_s)):
+            for i, span in enumerate(json_structure(scope_spans, "spans", where_s)):
                 where = f"{where_s}.spans[{i}]"
                 try:
                     batch.spans.append(_json_span(span, resource, tenant, batch, dims, where))
@@ -848,6 +848,6 @@ def decode_body(body: bytes, *, json_body: bool, encoding: str, tenant: str, lim
     return decode_json(plain, tenant) if json_body else screen_protobuf(plain, tenant)
 
 
-def _check_tenant(tenant: str) -> None:
+def check_tenant(tenant: str) -> None:
     if not isinstance(tenant, str) or not tenant:
         raise ValueError(f"tenant must be a non-empty string, got {tenant!r}")

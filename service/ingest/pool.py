@@ -54,8 +54,8 @@ from typing import Any, TypeVar
 from service.assemble import SpanGroups, build_each
 from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
-from service.conventions.spans import AnySpan, PackedSpan, Span, WireSpan
-from service.ingest import otlp
+from service.conventions.spans import AnySpan, LogEvent, PackedSpan, Span, WireSpan
+from service.ingest import otlp, otlp_logs
 from service.ingest.loop_pool import LoopProcessPool, WorkerDied
 from service.metrics import Metrics
 from service.model import RagTrace
@@ -107,7 +107,7 @@ def _context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def _unpacked(span: AnySpan, problems: otlp.DecodedBatch) -> Span:
+def _unpacked(span: AnySpan, problems: otlp.DecodedBatch) -> Span | LogEvent:
     if isinstance(span, WireSpan):
         return otlp.span_from_wire(span, problems)
     if isinstance(span, PackedSpan):
@@ -123,7 +123,7 @@ def _build_groups(groups: SpanGroups, prices: PriceTable) -> BuiltGroups:
     """One trace per group, spans unpacked or decoded from the wire first: what a builder does,
     and what this process does in its place when there is no builder (or it died)."""
 
-    def build(spans: Sequence[Span], partial: bool) -> RagTrace:
+    def build(spans: Sequence[Span | LogEvent], partial: bool) -> RagTrace:
         return build_trace(spans, partial=partial, prices=prices)
 
     problems = otlp.DecodedBatch()
@@ -251,6 +251,20 @@ class IngestPool:
             functools.partial(_decode_packed, body, **kwargs),
             functools.partial(otlp.decode_body, body, **kwargs),
         )
+
+    async def decode_logs(
+        self, body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int
+    ) -> otlp_logs.DecodedLogs:
+        """`otlp_logs.decode_logs_body`, in a worker; raises what it raises. Log events come back
+        decoded (they are few and small next to spans)."""
+        kwargs: dict[str, Any] = {
+            "json_body": json_body,
+            "encoding": encoding,
+            "tenant": tenant,
+            "limit": limit,
+        }
+        decode = functools.partial(otlp_logs.decode_logs_body, body, **kwargs)
+        return await self.decoders.run(decode, decode)
 
     async def build_traces(self, groups: SpanGroups) -> list[RagTrace | None]:
         """One trace per (spans, partial) group, None where building failed (logged). Attribute

@@ -1,6 +1,6 @@
 """Error answers in the caller's encoding: the one function every layer uses to refuse a request.
 
-OTLP callers (`/v1/traces`) get a `google.rpc.Status` (protobuf, or its JSON
+OTLP callers (`/v1/traces`, `/v1/logs`, `/v1/metrics`) get a `google.rpc.Status` (protobuf, or its JSON
 form for JSON callers) as the OTLP/HTTP spec requires for 4xx/5xx answers;
 everyone else gets `{"error": <reason>, "detail": <message>}`. Retryable
 errors carry `Retry-After`.
@@ -17,7 +17,7 @@ from service.errors import RagmonError, http_status, retry_after_header
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-OTLP_PATHS = ("/v1/traces",)
+OTLP_PATHS = ("/v1/traces", "/v1/logs", "/v1/metrics")
 
 # gRPC status codes used in google.rpc.Status bodies
 _GRPC_CODES = {400: 3, 401: 16, 403: 7, 413: 8, 415: 3, 422: 3, 429: 8, 503: 14}

@@ -15,7 +15,7 @@ from fastapi import Depends, Request
 
 from service.config import RagmonConfig
 from service.conventions.pricing import PriceTable
-from service.conventions.spans import AnySpan
+from service.conventions.spans import AnySpan, LogEvent
 from service.ingest.pool import IngestPool
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
@@ -51,6 +51,8 @@ class IngestTarget(Protocol):
         """Raise `QueueFull` now if nothing more can be taken, before any decoding work."""
 
     async def accept_spans(self, spans: Sequence[AnySpan], receiver: str) -> None: ...
+
+    async def accept_log_events(self, events: Sequence[LogEvent], receiver: str) -> None: ...
 
     async def accept_traces(self, traces: Sequence[RagTrace]) -> None: ...
 
