@@ -179,6 +179,11 @@ class StoreConfig(_Section):
         description="SQLAlchemy URL; default sqlite:///<data-dir>/ragmon.db. PostgreSQL: postgresql+psycopg://...",
     )
     retention_days: float = Field(30.0, gt=0, description="traces older than this are deleted")
+    keep_non_requests: bool = Field(
+        False,
+        description="also store traces that are not user requests (index building, batch embedding, health "
+        "checks) in the non_request_traces table; they are counted either way",
+    )
     timeout_s: float = Field(10.0, gt=0, description="connect / busy / statement timeout")
 
 

@@ -254,6 +254,19 @@ class Metrics:
         self.spans_received = Counter(
             "ragmon_spans_received", "spans accepted by a receiver", ["receiver"], registry=r
         )
+        self.non_request_traces = Counter(
+            "ragmon_non_request_traces",
+            "traces that are not user requests, by kind (embedding: index building or batch embedding; "
+            "other: no RAG stage); left out of every request metric, drift and sampling",
+            ["app", "kind"],
+            registry=r,
+        )
+        self.non_request_cost = Counter(
+            "ragmon_non_request_cost_usd",
+            "USD spent by traces that are not user requests (priced calls only), by kind",
+            ["app", "kind"],
+            registry=r,
+        )
         self.log_events_received = Counter(
             "ragmon_log_events_received",
             "GenAI events (OTLP log records) accepted by a receiver, to be joined to their spans",
@@ -773,6 +786,15 @@ class Metrics:
                 child(self.top1_score, app).observe(top1)
             if trace.is_regeneration:
                 child(self.regenerations, app, intent, trace.regeneration_source or "attribute").inc()
+
+    def count_non_requests(self, batch: Sequence[RagTrace]) -> None:
+        """Count traces that are not user requests (each once, as `count_traces` counts requests)."""
+        for trace in batch:
+            app = self.app_label(trace.app)
+            self._child(self.non_request_traces, app, trace.kind).inc()
+            cost = trace.cost_usd
+            if cost is not None:
+                self._child(self.non_request_cost, app, trace.kind).inc(cost)
 
     def count_feedback(
         self, batch: Sequence[Feedback], traces: Mapping[str, tuple[str | None, str | None]]

@@ -18,6 +18,9 @@ TRACE_ID_PATTERN = r"^[0-9a-f]{32}$"
 RegenerationSource = Literal["attribute", "feedback", "reask"]
 CostSource = Literal["app", "price_table", "unpriced"]
 FeedbackKind = Literal["up", "down", "regenerate"]
+# What a trace is (service/conventions/semconv.py decides): a user's request, or work that is not
+# one: embedding calls only (index building, batch embedding), or no RAG stage at all (health checks).
+TraceKind = Literal["request", "embedding", "other"]
 
 
 def _unpickled(cls: type[_Frozen], values: dict[str, Any], fields_set: set[str]) -> _Frozen:
@@ -142,6 +145,9 @@ class RagTrace(_Frozen):
     partial: bool = Field(default=False, description="assembled before the root span ended")
     span_count: int = 0
     source: Literal["otlp", "json"] = "otlp"
+    kind: TraceKind = Field(
+        default="request", description="a request, or work that is not one (`TraceKind`), not monitored"
+    )
 
     @property
     def cost_usd(self) -> float | None:

@@ -1,9 +1,10 @@
 """`Pipeline`: the one place that knows the topology and wires receivers → processors → sinks.
 
-    receivers ──spans──▶ SpanAssembler ──▶ ReaskDetector ──▶ bus ──▶ StoreSink (dedup by trace id)
-    JSON API ──traces──────────────────────▲                            │ new traces and feedback only
-    feedback ─────────────────────────────────────────────────▶ bus ────┴─▶ Fanout ─┬─ MetricsSink
-                                                                                     └─ JudgeQueueSink
+    receivers ──spans──▶ SpanAssembler ──▶ RequestFilter ──▶ ReaskDetector ──▶ bus ──▶ StoreSink (dedup)
+                                           └─▶ non-requests: counted (stored with keep_non_requests)
+    JSON API ──traces────────────────────────────────────────▲                  │ new traces and feedback
+    feedback ──────────────────────────────────────────────────────────▶ bus ───┴─▶ Fanout ─┬─ MetricsSink
+                                                                                           └─ JudgeQueueSink
     judge queue ──▶ JudgeWorker(s) ──▶ judgments + flags;  FaithfulnessEstimator ──▶ gauges
 
 `start()` starts the sinks first, then the bus, then the assembler (receivers
@@ -43,6 +44,7 @@ from service.judge.judgment import Judgment
 from service.judge.store import JudgmentStore
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
+from service.non_requests import RequestFilter
 from service.phoenix.annotations import PhoenixAnnotator
 from service.phoenix.forward import PhoenixForwarder
 from service.probes.gauges import restore_probe_gauges
@@ -159,10 +161,12 @@ class Pipeline:
                 config.bus, traces_to=self.sinks, feedback_to=self.sinks, metrics=self.metrics
             )
         self.reask = ReaskDetector(config.regeneration, next=self.bus)
+        keep = self.store if config.store.keep_non_requests else None
+        self.requests = RequestFilter(self.reask, self.metrics, keep)
         # decodes OTLP bodies (for the receivers) and builds traces (for the assembler)
         self.ingest_pool = IngestPool(config.server.ingest_processes, self.prices, self.metrics)
         self.assembler = SpanAssembler(
-            config.assembler, next=self.reask, build=self.ingest_pool.build_traces, metrics=self.metrics
+            config.assembler, next=self.requests, build=self.ingest_pool.build_traces, metrics=self.metrics
         )
         self._retention_task: asyncio.Task[None] | None = None
         self.started = False

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("phoenix", "report", "demo"),
     ("review", "drift"),
     ("probes",),
-    ("judge", "ingest"),
+    ("judge", "ingest", "non_requests"),
     ("store", "bus", "assemble", "regeneration"),
     ("metrics", "consumer"),
     ("conventions", "config"),

@@ -67,7 +67,7 @@ from service.conventions.pricing import PriceTable
 from service.conventions.spans import Attributes, AttrValue, LogEvent, Span, SpanEvent
 from service.conventions.stage import Stage, span_stage
 from service.conventions.usage import Call, span_call, usage_rows
-from service.model import QueryEmbedding, RagTrace
+from service.model import QueryEmbedding, RagTrace, TraceKind
 
 __all__ = [
     "AttributeKind",
@@ -299,6 +299,7 @@ def _joined(spans: Sequence[Span | LogEvent]) -> list[Span]:
         for span in plain
     ]
     known = {span.span_id for span in plain}
+    # what these events describe is a model call: its span is an LLM span, even if it never came
     root = next((span for span in plain if span.is_root), None)
     for span_id, first in carriers.items():
         if span_id in known:
@@ -312,12 +313,29 @@ def _joined(spans: Sequence[Span | LogEvent]) -> list[Span]:
                 name=first.name,
                 start_ns=min(times),
                 end_ns=max(times),
+                attributes={GenAIAttributes.OPERATION_NAME: "chat"},
                 events=by_span[span_id],
                 resource=first.resource,
                 tenant=first.tenant,
             )
         )
     return joined
+
+
+def _kind(of_stage: dict[Stage, list[Span]], query: str | None, answer: str | None) -> TraceKind:
+    """Whether a trace is a user's request (see `TraceKind`).
+
+    A request retrieves, reranks or generates. A trace that does none of that
+    is not one: with embedding calls it is index building or batch embedding
+    (LlamaIndex embeds the corpus in-process), else other work such as a
+    health check. One exception: a trace that records both a question and an
+    answer (an app that instruments only its top-level function) is a request.
+    """
+    if of_stage.get("retriever") or of_stage.get("reranker") or of_stage.get("llm"):
+        return "request"
+    if of_stage.get("embedding"):
+        return "embedding"
+    return "request" if query is not None and answer is not None else "other"
 
 
 # ---------------------------------------------------------------- the trace
@@ -507,5 +525,6 @@ def build_trace(
             or _meta_text(meta, "probe_question_id"),
             "partial": partial,
             "span_count": len(by_start),
+            "kind": _kind(of_stage, query, answer),
         }
     )

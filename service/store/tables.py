@@ -38,6 +38,8 @@ __all__ = [
     "feedback_record",
     "feedback_row",
     "metadata",
+    "non_request_row",
+    "non_request_traces",
     "schema_version",
     "storable_text",
     "to_utc",
@@ -137,6 +139,28 @@ traces = sa.Table(
     sa.Index("ix_traces_tenant_probe_run", "tenant", "probe_run_id"),
 )
 
+# Traces that are not user requests (index building, batch embedding, health checks: `TraceKind`),
+# kept only when `store.keep_non_requests` is on, apart from `traces` so that nothing that reads
+# requests can count them.
+non_request_traces = sa.Table(
+    "non_request_traces",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("trace_id", sa.String(32), primary_key=True),
+    sa.Column("app", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("release", sa.Text),
+    sa.Column("start_time", UtcDateTime, nullable=False),
+    sa.Column("total_s", sa.Float),
+    sa.Column("embedding_s", sa.Float),
+    sa.Column("input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("output_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cost_usd", sa.Float),
+    sa.Column("span_count", sa.Integer, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Index("ix_non_request_traces_start_time", "start_time"),
+)
+
 trace_contexts = sa.Table(
     "trace_contexts",
     metadata,
@@ -203,6 +227,25 @@ def _chunk(chunk: Chunk) -> dict[str, Any]:
         "score": _finite(chunk.score),
         "content": _text(chunk.content),
         "metadata": None if chunk.metadata is None else _jsonable(chunk.metadata),
+    }
+
+
+def non_request_row(trace: RagTrace, *, created_at: datetime) -> dict[str, Any]:
+    """The `non_request_traces` row for a trace that is not a user request."""
+    return {
+        "tenant": storable_text(trace.tenant),
+        "trace_id": trace.trace_id,
+        "app": storable_text(trace.app),
+        "kind": trace.kind,
+        "release": _text(trace.release),
+        "start_time": trace.start_time,
+        "total_s": _finite(trace.timings.total_s),
+        "embedding_s": _finite(trace.timings.embedding_s),
+        "input_tokens": trace.input_tokens,
+        "output_tokens": trace.output_tokens,
+        "cost_usd": _finite(trace.cost_usd),
+        "span_count": trace.span_count,
+        "created_at": created_at,
     }
 
 

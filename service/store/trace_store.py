@@ -59,6 +59,8 @@ from service.store.tables import (
     feedback,
     feedback_row,
     metadata,
+    non_request_row,
+    non_request_traces,
     schema_version,
     storable_text,
     to_utc,
@@ -497,6 +499,22 @@ class Store:
             )
         return new_keys
 
+    def insert_non_requests(self, batch: Sequence[RagTrace]) -> int:
+        """Store traces that are not user requests in `non_request_traces`; return how many were new.
+
+        Idempotent by (tenant, trace_id), like `insert_traces`."""
+        if not batch:
+            return 0
+        created_at = datetime.now(UTC)
+        pending = {(storable_text(t.tenant), t.trace_id): t for t in batch}
+        rows = [non_request_row(pending[k], created_at=created_at) for k in sorted(pending)]
+        with self._write("insert non-request traces") as conn:
+            return len(
+                conn.execute(
+                    self._insert(non_request_traces).returning(non_request_traces.c.trace_id), rows
+                ).all()
+            )
+
     def insert_feedback(self, batch: Sequence[Feedback]) -> list[str]:
         """Store a batch of feedback events in one transaction; return the new event ids.
 
@@ -678,6 +696,8 @@ class Store:
             deleted += len(keys)
             if len(keys) < chunk_size:
                 break
+        with self._write("delete old non-request traces") as conn:
+            conn.execute(sa.delete(non_request_traces).where(non_request_traces.c.start_time < cutoff))
         while True:
             with self._write("delete old feedback") as conn:
                 keys = [
