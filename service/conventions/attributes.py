@@ -107,6 +107,7 @@ class TraceloopAttributes:
     SPAN_KIND = "traceloop.span.kind"
     ENTITY_INPUT = "traceloop.entity.input"
     ENTITY_OUTPUT = "traceloop.entity.output"
+    TASK_OUTPUT = "gen_ai.task.output"  # the same JSON as ENTITY_OUTPUT, in newer OpenLLMetry
     ASSOCIATION_PREFIX = "traceloop.association.properties."
     REQUEST_TYPE = "llm.request.type"
     USAGE_TOTAL_TOKENS = "llm.usage.total_tokens"
@@ -120,6 +121,8 @@ class TraceloopAttributes:
     QUERY_EMBEDDINGS_EVENT = "db.query.embeddings"
     QUERY_EMBEDDINGS_VECTOR = "db.query.embeddings.vector"
     TOP_K = (
+        "gen_ai.request.top_k",  # GenAI retrieval spans (read on retriever spans only: on an LLM span it
+        "gen_ai.retrieval.top_k",  # is a sampling setting)
         "db.vector.query.top_k",
         "db.chroma.query.n_results",
         "pinecone.query.top_k",

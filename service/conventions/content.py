@@ -35,7 +35,7 @@ from service.conventions.attribute_values import indexed, json_object, json_safe
 from service.conventions.attributes import GenAIAttributes, TraceloopAttributes
 from service.conventions.spans import Attributes, AttrValue, Span
 
-__all__ = ["ChunkFields", "SpanContent", "ranked"]
+__all__ = ["CONTENT_ID_PREFIX", "ChunkFields", "SpanContent", "langchain_document", "ranked"]
 
 _QUERY_KEYS = ("query", "question", "input", "user_input", "q", "prompt", "text", "content", "messages")
 _QUERY_CONTAINERS = ("inputs", "kwargs", "args")
@@ -88,7 +88,8 @@ def _pick_message(messages: Sequence[dict[str, Any]], role: str) -> str | None:
                 return _message_text(message)
         return None
     for message in messages:
-        if _role(message) in ("", "assistant", "ai", "model"):
+        # OpenLLMetry writes "unknown" where the LangChain message had no role it maps
+        if _role(message) in ("", "assistant", "ai", "model", "unknown"):
             found = _message_text(message)
             if found:
                 return found
@@ -157,14 +158,31 @@ class ChunkFields(TypedDict):
     metadata: dict[str, JsonValue] | None
 
 
-def _doc_id(raw_id: AttrValue, content: str | None, rank: int) -> str:
+# the id of a document that came with none: a hash of its content
+CONTENT_ID_PREFIX = "sha256:"
+# where a document without an id of its own may name it in its metadata, in order
+_METADATA_ID_KEYS = ("id", "doc_id", "document_id", "chunk_id")
+
+
+def _given_id(raw_id: Any) -> str | None:
     if isinstance(raw_id, str) and raw_id:
         return raw_id
     if isinstance(raw_id, int) and not isinstance(raw_id, bool):
         return str(raw_id)
+    return None
+
+
+def _doc_id(raw_id: AttrValue, content: str | None, rank: int, metadata: dict[str, Any] | None) -> str:
+    found = _given_id(raw_id)
+    if found is not None:
+        return found
+    for key in _METADATA_ID_KEYS if metadata else ():
+        found = _given_id(metadata.get(key))  # type: ignore[union-attr]
+        if found is not None:
+            return found
     if content:
         # Stable across redeliveries, so a chunk without an id still joins with its judgments.
-        return "sha256:" + hashlib.sha256(content.encode()).hexdigest()[:16]
+        return CONTENT_ID_PREFIX + hashlib.sha256(content.encode()).hexdigest()[:16]
     return f"#{rank}"
 
 
@@ -175,15 +193,66 @@ def _documents(docs: Iterable[dict[str, AttrValue]]) -> list[ChunkFields]:
         doc = dict(zip(map(_strip_doc_prefix, raw), raw.values(), strict=True))
         content = doc.get(_DOC_CONTENT, doc.get("text"))
         content = content if isinstance(content, str) else None
+        metadata = json_object(doc.get(_DOC_METADATA))
         fields.append(
             {
-                "id": _doc_id(doc.get(_DOC_ID), content, rank),
+                "id": _doc_id(doc.get(_DOC_ID), content, rank, metadata),
                 "score": number(doc.get(_DOC_SCORE)),
                 "content": content,
-                "metadata": json_object(doc.get(_DOC_METADATA)),
+                "metadata": metadata,
             }
         )
     return fields
+
+
+def _payload_documents(value: AttrValue) -> list[dict[str, AttrValue]]:
+    """Documents in a retriever's JSON output: `{"documents": [...]}` (OpenInference LangChain's
+    `output.value`, OpenLLMetry's `traceloop.entity.output`) or a bare list, each a LangChain
+    `Document` (`page_content`, `metadata`, maybe `id`), also in its serialised form (`kwargs`)."""
+    parsed = parse_json(value)
+    if isinstance(parsed, dict):
+        parsed = parsed.get("documents")
+    if not isinstance(parsed, list):
+        return []
+    docs: list[dict[str, AttrValue]] = []
+    for item in parsed:
+        doc = langchain_document(item)
+        if doc is None:
+            return []  # not a document list: a payload of some other shape
+        docs.append(doc)
+    return docs
+
+
+def langchain_document(item: Any) -> dict[str, AttrValue] | None:
+    """A LangChain `Document` (plain or serialised with `lc`/`kwargs`) as document fields; else None."""
+    if not isinstance(item, dict):
+        return None
+    if isinstance(item.get("kwargs"), dict) and "page_content" in item["kwargs"]:
+        item = item["kwargs"]
+    content = item.get("page_content")
+    if not isinstance(content, str):
+        return None
+    metadata = item.get("metadata")
+    return {
+        _DOC_ID: item.get("id"),
+        _DOC_SCORE: item.get("score"),
+        _DOC_CONTENT: content,
+        _DOC_METADATA: json.dumps(json_safe(metadata)) if isinstance(metadata, dict) and metadata else None,
+    }
+
+
+def _with_payload_ids(docs: list[dict[str, AttrValue]], payload: list[dict[str, AttrValue]]) -> None:
+    """Fill ids (and metadata) the attribute list lacks from the same span's payload documents, by
+    position, where the contents agree (OpenInference LangChain sends ids only in `output.value`)."""
+    for doc, extra in zip(docs, payload, strict=False):
+        fields = {_strip_doc_prefix(k): v for k, v in doc.items()}
+        if _given_id(fields.get(_DOC_ID)) is not None:
+            continue
+        if fields.get(_DOC_CONTENT) not in (None, extra.get(_DOC_CONTENT)):
+            continue
+        doc[_DOC_ID] = extra.get(_DOC_ID)
+        if fields.get(_DOC_METADATA) is None and extra.get(_DOC_METADATA) is not None:
+            doc[_DOC_METADATA] = extra[_DOC_METADATA]
 
 
 def ranked(docs: Iterable[ChunkFields]) -> list[dict[str, Any]]:
@@ -373,14 +442,36 @@ class SpanContent:
         return _documents(self.indexed(prefix))
 
     def retrieved(self) -> list[ChunkFields]:
-        """What a retriever span returned: OpenInference documents, else GenAI's JSON, else result events."""
-        docs = self.indexed(SpanAttributes.RETRIEVAL_DOCUMENTS)
+        """What a retriever span returned, by the first convention that has documents (the table in
+        `semconv.py`): OpenInference's list (ids filled from the span's payload documents), GenAI's
+        JSON, vector-DB result events, then the payload documents alone (OpenLLMetry)."""
+        attributes = self.attributes
+        docs = [dict(d) for d in self.indexed(SpanAttributes.RETRIEVAL_DOCUMENTS)]
+        payload: list[dict[str, AttrValue]] | None = None
+        if docs and not all(_given_id(d.get(DocumentAttributes.DOCUMENT_ID, d.get(_DOC_ID))) for d in docs):
+            payload = self._payload_documents()
+            _with_payload_ids(docs, payload)
         if not docs:
-            parsed = parse_json(self.attributes.get(GenAIAttributes.RETRIEVAL_DOCUMENTS))
+            parsed = parse_json(attributes.get(GenAIAttributes.RETRIEVAL_DOCUMENTS))
             docs = [d for d in parsed if isinstance(d, dict)] if isinstance(parsed, list) else []
         if not docs:
             docs = _event_documents(self.span)
+        if not docs:
+            docs = payload if payload is not None else self._payload_documents()
         return _documents(docs)
+
+    def _payload_documents(self) -> list[dict[str, AttrValue]]:
+        for key in (
+            SpanAttributes.OUTPUT_VALUE,
+            TraceloopAttributes.ENTITY_OUTPUT,
+            TraceloopAttributes.TASK_OUTPUT,
+        ):
+            value = self.attributes.get(key)
+            if isinstance(value, str) and "page_content" in value:  # cheap test before parsing
+                found = _payload_documents(value)
+                if found:
+                    return found
+        return []
 
     def embedded_texts(self) -> list[tuple[str | None, tuple[float, ...] | None]]:
         """(text, vector) of each item of `embedding.embeddings`, in index order."""

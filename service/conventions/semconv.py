@@ -62,7 +62,13 @@ from service.conventions.attributes import (
     attribute_kind,
     embedding_model_of,
 )
-from service.conventions.content import ChunkFields, SpanContent, ranked
+from service.conventions.content import (
+    CONTENT_ID_PREFIX,
+    ChunkFields,
+    SpanContent,
+    langchain_document,
+    ranked,
+)
 from service.conventions.pricing import PriceTable
 from service.conventions.spans import Attributes, AttrValue, LogEvent, Span, SpanEvent
 from service.conventions.stage import Stage, span_stage
@@ -81,7 +87,8 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-_FIRST_TOKEN_EVENT = "First Token Stream Event"  # openinference-instrumentation-openai, streaming calls
+# openinference-instrumentation-openai (and -llama-index) on streaming calls; OpenLLMetry's chunk event
+_FIRST_TOKEN_EVENTS = ("First Token Stream Event", TraceloopAttributes.COMPLETION_CHUNK_EVENT)
 _SERVICE_NAME = "service.name"
 _SERVICE_VERSION = "service.version"
 _SDK_DEFAULT_SERVICE = "unknown_service"
@@ -136,22 +143,36 @@ def _first_string_list(spans: Iterable[Span], key: str) -> tuple[str, ...]:
     return ()
 
 
-def _ttft(ordered: Sequence[Span], answer_llm: Span | None) -> float | None:
+def _first_token_s(span: Span) -> float | None:
+    """Seconds from the span's start to its first streamed token, as the span records it."""
+    seconds = number(span.attributes.get(GenAIAttributes.TIME_TO_FIRST_CHUNK))
+    if seconds is not None and seconds >= 0:
+        return seconds
+    for event in span.events:
+        if event.name in _FIRST_TOKEN_EVENTS and event.time_ns >= span.start_ns:
+            return (event.time_ns - span.start_ns) / 1e9
+    return None
+
+
+def _ttft(ordered: Sequence[Span], llms_by_end: Sequence[Span]) -> float | None:
+    """ragmon's own attribute, else the answering LLM span's first token, else that of the latest LLM
+    span that records one (LlamaIndex records it on a span nested in the answering one)."""
     ms = _first(ordered, lambda s: number(s.attributes.get(RagmonAttributes.TTFT_MS)))
     if ms is not None and ms >= 0:
         return float(ms) / 1000
-    if answer_llm is None:
-        return None
-    seconds = number(answer_llm.attributes.get(GenAIAttributes.TIME_TO_FIRST_CHUNK))
-    if seconds is not None and seconds >= 0:
-        return seconds
-    for event in answer_llm.events:
-        if (
-            event.name in (_FIRST_TOKEN_EVENT, TraceloopAttributes.COMPLETION_CHUNK_EVENT)
-            and event.time_ns >= answer_llm.start_ns
-        ):
-            return (event.time_ns - answer_llm.start_ns) / 1e9
-    return None
+    seconds: float | None = _first(llms_by_end, _first_token_s)
+    return seconds
+
+
+def _streamed_end_ns(span: Span, below: Iterable[Span]) -> int:
+    """When an LLM call really ended: its span's end, or later when it (or an LLM span below it)
+    recorded a streaming event after that end: LlamaIndex ends a streaming call's span when the
+    stream is handed out, and its first-token event comes after."""
+    end = span.end_ns
+    for s in (span, *below):
+        for event in s.events:
+            end = max(end, event.time_ns)
+    return end
 
 
 def _query_embedding(
@@ -257,6 +278,54 @@ def _dedupe(documents: Iterable[ChunkFields]) -> list[ChunkFields]:
     return kept
 
 
+# payload attributes that may carry serialised LangChain documents with their ids
+_DOCUMENT_PAYLOADS = (
+    TraceloopAttributes.ENTITY_OUTPUT,
+    TraceloopAttributes.ENTITY_INPUT,
+    SpanAttributes.OUTPUT_VALUE,
+    SpanAttributes.INPUT_VALUE,
+)
+_MAX_PAYLOAD_DEPTH = 8
+
+
+def _documents_in(value: Any, found: dict[str, str], depth: int = 0) -> None:
+    """content -> id of every LangChain document with an id inside a parsed payload."""
+    if depth > _MAX_PAYLOAD_DEPTH:
+        return
+    if isinstance(value, list):
+        for item in value:
+            _documents_in(item, found, depth + 1)
+    elif isinstance(value, dict):
+        doc = langchain_document(value)
+        if doc is not None:
+            doc_id, content = doc.get("id"), doc.get("content")
+            if isinstance(doc_id, str) and doc_id and isinstance(content, str):
+                found.setdefault(content, doc_id)
+            return
+        for item in value.values():
+            _documents_in(item, found, depth + 1)
+
+
+def _named_by_trace(chunks: list[ChunkFields], spans: Sequence[Span]) -> list[ChunkFields]:
+    """Chunks that only have a content-hash id, given the id a LangChain document with the same
+    content carries elsewhere in the trace: OpenLLMetry's retriever span drops `Document.id`, while
+    the chain spans around it serialise whole documents."""
+    found: dict[str, str] = {}
+    for span in spans:
+        for key in _DOCUMENT_PAYLOADS:
+            value = span.attributes.get(key)
+            if isinstance(value, str) and '"page_content"' in value and '"id"' in value:
+                _documents_in(parse_json(value), found)
+    if not found:
+        return chunks
+    return [
+        {**doc, "id": found[doc["content"]]}
+        if doc["id"].startswith(CONTENT_ID_PREFIX) and doc["content"] in found
+        else doc
+        for doc in chunks
+    ]
+
+
 def _ancestors(span: Span, by_id: dict[str, Span]) -> list[Span]:
     """The parent chain of `span`, nearest first; stops at a missing parent or a cycle."""
     seen = {span.span_id}
@@ -328,14 +397,15 @@ def _kind(of_stage: dict[Stage, list[Span]], query: str | None, answer: str | No
     A request retrieves, reranks or generates. A trace that does none of that
     is not one: with embedding calls it is index building or batch embedding
     (LlamaIndex embeds the corpus in-process), else other work such as a
-    health check. One exception: a trace that records both a question and an
-    answer (an app that instruments only its top-level function) is a request.
+    health check. One exception: a trace without embedding calls that records a
+    question or an answer (an app that instruments only its top-level
+    function) is a request.
     """
     if of_stage.get("retriever") or of_stage.get("reranker") or of_stage.get("llm"):
         return "request"
     if of_stage.get("embedding"):
         return "embedding"
-    return "request" if query is not None and answer is not None else "other"
+    return "request" if query is not None or answer is not None else "other"
 
 
 # ---------------------------------------------------------------- the trace
@@ -408,7 +478,6 @@ def build_trace(
         query = _first(embeddings, lambda s: _first_embedded_text(contents[s.span_id]))
     if query is None:
         query = _first(llms, lambda s: contents[s.span_id].question())
-    answer_llm = max(llms, key=_BY_END, default=None)
     answer = contents[root.span_id].answer() if root else None
     if answer is None:
         answer = _first(
@@ -432,10 +501,13 @@ def build_trace(
     k = _first(retrievers, lambda s: first_count(s.attributes, *TraceloopAttributes.TOP_K))
     if k is None and isinstance(meta.get("k", meta.get("top_k")), int):
         k = meta.get("k", meta.get("top_k"))
+    chunks = _dedupe(doc for s in used for doc in found[s.span_id])
+    if any(doc["id"].startswith(CONTENT_ID_PREFIX) for doc in chunks):
+        chunks = _dedupe(_named_by_trace(chunks, by_start))
     retrieval = {
         "retriever": first_retriever.name if first_retriever else None,
         "k": k,
-        "chunks": ranked(_dedupe(doc for s in used for doc in found[s.span_id])),
+        "chunks": ranked(chunks),
         "filter": _first(
             carriers, lambda s: _filter_text(s.attributes.get(RagmonAttributes.RETRIEVAL_FILTER))
         )
@@ -456,7 +528,19 @@ def build_trace(
     # timings
     def stage_seconds(stage: Stage) -> float | None:
         spans_of_stage = outermost(stage)
-        return sum(s.duration_s for s in spans_of_stage) if spans_of_stage else None
+        if not spans_of_stage:
+            return None
+        if stage != "llm":
+            return sum(s.duration_s for s in spans_of_stage)
+        llm_ids = {s.span_id for s in llms}
+        below: dict[str, list[Span]] = {}
+        for s in llms:
+            for a in ancestors[s.span_id]:
+                if a.span_id in llm_ids:
+                    below.setdefault(a.span_id, []).append(s)
+        return sum(
+            max(0, _streamed_end_ns(s, below.get(s.span_id, ())) - s.start_ns) / 1e9 for s in spans_of_stage
+        )
 
     start_ns = by_start[0].start_ns
     total_s = root.duration_s if root else max(0, max(s.end_ns for s in by_start) - start_ns) / 1e9
@@ -466,7 +550,7 @@ def build_trace(
         "retrieval_s": stage_seconds("retriever"),
         "rerank_s": stage_seconds("reranker"),
         "generation_s": stage_seconds("llm"),
-        "ttft_s": _ttft(carriers, answer_llm),
+        "ttft_s": _ttft(carriers, sorted(llms, key=_BY_END, reverse=True)),
     }
 
     # identity and signals

@@ -35,6 +35,8 @@ _GENAI_STAGES: dict[str, Stage] = {
     "generate_content": "llm",
     "embeddings": "embedding",
     "retrieval": "retriever",
+    "retrieve": "retriever",
+    "vector_db_retrieve": "retriever",  # OpenLLMetry's LangChain retriever spans
     "execute_tool": "tool",
     "invoke_agent": "chain",
     "create_agent": "chain",

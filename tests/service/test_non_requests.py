@@ -55,11 +55,12 @@ def _kind(*spans: Span) -> str:
         ([_span("e" * 16, None, {KIND: "RETRIEVER"})], "request"),
         ([_span("e" * 16, None, {"gen_ai.operation.name": "chat"})], "request"),
         ([_span("e" * 16, None, {KIND: "RERANKER"})], "request"),
-        # an app that instruments only its top-level function, with its question and answer
+        # an app that instruments only its top-level function, with its question (and answer)
         (
             [_span("f" * 16, None, {KIND: "CHAIN", "input.value": "Where is it?", "output.value": "Here."})],
             "request",
         ),
+        ([_span("f" * 16, None, {KIND: "CHAIN", "input.value": "Where is it?"})], "request"),
         # a question embedded for retrieval by an uninstrumented store, then generation: a request
         (
             [

@@ -1,0 +1,223 @@
+"""What every conformance client shares: the corpus, the questions and the manifest.
+
+Standard library only: each client imports this from its own virtualenv. Every client app adds
+this folder to `sys.path` and does
+
+    run = Run("langchain")                  # reads CONFORMANCE_MANIFEST / argv[1], OPENAI_BASE_URL
+    provider.add_span_processor(run.roots)  # notes root spans; exports nothing, changes nothing
+    for q in QUESTIONS:
+        with run.question(q) as record:
+            ...library call...
+            record.result(answer=..., docs=[(id, score, content), ...])
+    run.write()
+
+The manifest says, per question, what a correct monitor must have stored: the query, the answer
+the stub returned, the retrieved documents in order (scores where the library reports them), the
+model and the token counts the stub reported (from the stub's own call log, the ground truth),
+whether it streamed, and the trace ids of the root spans the library started for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+CHAT_MODEL = "gpt-4o-mini"
+EMBEDDING_MODEL = "text-embedding-3-small"
+APP_NAME_PREFIX = "conformance-"
+TOP_K = 2
+
+# Our own ids: a monitor that reports a library-made uuid or a content hash instead is wrong.
+DOCS: list[tuple[str, str]] = [
+    (
+        "doc-alpha",
+        "The Alpha lighthouse was built in 1871 on the northern cliff. It is painted red and white.",
+    ),
+    (
+        "doc-beta",
+        "Beta station trains leave every twenty minutes to the harbour. The last train leaves at midnight.",
+    ),
+    ("doc-gamma", "Gamma library lends books for three weeks. Late returns cost ten cents a day."),
+    ("doc-delta", "Delta bakery sells sourdough bread baked before dawn. It closes on Mondays."),
+    ("doc-epsilon", "Epsilon park has a rose garden and a pond with ducks. Dogs must be kept on a lead."),
+    ("doc-zeta", "Zeta museum shows fossils of marine reptiles. Entry is free on Sundays."),
+]
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    stream: bool
+
+
+QUESTIONS = [
+    Question("When was the Alpha lighthouse built on the cliff?", stream=False),
+    Question("How often do Beta station trains leave for the harbour?", stream=True),
+    Question("How much do late returns cost at the Gamma library?", stream=False),
+]
+
+
+def stub_url() -> str:
+    base = os.environ["OPENAI_BASE_URL"].rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def stub_calls(since: int = 0) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{stub_url()}/_stub/calls?since={since}", timeout=10) as response:
+        calls: list[dict[str, Any]] = json.load(response)
+        return calls
+
+
+class RootSpans:
+    """An OpenTelemetry span processor (duck-typed, so no SDK import here) that notes root spans.
+
+    It only reads: the spans exported are exactly the library's.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started: list[dict[str, str]] = []
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if span.parent is None:
+            with self._lock:
+                self.started.append({"trace_id": f"{span.context.trace_id:032x}", "name": span.name})
+
+    def on_end(self, span: Any) -> None:
+        pass
+
+    def _on_ending(self, span: Any) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self.started)
+
+    def since(self, mark: int) -> list[dict[str, str]]:
+        with self._lock:
+            return self.started[mark:]
+
+
+class Record:
+    def __init__(self, question: Question) -> None:
+        self.question = question
+        self.answer: str | None = None
+        self.docs: list[dict[str, Any]] = []
+
+    def result(self, *, answer: str, docs: list[tuple[str, float | None, str]]) -> None:
+        self.answer = answer
+        self.docs = [{"id": i, "score": s, "content": c} for i, s, c in docs]
+
+
+class Run:
+    def __init__(self, client: str) -> None:
+        # the harness names the variant (openai_v2_http, openai_v2_grpc...), so each has its own app
+        self.client = os.environ.get("CONFORMANCE_CLIENT", client)
+        self.app = APP_NAME_PREFIX + self.client
+        self.path = os.environ.get("CONFORMANCE_MANIFEST") or (sys.argv[1] if len(sys.argv) > 1 else "")
+        if not self.path:
+            raise SystemExit("usage: app.py MANIFEST_PATH (or CONFORMANCE_MANIFEST)")
+        self.base_url = os.environ["OPENAI_BASE_URL"]
+        self.roots = RootSpans()
+        self.questions: list[dict[str, Any]] = []
+        self.setup_roots: list[dict[str, str]] = []
+        self._setup_mark = 0
+        self._calls_seen = len(stub_calls())
+
+    def end_setup(self) -> None:
+        """Everything before this (index building, say) is not a user request."""
+        self.setup_roots = self.roots.since(0)
+        self._setup_mark = self.roots.mark()
+        self._calls_seen = len(stub_calls())
+
+    @contextmanager
+    def question(self, question: Question) -> Iterator[Record]:
+        mark = self.roots.mark()
+        record = Record(question)
+        started = time.time()
+        yield record
+        calls = stub_calls(self._calls_seen)
+        self._calls_seen += len(calls)
+        chats = [c for c in calls if c["endpoint"] == "chat"]
+        embeddings = [c for c in calls if c["endpoint"] == "embeddings"]
+        if len(chats) != 1:
+            raise AssertionError(f"expected one chat call for {question.text!r}, stub saw {len(chats)}")
+        chat = chats[0]
+        if record.answer != chat["answer"]:
+            raise AssertionError(f"library returned {record.answer!r}, stub answered {chat['answer']!r}")
+        if chat["stream"] != question.stream:
+            raise AssertionError(f"{question.text!r}: stream={chat['stream']}, wanted {question.stream}")
+        query_embeddings = [e for e in embeddings if e["input"] == [question.text]]
+        self.questions.append(
+            {
+                "query": question.text,
+                "stream": question.stream,
+                "answer": record.answer,
+                "model": chat["model"],
+                "prompt_tokens": chat["prompt_tokens"] if chat["usage_reported"] else None,
+                "completion_tokens": chat["completion_tokens"] if chat["usage_reported"] else None,
+                "docs": record.docs,
+                "embedding": {
+                    "model": query_embeddings[0]["model"],
+                    "tokens": query_embeddings[0]["prompt_tokens"],
+                }
+                if query_embeddings
+                else None,
+                "embedding_calls": len(embeddings),
+                "root_spans": self.roots.since(mark),
+                "wall_s": time.time() - started,
+            }
+        )
+
+    def write(self) -> None:
+        manifest = {
+            "client": self.client,
+            "app": self.app,
+            "chat_model": CHAT_MODEL,
+            "embedding_model": EMBEDDING_MODEL,
+            "top_k": TOP_K,
+            "corpus": [{"id": i, "content": c} for i, c in DOCS],
+            "setup_root_spans": self.setup_roots,
+            "questions": self.questions,
+        }
+        with open(self.path, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
+
+
+class InMemoryStore:
+    """The vector store of the clients without a framework: cosine similarity, brute force."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str, list[float]]] = []
+
+    def add(self, ids: list[str], texts: list[str], vectors: list[list[float]]) -> None:
+        self.items.extend(zip(ids, texts, vectors, strict=True))
+
+    def search(self, vector: list[float], k: int) -> list[tuple[str, float, str]]:
+        def cosine(a: list[float], b: list[float]) -> float:
+            norm = (sum(x * x for x in a) * sum(y * y for y in b)) ** 0.5
+            return sum(x * y for x, y in zip(a, b, strict=True)) / norm
+
+        scored = [(doc_id, cosine(vector, vec), text) for doc_id, text, vec in self.items]
+        return sorted(scored, key=lambda item: -item[1])[:k]
+
+
+SYSTEM_PROMPT = "Answer the question using only the context."
+
+
+def user_prompt(question: str, contents: list[str]) -> str:
+    return "Context:\n" + "\n\n".join(contents) + f"\n\nQuestion: {question}"

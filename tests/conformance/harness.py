@@ -1,0 +1,170 @@
+"""Runs a conformance client app in its own virtualenv, pointed at an OTLP receiver and the stub.
+
+Shared by the pytest module and by the capture command:
+
+    .venv/bin/python -m tests.conformance.harness capture [client ...]
+
+which runs each client against `capture.py` (and the stub) and leaves the OTLP/JSON dumps and the
+client's manifest in /tmp/conformance-captures/<client>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+VENVS = ROOT / ".venvs" / "conformance"
+CAPTURES = Path("/tmp/conformance-captures")
+APP_TIMEOUT_S = 90
+
+
+@dataclass(frozen=True)
+class Client:
+    name: str
+    venv: str
+    protocol: str = "http/protobuf"
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def python(self) -> Path:
+        return VENVS / self.venv / "bin" / "python"
+
+    @property
+    def app(self) -> Path:
+        return HERE / "clients" / self.venv / "app.py"
+
+    @property
+    def built(self) -> bool:
+        # build_venvs.sh writes the hash last, so a venv without it is half-built
+        return self.python.exists() and (VENVS / self.venv / ".requirements.sha256").exists()
+
+
+CLIENTS = [
+    Client("langchain", "langchain"),
+    Client("llamaindex", "llamaindex"),
+    Client("traceloop", "traceloop"),
+    Client("openai_v2_http", "openai_v2"),
+    Client("openai_v2_grpc", "openai_v2", protocol="grpc"),
+    # the same app on the instrumentation's opt-in latest GenAI conventions: content only as
+    # `gen_ai.client.inference.operation.details` log records
+    Client(
+        "openai_v2_latest",
+        "openai_v2",
+        env=(
+            ("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental"),
+            ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "EVENT_ONLY"),
+        ),
+    ),
+    Client("phoenix_openai", "phoenix_openai"),
+    Client("haystack", "haystack"),
+]
+BY_NAME = {c.name: c for c in CLIENTS}
+
+
+def client_env(
+    client: Client, *, otlp_http: str, otlp_grpc: str | None, openai_base_url: str
+) -> dict[str, str]:
+    """The client's environment: the parent's minus any OTEL_*/proxy settings, plus ours."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OTEL_", "TRACELOOP_", "PHOENIX_", "OPENAI_"))
+        and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")
+    }
+    endpoint = otlp_http
+    if client.protocol == "grpc":
+        if otlp_grpc is None:
+            raise ValueError(f"{client.name} needs a gRPC receiver")
+        endpoint = otlp_grpc
+    env.update(
+        {
+            "CONFORMANCE_CLIENT": client.name,
+            "OPENAI_BASE_URL": openai_base_url,
+            "OPENAI_API_KEY": "sk-conformance",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": client.protocol,
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            # openai-v2: message content only with this; it then goes out as log records
+            "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true",
+            "TRACELOOP_TELEMETRY": "false",
+            "HAYSTACK_TELEMETRY_ENABLED": "False",
+            "ANONYMIZED_TELEMETRY": "False",
+            "NO_PROXY": "127.0.0.1,localhost",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+    )
+    env.update(client.env)
+    return env
+
+
+def run_client(client: Client, manifest: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(client.python), str(client.app), str(manifest)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=APP_TIMEOUT_S,
+        cwd=str(client.app.parent),
+    )
+
+
+def capture(names: list[str]) -> int:
+    from tests.conformance.capture import serve
+    from tests.conformance.openai_stub import Stub
+    from tests.live_server import free_port
+
+    failed = 0
+    for name in names or [c.name for c in CLIENTS]:
+        client = BY_NAME[name]
+        if client.protocol == "grpc":
+            print(f"{name}: skipped (capture speaks OTLP/HTTP; the _http variant sends the same data)")
+            continue
+        if not client.built:
+            print(f"{name}: no venv; run tests/conformance/build_venvs.sh")
+            failed += 1
+            continue
+        out = CAPTURES / name
+        shutil.rmtree(out, ignore_errors=True)
+        port = free_port()
+        server = serve(out, port)
+        try:
+            with Stub() as stub:
+                env = client_env(
+                    client,
+                    otlp_http=f"http://127.0.0.1:{port}",
+                    otlp_grpc=None,
+                    openai_base_url=stub.base_url,
+                )
+                result = run_client(client, out / "manifest.json", env)
+        finally:
+            server.shutdown()
+        (out / "app.log").write_text(result.stdout + result.stderr)
+        print(f"{name}: rc={result.returncode}, {len(list(out.glob('0*.json')))} requests -> {out}")
+        if result.returncode:
+            failed += 1
+            print(result.stderr[-3000:])
+    return 1 if failed else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_capture = sub.add_parser("capture")
+    p_capture.add_argument("clients", nargs="*", help=", ".join(BY_NAME))
+    args = parser.parse_args()
+    unknown = sorted(set(args.clients) - set(BY_NAME))
+    if unknown:
+        parser.error(f"unknown clients {unknown}; known: {', '.join(BY_NAME)}")
+    sys.exit(capture(args.clients))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""A deterministic OpenAI-compatible server for the conformance clients.
+
+Endpoints: `POST /v1/chat/completions` (plain JSON and `stream=true` SSE, with the usage chunk
+that `stream_options.include_usage` asks for), `POST /v1/embeddings` (float or base64),
+`GET /v1/models`, and `GET /_stub/calls`, the log of every model call served, with the answer
+and the token counts reported, so a client's manifest can say what the monitor must have seen.
+
+Everything is a pure function of the request, so two runs of a client produce the same traces:
+
+* the answer is `Answer: <first sentence of the context> (ref <hash>)`, where the context is the
+  text after the last `Context:` of the last user (else system) message, and the hash is of all
+  messages, which keeps answers to different prompts apart;
+* prompt tokens are the words of all messages plus 3 per message, completion tokens the words of
+  the answer, embedding tokens the words of the input;
+* an embedding is a hashed bag of words in `DIM` dimensions, unit length, so a question ranks
+  the documents it shares words with first and cosine scores are reproducible.
+
+Run it in a thread (`Stub`, tests) or as a process: `python tests/conformance/openai_stub.py --port N`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import math
+import re
+import socket
+import struct
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+DIM = 16
+CREATED = 1_764_000_000  # fixed, so the same request gets a byte-identical response
+FIRST_TOKEN_DELAY_S = 0.15
+CHUNK_DELAY_S = 0.01
+_STOP_TEXT = (
+    "a an and are at be by do does for from how in is it of on or the to was what when where "
+    "which who why with you your"
+)
+_STOP_WORDS = frozenset(_STOP_TEXT.split())
+_WORD = re.compile(r"[a-z0-9]+")
+_CONTEXT = re.compile(r"context\s*:", re.IGNORECASE)
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def embed(text: str) -> list[float]:
+    """Unit vector of hashed, signed word counts, plus a small constant so no text maps to zero."""
+    vec = [0.0] * DIM
+    vec[0] = 0.1
+    for word in words(text):
+        if word in _STOP_WORDS:
+            continue
+        digest = hashlib.sha256(word.encode()).digest()
+        vec[digest[0] % DIM] += 1.0 if digest[1] & 1 else -1.0
+    norm = math.sqrt(sum(v * v for v in vec))
+    return [v / norm for v in vec]
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a chat message whose content is a string or a list of content parts."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    match = re.search(r"[.!?](\s|$)", text)
+    return text[: match.end()].strip() if match else text
+
+
+def answer_for(messages: list[dict[str, Any]]) -> str:
+    by_role: dict[str, str] = {}
+    for message in messages:
+        by_role[str(message.get("role"))] = message_text(message)
+    prompt = by_role.get("user", "")
+    if not _CONTEXT.search(prompt):
+        prompt = by_role.get("system", prompt)
+    parts = _CONTEXT.split(prompt)
+    context = parts[-1] if len(parts) > 1 else prompt
+    ref = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:6]
+    return f"Answer: {first_sentence(context)} (ref {ref})"
+
+
+def prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    return sum(len(message_text(m).split()) + 3 for m in messages)
+
+
+def create_app() -> FastAPI:
+    app = FastAPI()
+    calls: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def log(call: dict[str, Any]) -> None:
+        with lock:
+            call["seq"] = len(calls)
+            calls.append(call)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        messages = body.get("messages") or []
+        model = str(body.get("model") or "gpt-4o-mini")
+        answer = answer_for(messages)
+        usage = {"prompt_tokens": prompt_tokens(messages), "completion_tokens": len(answer.split())}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        stream = bool(body.get("stream"))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        call_id = "chatcmpl-" + hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
+        log(
+            {
+                "endpoint": "chat",
+                "id": call_id,
+                "model": model,
+                "stream": stream,
+                "usage_reported": include_usage or not stream,
+                "messages": messages,
+                "answer": answer,
+                **usage,
+            }
+        )
+        if not stream:
+            return JSONResponse(
+                {
+                    "id": call_id,
+                    "object": "chat.completion",
+                    "created": CREATED,
+                    "model": model,
+                    "system_fingerprint": "fp_stub",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "logprobs": None,
+                            "message": {"role": "assistant", "content": answer, "refusal": None},
+                        }
+                    ],
+                    "usage": usage,
+                }
+            )
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            data = {
+                "id": call_id,
+                "object": "chat.completion.chunk",
+                "created": CREATED,
+                "model": model,
+                "system_fingerprint": "fp_stub",
+                "choices": [choice],
+            }
+            if include_usage:
+                data["usage"] = None
+            return f"data: {json.dumps(data)}\n\n"
+
+        async def events() -> AsyncIterator[str]:
+            # A first-token delay well above scheduling noise, so a measured TTFT is clearly > 0
+            # and below the generation time. It comes before the role chunk, as with the real API
+            # (which sends the role chunk with the first token), so that an instrumentation that
+            # times the first chunk and one that times the first content agree.
+            await asyncio.sleep(FIRST_TOKEN_DELAY_S)
+            yield chunk({"role": "assistant", "content": ""})
+            pieces = re.findall(r"\S+\s*", answer)
+            for i, piece in enumerate(pieces):
+                if i:
+                    await asyncio.sleep(CHUNK_DELAY_S)
+                yield chunk({"content": piece})
+            yield chunk({}, "stop")
+            if include_usage:
+                data = {
+                    "id": call_id,
+                    "object": "chat.completion.chunk",
+                    "created": CREATED,
+                    "model": model,
+                    "system_fingerprint": "fp_stub",
+                    "choices": [],
+                    "usage": usage,
+                }
+                yield f"data: {json.dumps(data)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        body = await request.json()
+        raw = body.get("input")
+        inputs = [raw] if isinstance(raw, str) else list(raw or [])
+        if any(not isinstance(i, str) for i in inputs):
+            # token-id input (tiktoken-chunked): the stub cannot read it, and a client sending
+            # it would need tiktoken's encodings from the internet anyway
+            return JSONResponse({"error": {"message": "stub accepts text input only"}}, 400)
+        model = str(body.get("model") or "text-embedding-3-small")
+        as_base64 = body.get("encoding_format") == "base64"
+        data = []
+        for index, text in enumerate(inputs):
+            vector = embed(text)
+            value: Any = base64.b64encode(struct.pack(f"<{DIM}f", *vector)).decode() if as_base64 else vector
+            data.append({"object": "embedding", "index": index, "embedding": value})
+        tokens = sum(len(t.split()) for t in inputs)
+        log({"endpoint": "embeddings", "model": model, "input": inputs, "prompt_tokens": tokens})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "model": model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        names = ["gpt-4o-mini", "text-embedding-3-small"]
+        return {
+            "object": "list",
+            "data": [{"id": n, "object": "model", "created": CREATED, "owned_by": "stub"} for n in names],
+        }
+
+    @app.get("/_stub/calls")
+    async def get_calls(since: int = 0) -> list[dict[str, Any]]:
+        with lock:
+            return calls[since:]
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+class Stub:
+    """The stub in a background thread on a free loopback port; a context manager."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port: int = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{self.url}/v1"
+        config = uvicorn.Config(create_app(), log_level="warning", lifespan="off", timeout_keep_alive=120)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def __enter__(self) -> Stub:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("OpenAI stub did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="deterministic OpenAI-compatible stub")
+    parser.add_argument("--port", type=int, default=29400)
+    args = parser.parse_args()
+    uvicorn.run(create_app(), host="127.0.0.1", port=args.port, log_level="warning", timeout_keep_alive=120)
+
+
+if __name__ == "__main__":
+    main()
