@@ -49,7 +49,6 @@ from datetime import datetime, timedelta
 from typing import Literal, get_args
 
 import numpy as np
-from scipy.stats import norm
 
 from sampler.queue import QueueRecord
 
@@ -281,6 +280,10 @@ def hajek_cells(
     # Σ over a cell of (y - p̂)² = its own squared deviations + n·(mean - p̂)²
     squares = m2 + n * (y_sum / n - p_hat) ** 2
     variance = float(np.sum((1.0 - pi) * w * w * squares)) / total**2
+    # SciPy here, not at the top: `service.config` imports this package, and with it every
+    # `ragmon` command, which must not pay for importing SciPy (most of a second) to read its settings
+    from scipy.stats import norm
+
     z = float(norm.ppf(0.5 + confidence / 2.0))
 
     half = z * math.sqrt(variance)

@@ -1,17 +1,31 @@
-"""The `ragmon` command: serve, demo, eval, config."""
+"""The `ragmon` command: serve, demo, worker, config, drift, report, review, eval, probe, golden.
+
+Building the parser imports only argparse and the commands' flag modules (`service/*/cli.py`,
+`probes/eval_cli.py`, `review/export.py`), which import nothing heavy at load; each command imports
+what it runs (the app, the store, SciPy, Kafka, ...) when it runs. So `ragmon --help` costs a fraction
+of a second (tests/test_packaging.py keeps it so), and an optional package that is not installed fails
+only the command that needs it, with one line naming the extra that installs it (`missing_extras`).
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib.util
 import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from service.config import ConfigError, RagmonConfig, load_config, settings_table
-from service.runtime import tune_for_service
+from service.demo import cli as demo_cli
+from service.drift import cli as drift_cli
+from service.probes import cli as probe_cli
+from service.probes import eval_cli
+from service.report import cli as report_cli
+from service.review import export as review_export
+
+if TYPE_CHECKING:
+    from service.config import RagmonConfig
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +41,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RagmonConfig:
     """Flags win over environment, which wins over the config file."""
+    from service.config import load_config
+
     overrides: dict[str, Any] = {}
     server: dict[str, Any] = {}
     if args.host is not None:
@@ -44,11 +60,67 @@ def config_from_args(args: argparse.Namespace) -> RagmonConfig:
     return load_config(config_file=args.config, overrides=overrides)
 
 
+# optional packages: the module ragmon imports -> (the distribution, the pyproject extra that installs it)
+_OPTIONAL = {
+    "kafka": ("kafka-python", "kafka"),
+    "psycopg": ("psycopg", "postgres"),
+    "phoenix": ("arize-phoenix-client and arize-phoenix-evals", "phoenix"),
+    "phoenix.client": ("arize-phoenix-client", "phoenix"),
+    "phoenix.evals": ("arize-phoenix-evals", "phoenix"),
+}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # the parent package of a dotted name is missing
+        return False
+
+
+def _optional_modules(config: RagmonConfig) -> list[tuple[str, str]]:
+    """(feature, module) for every optional package that `config` uses."""
+    needs = []
+    if config.bus.kind == "kafka":
+        needs.append(("the Kafka bus (bus.kind=kafka)", "kafka"))
+    if config.store_url.startswith("postgres"):
+        needs.append(("a PostgreSQL store", "psycopg"))
+    if config.judge.backend == "phoenix_evals":
+        needs.append(("judge.backend=phoenix_evals", "phoenix.evals"))
+    if config.phoenix.annotating:
+        needs.append(("Phoenix annotations (phoenix.annotate)", "phoenix.client"))
+    return needs
+
+
+def missing_extras(config: RagmonConfig) -> str | None:
+    """What `config` needs that is not installed and the `pip install` that adds it, in one line; None
+    when nothing is missing. Servers check it before they start: inside a server's start-up a missing
+    package ends as a traceback."""
+    missing = [(feature, module) for feature, module in _optional_modules(config) if not _installed(module)]
+    if not missing:
+        return None
+    what = "; ".join(f"{feature} needs {_OPTIONAL[module][0]}" for feature, module in missing)
+    extras = ",".join(dict.fromkeys(_OPTIONAL[module][1] for _, module in missing))
+    verb = "is" if len(missing) == 1 else "are"
+    return f"{what}, which {verb} not installed: pip install 'ragmon[{extras}]'"
+
+
+def _missing_package(exc: ModuleNotFoundError) -> str | None:
+    """The one-line hint for an optional package that a command found missing only when it used it."""
+    parts = (exc.name or "").split(".")
+    for end in range(len(parts), 0, -1):
+        known = _OPTIONAL.get(".".join(parts[:end]))
+        if known is not None:
+            package, extra = known
+            return f"{package} is not installed: pip install 'ragmon[{extra}]'"
+    return None
+
+
 async def serve(config: RagmonConfig) -> None:
     """Run ragmon until interrupted."""
     import uvicorn
 
     from service.api.app import create_app
+    from service.runtime import tune_for_service
 
     tune_for_service()
     server = uvicorn.Server(
@@ -65,7 +137,12 @@ async def serve(config: RagmonConfig) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
     config = config_from_args(args)
+    if (missing := missing_extras(config)) is not None:
+        print(f"ragmon serve: {missing}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -164,10 +241,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     from service.api.app import create_app
     from service.demo import run as demo
+    from service.runtime import tune_for_service
 
     if args.target is not None:
         return demo.main(args)
     config = config_from_args(args)
+    if (missing := missing_extras(config)) is not None:
+        print(f"ragmon demo: {missing}", file=sys.stderr)
+        return 2
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_for_service()
     server = uvicorn.Server(
@@ -224,11 +305,46 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_config(args: argparse.Namespace) -> int:
     if args.markdown:
+        from service.config import settings_table
+
         print(settings_table())
         return 0
     config = config_from_args(args)
     print(config.model_dump_json(indent=2))
     return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if (missing := missing_extras(config)) is not None:
+        print(f"ragmon worker: {missing}", file=sys.stderr)
+        return 2
+    from service import worker
+
+    return worker.main(args, config)
+
+
+def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    # here rather than in service/worker.py, which imports the whole pipeline
+    parser.add_argument(
+        "--role",
+        action="append",
+        choices=["sinks", "judge", "drift"],
+        help="what to run (repeatable; default: worker.roles, i.e. all three)",
+    )
+    parser.add_argument("--metrics-port", type=int, help="port of /metrics and /healthz (default 9400)")
+
+
+def _cmd_drift(args: argparse.Namespace) -> int:
+    return drift_cli.main(args, config_from_args(args))
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    return report_cli.main(args, config_from_args(args))
+
+
+def _cmd_review_export(args: argparse.Namespace) -> int:
+    return review_export.main(args, config_from_args(args).store_url)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -248,62 +364,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config_parser.set_defaults(run=_cmd_config)
 
-    try:
-        from service.demo import run as demo
-    except ImportError:  # pragma: no cover - demo is part of the package; guard for partial installs
-        demo = None  # type: ignore[assignment]
-    if demo is not None:
-        demo_parser = commands.add_parser(
-            "demo", help="start ragmon and send simulated RAG traffic to it (or to --target)"
-        )
-        _add_config_flags(demo_parser)
-        demo.add_arguments(demo_parser)
-        demo_parser.add_argument(
-            "--exit", action="store_true", help="stop ragmon when the traffic is sent (default: keep serving)"
-        )
-        demo_parser.set_defaults(run=_cmd_demo, target=None, requests=300, rate=0.0)
+    demo_parser = commands.add_parser(
+        "demo", help="start ragmon and send simulated RAG traffic to it (or to --target)"
+    )
+    _add_config_flags(demo_parser)
+    demo_cli.add_arguments(demo_parser)
+    demo_parser.add_argument(
+        "--exit", action="store_true", help="stop ragmon when the traffic is sent (default: keep serving)"
+    )
+    demo_parser.set_defaults(run=_cmd_demo, target=None, requests=300, rate=0.0)
 
-    try:
-        from service.probes import eval_cli
-    except ImportError:  # pragma: no cover
-        eval_cli = None  # type: ignore[assignment]
-    if eval_cli is not None:
-        eval_parser = commands.add_parser(
-            "eval", help="offline retrieval evaluation (TREC qrels/run, golden set)"
-        )
-        eval_cli.add_arguments(eval_parser)
-        eval_parser.set_defaults(run=eval_cli.main)
-
-    from service import worker
+    eval_parser = commands.add_parser(
+        "eval", help="offline retrieval evaluation (TREC qrels/run, golden set)"
+    )
+    eval_cli.add_arguments(eval_parser)
+    eval_parser.set_defaults(run=eval_cli.main)
 
     worker_parser = commands.add_parser(
         "worker", help="distributed mode: consume from Kafka and run sinks, judge workers, drift"
     )
     _add_config_flags(worker_parser)
-    worker.add_arguments(worker_parser)
-    worker_parser.set_defaults(run=lambda args: worker.main(args, config_from_args(args)))
-
-    from service.drift import cli as drift_cli
-    from service.report import weekly as report
+    _add_worker_arguments(worker_parser)
+    worker_parser.set_defaults(run=_cmd_worker)
 
     drift_parser = commands.add_parser("drift", help="drift references and runs: pin, list, run")
     drift_cli.add_arguments(drift_parser, _add_config_flags)
-    drift_parser.set_defaults(run=lambda args: drift_cli.main(args, config_from_args(args)))
+    drift_parser.set_defaults(run=_cmd_drift)
     report_parser = commands.add_parser("report", help="write the drift and quality report (HTML + Markdown)")
     _add_config_flags(report_parser)
-    report.add_arguments(report_parser)
-    report_parser.set_defaults(run=lambda args: report.main(args, config_from_args(args)))
-
-    from service.review import export as review_export
+    report_cli.add_arguments(report_parser)
+    report_parser.set_defaults(run=_cmd_report)
 
     review_parser = commands.add_parser("review", help="the human review queue: export reviewed items")
     review_commands = review_parser.add_subparsers(dest="review_command", required=True)
     export_parser = review_commands.add_parser("export", help="reviewed items as golden-set JSONL")
     _add_config_flags(export_parser)
     review_export.add_arguments(export_parser)
-    export_parser.set_defaults(run=lambda args: review_export.main(args, config_from_args(args).store_url))
-
-    from service.probes import cli as probe_cli
+    export_parser.set_defaults(run=_cmd_review_export)
 
     probe_parser = commands.add_parser(
         "probe", help="send golden-set probes to an app (on a schedule); score runs, pin a baseline"
@@ -318,10 +415,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from service.config import ConfigError  # after parsing: `--help` has exited by then
+
     try:
         code: int = args.run(args)
     except ConfigError as exc:
         print(f"ragmon: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        hint = _missing_package(exc)
+        if hint is None:
+            raise
+        print(f"ragmon {args.command}: {hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

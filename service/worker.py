@@ -28,14 +28,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import exc as sa_exc
 from starlette.responses import Response
 
-from service.bus.kafka import KafkaReceiver
 from service.bus.leader import leader_lock
 from service.config import RagmonConfig, WorkerRole
 from service.errors import StoreUnavailable
@@ -44,7 +43,10 @@ from service.metrics import Metrics
 from service.pipeline import Pipeline
 from service.runtime import tune_for_service
 
-__all__ = ["DRIFT_LOCK", "Worker", "add_arguments", "create_worker_app", "main"]
+if TYPE_CHECKING:
+    from service.bus.kafka import KafkaReceiver
+
+__all__ = ["DRIFT_LOCK", "Worker", "create_worker_app", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +68,13 @@ class Worker:
         self.config = config
         self.pipeline = Pipeline(config, metrics)
         self.metrics = self.pipeline.metrics
-        self.receiver = (
-            KafkaReceiver(config.kafka, self.pipeline.sinks, self.metrics) if "sinks" in self.roles else None
-        )
+        self.receiver: KafkaReceiver | None = None
+        if "sinks" in self.roles:
+            # here, not at the top: kafka-python comes with the `kafka` extra, and `ragmon worker` names
+            # that extra when it is missing instead of failing on import
+            from service.bus.kafka import KafkaReceiver
+
+            self.receiver = KafkaReceiver(config.kafka, self.pipeline.sinks, self.metrics)
         self.leader = leader_lock(self.pipeline.store.engine, DRIFT_LOCK)
         self._drift_started = False
         self.started = False
@@ -174,16 +180,6 @@ def create_worker_app(
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--role",
-        action="append",
-        choices=["sinks", "judge", "drift"],
-        help="what to run (repeatable; default: worker.roles, i.e. all three)",
-    )
-    parser.add_argument("--metrics-port", type=int, help="port of /metrics and /healthz (default 9400)")
 
 
 def main(args: argparse.Namespace, config: RagmonConfig) -> int:

@@ -18,6 +18,37 @@ The app is the resource's `service.name`; when the SDK default
 (`unknown_service:...`) was left in place, Phoenix's `openinference.project.name`
 (what `phoenix.otel.register(project_name=...)` sets), else "unknown".
 
+Where each field comes from, first source first (the README has the same, per library):
+
+  =================  ==========================================================================
+  field              sources, in order
+  =================  ==========================================================================
+  stage of a span    OpenInference span kind; GenAI `gen_ai.operation.name` (`retrieval`,
+                     `retrieve`, OpenLLMetry's `vector_db_retrieve`, `chat`, `embeddings`, ...);
+                     `llm.request.type`; a vector-DB query; `traceloop.span.kind`; a model name
+  kind of trace      request: a retriever, reranker or LLM span; embedding: embedding spans and
+                     none of those; other: nothing RAG; a question or answer alone makes a request
+  query              root span's question (messages, `input.value`, `traceloop.entity.input`,
+                     `gen_ai.retrieval.query.text`); a retriever's; the reranker query; the first
+                     embedded text; an LLM span's last user message (also from GenAI log events)
+  answer             root span's answer; the latest-ending LLM span's (output messages, also from
+                     `gen_ai.choice` / `...operation.details` log events, `output.value`,
+                     `traceloop.entity.output`)
+  documents          of the outermost retriever span that has any: OpenInference
+                     `retrieval.documents`; GenAI `gen_ai.retrieval.documents`; vector-DB result
+                     events; payload documents (`output.value`, `traceloop.entity.output`,
+                     `gen_ai.task.output`: LangChain `{"documents": [...]}`)
+  chunk id           the document's id; for OpenInference documents without one, the id of the
+                     payload document at the same position with the same content; the metadata's
+                     `id`, `doc_id`, `document_id`, `chunk_id`; a LangChain document with the same
+                     content serialised anywhere in the trace; `sha256:` of the content
+  k                  a retriever's `gen_ai.request.top_k`, `gen_ai.retrieval.top_k`,
+                     `db.vector.query.top_k` or vector-DB keys; metadata `k` / `top_k`
+  TTFT               `ragmon.ttft_ms`; `gen_ai.response.time_to_first_chunk` or a first-token
+                     event on the latest-ending LLM span that has one
+  generation time    outermost LLM spans, each until its last streaming event if that is later
+  =================  ==========================================================================
+
 Stage roll-ups avoid double counting when instrumentations nest (a LangChain
 LLM span around the OpenAI SDK's LLM span): a stage's time sums only the
 outermost spans of that stage, and token usage is taken from a span only when

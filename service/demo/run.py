@@ -58,7 +58,6 @@ from service.demo.traffic import LOCAL_MODEL, PlannedRequest, RetrievedDocument,
 
 __all__ = [
     "DemoSummary",
-    "add_arguments",
     "main",
     "run_demo",
 ]
@@ -406,29 +405,6 @@ def _drive(
         by_app=dict(sorted(by_app.items())),
         **{k: v for k, v in counts.items()},
     )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the `ragmon demo` options to `parser`."""
-    parser.add_argument("--target", default="http://127.0.0.1:4318", help="base URL of a running ragmon")
-    parser.add_argument("--requests", type=int, default=600, help="how many simulated requests to send")
-    parser.add_argument(
-        "--rate", type=float, default=5.0, help="requests per second; 0 sends as fast as possible"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="the traffic is a pure function of this seed")
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("RAGMON_API_KEY"),
-        help="sent as a bearer token (default: $RAGMON_API_KEY)",
-    )
-    parser.add_argument(
-        "--shift-after",
-        type=int,
-        default=None,
-        help="after this many requests, part of the traffic changes topic",
-    )
-    parser.add_argument("--dim", type=int, default=256, help="dimension of the query embeddings (8..4096)")
-    parser.add_argument("--fixed-ids", action="store_true", help="derive trace ids from the seed too")
 
 
 def main(args: argparse.Namespace) -> int:

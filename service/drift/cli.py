@@ -13,13 +13,13 @@ import json
 import re
 import sys
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from service.config import RagmonConfig
-from service.drift.monitor import DriftScheduler, pin_references
-from service.drift.store import DriftStore
-from service.metrics import Metrics
-from service.store.trace_store import Store
+if TYPE_CHECKING:
+    # the store, the detectors and their NumPy/SciPy load only when a subcommand runs, not for --help
+    from service.config import RagmonConfig
+    from service.drift.store import DriftStore
+    from service.store.trace_store import Store
 
 __all__ = ["add_arguments", "main", "parse_time"]
 
@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser, add_config_flags: Any) -> Non
 
 
 def _open(config: RagmonConfig) -> tuple[Store, DriftStore]:
+    from service.drift.store import DriftStore
+    from service.store.trace_store import Store
+
     config.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(
         config.store_url, connect_timeout_s=config.store.timeout_s, statement_timeout_s=config.store.timeout_s
@@ -86,6 +89,8 @@ def _open(config: RagmonConfig) -> tuple[Store, DriftStore]:
 
 
 def _pin(args: argparse.Namespace, config: RagmonConfig, drift: DriftStore) -> int:
+    from service.drift.monitor import pin_references
+
     if args.release is None and (args.since is None or args.until is None):
         print("ragmon drift pin: give --from and --to, or --release", file=sys.stderr)
         return 2
@@ -120,6 +125,9 @@ def _list(args: argparse.Namespace, drift: DriftStore) -> int:
 
 
 def _run(args: argparse.Namespace, config: RagmonConfig, drift: DriftStore) -> int:
+    from service.drift.monitor import DriftScheduler
+    from service.metrics import Metrics
+
     scheduler = DriftScheduler(config.drift, drift, Metrics(config.metrics))
     now = datetime.now(UTC)
     records = scheduler.run(tenant=args.tenant, app=args.app, trigger="manual", now=now)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from service.config import JudgeConfig
 from service.judge.heuristic import HeuristicJudge
 from service.judge.judgment import CostFn, Judge
-from service.judge.llm import LlmJudge
 
 __all__ = ["build_judge"]
 
@@ -25,5 +24,8 @@ def build_judge(config: JudgeConfig | None = None, *, cost_fn: CostFn | None = N
 
         return PhoenixEvalsJudge(config, cost_fn=cost_fn)
     if config.endpoint_configured():
+        # the openai SDK takes half a second to import; the offline judge never needs it
+        from service.judge.llm import LlmJudge
+
         return LlmJudge(config, cost_fn=cost_fn)
     return HeuristicJudge()

@@ -37,7 +37,6 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Literal, Protocol
 
-import openai
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.config import JsonDict
 
@@ -240,6 +239,8 @@ class LlmCorrectness:
         api_key = self.config.api_key.get_secret_value() if self.config.api_key else None
         if api_key is None and not os.environ.get("OPENAI_API_KEY") and self.config.endpoint_configured():
             api_key = _NO_KEY  # local endpoints ignore the key, but the SDK wants one
+        import openai  # here: the SDK takes half a second to import, and the offline check never needs it
+
         try:
             self._client = openai.AsyncOpenAI(
                 api_key=api_key,
@@ -271,6 +272,8 @@ class LlmCorrectness:
         )
 
     async def check(self, question: str, answer: str | None, facts: Sequence[str]) -> Correctness:
+        import openai
+
         trivial = _trivial(self, answer, facts)
         if trivial is not None:
             return trivial

@@ -17,8 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from openai.types.chat import ChatCompletionMessageParam
+if TYPE_CHECKING:
+    # for the annotation only: the SDK's types take a third of a second to import
+    from openai.types.chat import ChatCompletionMessageParam
 
 __all__ = [
     "DATA_CLOSE",

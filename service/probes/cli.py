@@ -30,13 +30,13 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from service.errors import InvalidInput
-from service.probes.golden import load_golden
-from service.probes.runner import ProbeRunner, new_run_id
+
+if TYPE_CHECKING:
+    # httpx and the runner load when a command runs, not when `ragmon --help` builds the flags
+    from service.probes.runner import ProbeRunner
 
 __all__ = ["add_golden_arguments", "add_probe_arguments", "golden_main", "parse_every", "probe_main"]
 
@@ -125,6 +125,8 @@ class _Ragmon:
     """The probe API of one ragmon, over HTTP."""
 
     def __init__(self, url: str, api_key: str | None, timeout_s: float) -> None:
+        import httpx
+
         headers = {"x-api-key": api_key} if api_key else {}
         self.client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
 
@@ -192,6 +194,11 @@ def _one_run(args: argparse.Namespace, runner: ProbeRunner, ragmon: _Ragmon | No
 
 
 def _send_runs(args: argparse.Namespace) -> int:
+    import httpx
+
+    from service.probes.golden import load_golden
+    from service.probes.runner import ProbeRunner, new_run_id
+
     if args.golden is None or args.endpoint is None:
         print("ragmon probe: --golden and --endpoint are required to send a run", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -231,6 +238,8 @@ def _send_runs(args: argparse.Namespace) -> int:
 
 def probe_main(args: argparse.Namespace) -> int:
     """Entry point of `ragmon probe` (see the module docstring)."""
+    import httpx
+
     if args.probe_command is None:
         return _send_runs(args)
     ragmon = _Ragmon(args.ragmon, args.api_key, args.timeout_s)
@@ -251,6 +260,10 @@ def probe_main(args: argparse.Namespace) -> int:
 
 def golden_main(args: argparse.Namespace) -> int:
     """Entry point of `ragmon golden load`: checks the file locally first, then loads it into ragmon."""
+    import httpx
+
+    from service.probes.golden import load_golden
+
     try:
         load_golden(args.file)
     except (OSError, InvalidInput) as exc:

@@ -20,9 +20,6 @@ import sys
 from pathlib import Path
 
 from service.errors import InvalidInput
-from service.probes.golden import load_golden
-from service.probes.retrieval_metrics import evaluate, targets_from_golden, targets_from_qrels
-from service.probes.trec import read_qrels, read_run
 
 __all__ = ["add_arguments", "main"]
 
@@ -124,6 +121,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> dict[str, object]:
+    # the scorers load here, not when `ragmon --help` builds the flags
+    from service.probes.golden import load_golden
+    from service.probes.retrieval_metrics import evaluate, targets_from_golden, targets_from_qrels
+    from service.probes.trec import read_qrels, read_run
+
     run = read_run(args.run_file)
     header: dict[str, object] = {"run": str(args.run_file)}
     if args.golden_file is not None:

@@ -1,7 +1,8 @@
 """The weekly drift and quality report, as HTML with inline charts and as Markdown.
 
-Owns: building and rendering the report (`weekly.py`), its SVG charts (`svg_chart.py`) and where the
-latest report is kept (`latest.py`, served by `service/api/reports.py`).
+Owns: building and rendering the report (`weekly.py`), its SVG charts (`svg_chart.py`), where the
+latest report is kept (`latest.py`, served by `service/api/reports.py`) and the `ragmon report`
+command (`cli.py`).
 
 May import: `drift`, `judge`, `store`, `metrics`, `config`, `model`.
 """

@@ -1,4 +1,5 @@
-"""`ragmon report`: the drift and quality report over a period, as one HTML file and a Markdown summary.
+"""The drift and quality report over a period, as one HTML file and a Markdown summary (`ragmon report`,
+whose command is `service/report/cli.py`).
 
 Per app: query drift over time (the stored query-embedding runs), the
 faithfulness estimate per day with its interval (Hájek over the judge queue,
@@ -17,15 +18,12 @@ cron: `0 6 * * 1  ragmon report --since 7d --data-dir /var/lib/ragmon`.
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from html import escape
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,19 +33,16 @@ from scipy import stats
 
 from detectors import explain_query_drift
 from detectors.regeneration_band import binomial_band
-from sampler import create_tables
 from service.config import JudgingConfig, RagmonConfig
-from service.drift.cli import parse_time
 from service.drift.store import DriftStore, RunRecord
 from service.judge.judging import FaithfulnessEstimator
 from service.judge.store import JudgmentStore
 from service.metrics import Metrics
-from service.report.latest import LATEST_HTML, LATEST_MD, reports_dir
 from service.report.svg_chart import Series, time_chart
 from service.store.tables import feedback, traces
 from service.store.trace_store import Store
 
-__all__ = ["Report", "add_arguments", "build_report", "main", "render_html", "render_markdown"]
+__all__ = ["Report", "build_report", "render_html", "render_markdown"]
 
 STAGES = ("total", "embedding", "retrieval", "rerank", "generation")
 EMBEDDING_DETECTORS = ("query_embedding_mmd", "query_embedding_rff")
@@ -609,58 +604,3 @@ def render_html(report: Report) -> str:
         parts.append(_app_html(app, report.alpha))
     parts.append("</body></html>")
     return "".join(parts)
-
-
-# -- command ------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--since", default="7d", help="period start: an age like 7d, or ISO 8601 (default 7d)"
-    )
-    parser.add_argument("--until", default="now", help="period end (default now)")
-    parser.add_argument("--out", type=Path, help="output directory (default <data-dir>/reports/<date>)")
-    parser.add_argument("--app", help="only this app")
-    parser.add_argument("--tenant", default="default", help="tenant to report on (default: default)")
-
-
-def main(args: argparse.Namespace, config: RagmonConfig) -> int:
-    """Write report.html and report.md to --out and refresh the latest copies; print where they are."""
-    try:
-        now = datetime.now(UTC)
-        since, until = parse_time(args.since, now), parse_time(args.until, now)
-    except ValueError as exc:
-        print(f"ragmon report: {exc}", file=sys.stderr)
-        return 2
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(
-        config.store_url, connect_timeout_s=config.store.timeout_s, statement_timeout_s=config.store.timeout_s
-    )
-    try:
-        store.create_schema()
-        JudgmentStore(store.engine).create_schema()
-        create_tables(store.engine)
-        drift = DriftStore(
-            store.engine, bucket_s=config.drift.bucket_s, bucket_capacity=config.drift.bucket_capacity
-        )
-        drift.create_schema()
-        report = build_report(
-            config, store, drift, tenant=args.tenant, since=since, until=until, app=args.app
-        )
-    except ValueError as exc:
-        print(f"ragmon report: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        store.close()
-    html, markdown = render_html(report), render_markdown(report)
-    out: Path = args.out or reports_dir(config) / f"{until:%Y-%m-%d}"
-    latest = reports_dir(config)
-    for directory in (out, latest):
-        directory.mkdir(parents=True, exist_ok=True)
-    (out / "report.html").write_text(html, encoding="utf-8")
-    (out / "report.md").write_text(markdown, encoding="utf-8")
-    (latest / LATEST_HTML).write_text(html, encoding="utf-8")
-    (latest / LATEST_MD).write_text(markdown, encoding="utf-8")
-    print(markdown)
-    print(f"report written to {out / 'report.html'} and {out / 'report.md'}", file=sys.stderr)
-    return 0

@@ -20,12 +20,13 @@ import sys
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from service.probes.golden import GoldChunk, GoldenQuestion
-from service.review.records import ReviewRecord
-from service.review.store import ReviewStore
-from service.store.trace_store import Store
+if TYPE_CHECKING:
+    # the stores (SQLAlchemy) load when the export runs, not when `ragmon --help` builds the flags
+    from service.review.records import ReviewRecord
+    from service.review.store import ReviewStore
+    from service.store.trace_store import Store
 
 __all__ = ["add_arguments", "golden_rows", "main"]
 
@@ -48,6 +49,8 @@ def golden_rows(
     provenance: bool = True,
 ) -> tuple[list[dict[str, Any]], int]:
     """(golden-set rows of the reviewed traces, how many were skipped for want of a question)."""
+    from service.probes.golden import GoldChunk, GoldenQuestion
+
     rows: list[dict[str, Any]] = []
     skipped = 0
     used: set[str] = set()
@@ -111,6 +114,9 @@ def _since(text: str | None) -> datetime | None:
 
 def main(args: argparse.Namespace, store_url: str) -> int:
     """Write the export; prints one summary line to stderr. Returns the exit status."""
+    from service.review.store import ReviewStore
+    from service.store.trace_store import Store
+
     since = _since(args.since)
     traces = Store(store_url)
     try:

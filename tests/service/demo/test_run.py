@@ -23,9 +23,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from service.demo.cli import add_arguments as add_demo_arguments
 from service.demo.corpus import word_set
 from service.demo.run import FIRST_TOKEN_EVENT, REGENERATION_ATTRIBUTE, TTFT_ATTRIBUTE, main, run_demo
-from service.demo.run import add_arguments as add_demo_arguments
 from service.demo.traffic import LOCAL_MODEL
 
 APPS = {"support-bot", "docs-assistant", "hr-helper"}

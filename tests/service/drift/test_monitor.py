@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.service.drift.drift_traffic import send, traces
 
 from detectors import HashingEmbedder, embedding_model_key
 from service.config import DriftConfig
@@ -20,6 +19,7 @@ from service.metrics import Metrics
 from service.model import QueryEmbedding, RagTrace
 from service.store.trace_store import Store
 from tests.live_server import live_server
+from tests.service.drift.drift_traffic import send, traces
 
 DRIFT = {"min_window": 30, "interval_s": 3600.0, "flush_s": 3600.0}
 QUIET = {"judging": {"enabled": False}}

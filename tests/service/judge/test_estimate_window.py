@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from tests.service.judge.record_by_record import record_by_record
 
 from sampler import (
     GROUPINGS,
@@ -20,6 +19,7 @@ from sampler import (
 from sampler.estimate import FaithfulnessEstimate
 from service.judge.store import JudgmentStore, judgments
 from service.store.trace_store import Store
+from tests.service.judge.record_by_record import record_by_record
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(hours=24)

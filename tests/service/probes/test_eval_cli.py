@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.service.probes.trec_eval_oracle import TOLERANCE, our_key, parse_trec_eval_output, trec_eval_dir
 
 from service.probes.eval_cli import add_arguments, main
 from service.probes.golden import load_golden
+from tests.service.probes.trec_eval_oracle import TOLERANCE, our_key, parse_trec_eval_output, trec_eval_dir
 
 REPO = Path(__file__).resolve().parents[3]
 

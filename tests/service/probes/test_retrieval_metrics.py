@@ -9,7 +9,6 @@ import random
 from collections.abc import Callable
 
 import pytest
-from tests.service.probes.trec_eval_oracle import TOLERANCE, our_key, parse_trec_eval_output, trec_eval_dir
 
 from service.probes.golden import parse_golden
 from service.probes.retrieval_metrics import (
@@ -29,6 +28,7 @@ from service.probes.retrieval_metrics import (
     targets_from_qrels,
 )
 from service.probes.trec import read_qrels, read_run
+from tests.service.probes.trec_eval_oracle import TOLERANCE, our_key, parse_trec_eval_output, trec_eval_dir
 
 # (trec_eval output, qrels, run, relevance level -l, -c) as trec_eval's test directory produced them.
 ORACLE_CASES = [

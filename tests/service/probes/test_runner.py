@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.service.probes.probe_app import ProbeApp, probe_app
 
 from service.cli import main as ragmon
 from service.probes.cli import parse_every
 from service.probes.golden import parse_golden
 from service.probes.runner import ProbeRunner, new_run_id
+from tests.service.probes.probe_app import ProbeApp, probe_app
 
 ROWS = [
     '{"question_id": "q1", "question": "How long do refunds take?", "gold_chunks": [{"chunk_id": "c1"}]}',

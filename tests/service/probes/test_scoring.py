@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from tests.service.probes.probe_app import ProbeApp, probe_app
 
 from service.cli import main as ragmon
 from service.judge.correctness import HeuristicCorrectness
@@ -27,6 +26,7 @@ from service.probes.golden import parse_golden
 from service.probes.scoring import compare_runs, diagnose, score_run
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.live_server import live_server
+from tests.service.probes.probe_app import ProbeApp, probe_app
 
 REPO = Path(__file__).resolve().parents[3]
 PROMTOOL = shutil.which("promtool")

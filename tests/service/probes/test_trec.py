@@ -6,10 +6,10 @@ import itertools
 from pathlib import Path
 
 import pytest
-from tests.service.probes.trec_eval_oracle import trec_eval_dir
 
 from service.errors import InvalidInput, PermanentError
 from service.probes.trec import parse_qrels, parse_run, read_qrels, read_run
+from tests.service.probes.trec_eval_oracle import trec_eval_dir
 
 
 def test_run_is_ranked_by_score_then_docno_descending_ignoring_the_rank_column() -> None:

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from tests.service.drift.drift_traffic import send, traces
 
 from service.cli import main as cli_main
 from service.judge.store import judgments
 from service.report.weekly import mean_interval, quantile_interval, rate_interval
 from tests.live_server import live_server
+from tests.service.drift.drift_traffic import send, traces
 
 
 def test_report_over_an_empty_window_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
