@@ -37,8 +37,9 @@ import asyncio
 import logging
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from service.config import AssemblerConfig
 from service.consumer import TraceConsumer
@@ -97,6 +98,16 @@ class _OpenTrace:
     root_ended_at: float | None = None
 
 
+class DropLedger(Protocol):
+    """Told of what the assembler drops, so a write-ahead log can let go of it (ingest/ledger.py)."""
+
+    def late(self, key: TraceKey) -> None:
+        """One batch's spans of `key` were dropped as late."""
+
+    def done(self, keys: Iterable[TraceKey]) -> None:
+        """These traces will never be handed on (their build failed)."""
+
+
 class SpanAssembler:
     """Processor: spans in (`SpanConsumer`), traces out to `next` (`TraceConsumer`)."""
 
@@ -107,12 +118,14 @@ class SpanAssembler:
         build: BatchBuilder,
         metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
+        ledger: DropLedger | None = None,
     ) -> None:
         self.config = config
         self.next = next
         self.build = build
         self.metrics = metrics
         self.clock = clock
+        self.ledger = ledger
         self._open: OrderedDict[TraceKey, _OpenTrace] = OrderedDict()
         self._root_deadlines: deque[tuple[float, TraceKey]] = deque()
         # Emitted traces, oldest first: when (clock time) and the hash of their key. ~30k of them at
@@ -178,10 +191,12 @@ class SpanAssembler:
 
     async def consume_spans(self, batch: Sequence[AnySpan]) -> None:
         now = self.clock()
+        late: set[TraceKey] = set()
         for span in batch:
             key = (span.tenant, span.trace_id)
             if hash(key) in self._recent:
                 self.metrics.late_spans.inc()
+                late.add(key)
                 continue
             open_trace = self._open.get(key)
             if open_trace is None:
@@ -195,6 +210,9 @@ class SpanAssembler:
                 self._ended_open += 1
                 self._root_deadlines.append((now + self.config.grace_s, key))
             self._evict_over_bounds(keep=key)
+        if late and self.ledger is not None:
+            for key in late:
+                self.ledger.late(key)
         if self._pending:
             await self._emit_pending()
 
@@ -286,6 +304,13 @@ class SpanAssembler:
             self.metrics.assembled.labels(reason=reason).inc(count)
         if len(traces) < len(built):
             self.metrics.assembly_failures.inc(len(built) - len(traces))
+            if self.ledger is not None:
+                failed = [
+                    (t.spans[0].tenant, t.spans[0].trace_id)
+                    for (t, _), b in zip(chunk, built, strict=True)
+                    if b is None
+                ]
+                self.ledger.done(failed)
         if traces:
             await self.next.consume_traces(traces)
 

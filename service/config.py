@@ -173,6 +173,24 @@ class WorkerConfig(_Section):
     )
 
 
+class WalConfig(_Section):
+    ack: Literal["durable", "received"] = Field(
+        "durable",
+        description="embedded mode: durable answers 200 only once the request is in the fsynced write-ahead "
+        "log; received answers before (faster; a crash loses what was not yet stored)",
+    )
+    dir: Path | None = Field(
+        None, description="where the log lives; default <data-dir>/wal (a disk of its own is fine)"
+    )
+    fsync: bool = Field(True, description="fsync each group commit (off only where the disk is already safe)")
+    segment_bytes: int = Field(16 << 20, gt=0, description="a new log segment after this many bytes")
+    segment_max_age_s: float = Field(10.0, gt=0, description="a new log segment after this long")
+    max_bytes: int = Field(
+        1 << 30, gt=0, description="log bytes not yet stored before ingest answers 503 (back-pressure)"
+    )
+    checkpoint_s: float = Field(1.0, gt=0, description="how often stored segments are deleted")
+
+
 class StoreConfig(_Section):
     url: str | None = Field(
         None,
@@ -488,6 +506,7 @@ class RagmonConfig(_Section):
     kafka: KafkaConfig = KafkaConfig()
     worker: WorkerConfig = WorkerConfig()
     store: StoreConfig = StoreConfig()
+    wal: WalConfig = WalConfig()
     regeneration: RegenerationConfig = RegenerationConfig()
     metrics: MetricsConfig = MetricsConfig()
     pricing: PricingConfig = PricingConfig()

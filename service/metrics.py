@@ -68,6 +68,8 @@ REQUEST_REJECT_REASONS = (
     "forbidden",
     "bad_api_key",
     "queue_full",
+    "wal_full",
+    "wal_unavailable",
 )
 
 
@@ -265,6 +267,17 @@ class Metrics:
             "ragmon_non_request_cost_usd",
             "USD spent by traces that are not user requests (priced calls only), by kind",
             ["app", "kind"],
+            registry=r,
+        )
+        self.wal_replayed = Counter(
+            "ragmon_wal_replayed_records",
+            "write-ahead log records ingested again at start: acknowledged before a crash, not yet stored",
+            ["kind"],
+            registry=r,
+        )
+        self.wal_fsyncs = Counter(
+            "ragmon_wal_group_commits",
+            "write-ahead log writes, each one fsync for every request in it",
             registry=r,
         )
         self.log_events_received = Counter(

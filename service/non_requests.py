@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from service.consumer import TraceConsumer
 from service.errors import StoreUnavailable
@@ -35,10 +35,17 @@ log = logging.getLogger(__name__)
 class RequestFilter:
     """Processor: traces in (`TraceConsumer`), requests out to `next`, the rest counted (and stored)."""
 
-    def __init__(self, next: TraceConsumer, metrics: Metrics, store: Store | None) -> None:
+    def __init__(
+        self,
+        next: TraceConsumer,
+        metrics: Metrics,
+        store: Store | None,
+        on_dropped: Callable[[Iterable[tuple[str, str]]], None] | None = None,
+    ) -> None:
         self.next = next
         self.metrics = metrics
         self.store = store  # None: count non-requests, store nothing
+        self.on_dropped = on_dropped  # told the (tenant, trace_id) of what does not go on
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
         requests = [t for t in batch if t.kind == "request"]
@@ -48,6 +55,8 @@ class RequestFilter:
             return
         others = [t for t in batch if t.kind != "request"]
         self.metrics.count_non_requests(others)
+        if self.on_dropped is not None:
+            self.on_dropped((t.tenant, t.trace_id) for t in others)
         if self.store is None:
             return
         try:

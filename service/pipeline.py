@@ -23,9 +23,11 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter
 
 from sampler import JudgeBudget, SqlJudgeQueue, TraceSampler, create_tables
 from service.assemble import SpanAssembler
@@ -37,7 +39,9 @@ from service.conventions.spans import AnySpan, LogEvent
 from service.drift.monitor import DriftScheduler, DriftWindowSink
 from service.drift.store import DriftStore
 from service.errors import QueueFull
+from service.ingest.durable import DurableAcks
 from service.ingest.pool import IngestPool
+from service.ingest.wal import LoggedRequest
 from service.judge.build import build_judge
 from service.judge.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
 from service.judge.judgment import Judgment
@@ -92,6 +96,36 @@ class Fanout:
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
         for sink in self.sinks:
             await sink.consume_feedback(batch)
+
+
+class Delivered:
+    """What the memory bus delivers to: the store sink, then the write-ahead log lets go of what was
+    stored (a failed delivery raises first, so nothing unstored is let go of)."""
+
+    def __init__(self, sinks: StoreSink, durable: DurableAcks) -> None:
+        self.sinks = sinks
+        self.durable = durable
+
+    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
+        await self.sinks.consume_traces(batch)
+        self.durable.done(trace_keys(batch))
+
+    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
+        await self.sinks.consume_feedback(batch)
+        self.durable.done(feedback_keys(batch))
+
+
+def trace_keys(items: Iterable[RagTrace | AnySpan]) -> set[tuple[str, str]]:
+    """The ledger keys of traces, or of the traces some spans belong to."""
+    return {(item.tenant, item.trace_id) for item in items}
+
+
+def feedback_keys(events: Iterable[Feedback]) -> set[tuple[str, str, str]]:
+    return {("feedback", event.tenant, event.event_id) for event in events}
+
+
+_TRACES = TypeAdapter(list[RagTrace])
+_FEEDBACK = TypeAdapter(list[Feedback])
 
 
 class Pipeline:
@@ -150,6 +184,14 @@ class Pipeline:
         fanout = Fanout(downstream)
         self.sinks = StoreSink(self.store, new_traces=fanout, new_feedback=fanout)
         self.distributed = config.bus.kind == "kafka"
+        # embedded mode's durable acknowledgement; Kafka mode's is the broker's (acks=all)
+        self.durable = (
+            DurableAcks(
+                config.wal, config.wal.dir or config.data_dir / "wal", self.metrics, config.bus.retry_after_s
+            )
+            if not self.distributed and config.wal.ack == "durable"
+            else None
+        )
         self.bus: MemoryBus | KafkaBus
         if self.distributed:
             from service.bus.kafka import KafkaBus  # kafka-python comes with the `kafka` extra
@@ -157,16 +199,21 @@ class Pipeline:
             # ingest publishes; `ragmon worker` runs the sinks, judge workers and drift (service/worker.py)
             self.bus = KafkaBus(config.kafka, self.metrics)
         else:
-            self.bus = MemoryBus(
-                config.bus, traces_to=self.sinks, feedback_to=self.sinks, metrics=self.metrics
-            )
+            delivered = Delivered(self.sinks, self.durable) if self.durable is not None else self.sinks
+            self.bus = MemoryBus(config.bus, traces_to=delivered, feedback_to=delivered, metrics=self.metrics)
         self.reask = ReaskDetector(config.regeneration, next=self.bus)
         keep = self.store if config.store.keep_non_requests else None
-        self.requests = RequestFilter(self.reask, self.metrics, keep)
+        self.requests = RequestFilter(
+            self.reask, self.metrics, keep, on_dropped=self.durable.done if self.durable is not None else None
+        )
         # decodes OTLP bodies (for the receivers) and builds traces (for the assembler)
         self.ingest_pool = IngestPool(config.server.ingest_processes, self.prices, self.metrics)
         self.assembler = SpanAssembler(
-            config.assembler, next=self.requests, build=self.ingest_pool.build_traces, metrics=self.metrics
+            config.assembler,
+            next=self.requests,
+            build=self.ingest_pool.build_traces,
+            metrics=self.metrics,
+            ledger=self.durable,
         )
         self._retention_task: asyncio.Task[None] | None = None
         self.started = False
@@ -256,24 +303,68 @@ class Pipeline:
                 retry_after_s=self.config.bus.retry_after_s,
             )
 
-    async def accept_spans(self, spans: Sequence[AnySpan], receiver: str) -> None:
+    async def accept_spans(
+        self, spans: Sequence[AnySpan], receiver: str, logged: LoggedRequest | None = None
+    ) -> None:
+        """Take a request's spans; with `logged` (the request as received) they are in the write-ahead
+        log before this returns, which is what makes the receiver's 200 a promise."""
         self.check_room()
+        if self.durable is not None and logged is not None and spans:
+            await self.durable.log(logged, trace_keys(spans))
         await self.assembler.consume_spans(spans)
         self.metrics.spans_received.labels(receiver=receiver).inc(len(spans))
 
-    async def accept_log_events(self, events: Sequence[LogEvent], receiver: str) -> None:
+    async def accept_log_events(
+        self, events: Sequence[LogEvent], receiver: str, logged: LoggedRequest | None = None
+    ) -> None:
         """GenAI events sent as log records: buffered with the spans of their trace, joined at build."""
         self.check_room()
+        if self.durable is not None and logged is not None and events:
+            await self.durable.log(logged, trace_keys(events))
         await self.assembler.consume_spans(events)
         self.metrics.log_events_received.labels(receiver=receiver).inc(len(events))
 
     async def accept_traces(self, traces: Sequence[RagTrace]) -> None:
         self.check_room()
+        if self.durable is not None and traces:
+            body = _TRACES.dump_json(list(traces))
+            await self.durable.log(LoggedRequest("traces", "", body, receiver="json"), trace_keys(traces))
         await self.reask.consume_traces(traces)
 
     async def accept_feedback(self, events: Sequence[Feedback]) -> None:
         self.check_room()
+        if self.durable is not None and events:
+            body = _FEEDBACK.dump_json(list(events))
+            await self.durable.log(
+                LoggedRequest("feedback", "", body, receiver="json"), feedback_keys(events)
+            )
         await self.reask.consume_feedback(events)
+
+    async def _replay(self, record: LoggedRequest) -> None:
+        """Ingest a logged record again (at start, before the receivers open): decoded as when it
+        was first accepted, held at its old seq, and never logged a second time."""
+        assert self.durable is not None
+        while not self.has_room():  # the log may hold more than the bus takes at once
+            await asyncio.sleep(0.05)
+        limit = self.config.server.max_body_bytes
+        is_json = record.media_type == "application/json"
+        items: Sequence[AnySpan]
+        if record.kind in ("otlp_traces", "otlp_logs"):
+            decode = self.ingest_pool.decode if record.kind == "otlp_traces" else self.ingest_pool.decode_logs
+            decoded = await decode(
+                record.body, json_body=is_json, encoding=record.encoding, tenant=record.tenant, limit=limit
+            )
+            items = decoded.spans
+            self.durable.hold(trace_keys(items), record.seq)
+            await self.assembler.consume_spans(items)
+        elif record.kind == "traces":
+            traces = _TRACES.validate_json(record.body)
+            self.durable.hold(trace_keys(traces), record.seq)
+            await self.reask.consume_traces(traces)
+        else:
+            events = _FEEDBACK.validate_json(record.body)
+            self.durable.hold(feedback_keys(events), record.seq)
+            await self.reask.consume_feedback(events)
 
     async def _retention(self) -> None:
         while True:
@@ -312,6 +403,8 @@ class Pipeline:
         await self.bus.start()
         await self.assembler.start()
         await self.ingest_pool.start()
+        if self.durable is not None:
+            await self.durable.start(self._replay)
         self._retention_task = asyncio.create_task(self._retention(), name="retention")
         self.started = True
 
@@ -324,6 +417,8 @@ class Pipeline:
         await self.ingest_pool.stop()
         await self.assembler.stop()
         await self.bus.stop()
+        if self.durable is not None:
+            await self.durable.stop()
         await self.drift.stop()
         await self.estimator.stop()
         for worker in self.judge_workers:

@@ -33,6 +33,7 @@ from service.ingest.otlp_logs import DecodedLogs
 from service.ingest.otlp_metrics import check_metrics_body
 from service.ingest.responses import PROTOBUF
 from service.ingest.target import IngestTarget
+from service.ingest.wal import LoggedRequest
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -108,7 +109,8 @@ class _OtlpServices:
             request, json_body=False, encoding="", tenant=tenant, limit=len(request)
         )
         self._count(decoded)
-        await self.pipeline.accept_spans(decoded.spans, receiver="otlp_grpc")
+        logged = LoggedRequest("otlp_traces", tenant, request, PROTOBUF, "", "otlp_grpc")
+        await self.pipeline.accept_spans(decoded.spans, receiver="otlp_grpc", logged=logged)
         self.pipeline.phoenix_forward.offer(request, PROTOBUF)
         return decoded
 
@@ -130,7 +132,8 @@ class _OtlpServices:
         )
         self._count(decoded)
         self.pipeline.metrics.ignored_log_records.labels(receiver="otlp_grpc").inc(decoded.ignored)
-        await self.pipeline.accept_log_events(decoded.log_events, receiver="otlp_grpc")
+        logged = LoggedRequest("otlp_logs", tenant, request, PROTOBUF, "", "otlp_grpc")
+        await self.pipeline.accept_log_events(decoded.log_events, receiver="otlp_grpc", logged=logged)
         return decoded
 
     async def export_metrics(

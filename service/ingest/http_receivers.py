@@ -33,6 +33,7 @@ from service.ingest.otlp import DecodedBatch
 from service.ingest.otlp_metrics import check_metrics_body
 from service.ingest.responses import JSON, PROTOBUF, media_type_of
 from service.ingest.target import IngestDep, IngestTarget
+from service.ingest.wal import LoggedRequest
 from service.ingest.wire import (
     FeedbackIn,
     FeedbackOut,
@@ -110,7 +111,8 @@ async def export_traces(request: Request, tenant: TenantDep, pipeline: IngestDep
         limit=pipeline.config.server.max_body_bytes,
     )
     _count_rejections(pipeline, decoded)
-    await pipeline.accept_spans(decoded.spans, receiver="otlp_http")
+    logged = LoggedRequest("otlp_traces", tenant, raw, media_type, encoding, "otlp_http")
+    await pipeline.accept_spans(decoded.spans, receiver="otlp_http", logged=logged)
     pipeline.phoenix_forward.offer(raw, media_type, encoding)
     return _otlp_answer(media_type, trace_service_pb2.ExportTraceServiceResponse(), "rejected_spans", decoded)
 
@@ -133,7 +135,8 @@ async def export_logs(request: Request, tenant: TenantDep, pipeline: IngestDep) 
     )
     _count_rejections(pipeline, decoded)
     pipeline.metrics.ignored_log_records.labels(receiver="otlp_http").inc(decoded.ignored)
-    await pipeline.accept_log_events(decoded.log_events, receiver="otlp_http")
+    logged = LoggedRequest("otlp_logs", tenant, raw, media_type, encoding, "otlp_http")
+    await pipeline.accept_log_events(decoded.log_events, receiver="otlp_http", logged=logged)
     return _otlp_answer(
         media_type, logs_service_pb2.ExportLogsServiceResponse(), "rejected_log_records", decoded
     )

@@ -17,6 +17,7 @@ from service.config import RagmonConfig
 from service.conventions.pricing import PriceTable
 from service.conventions.spans import AnySpan, LogEvent
 from service.ingest.pool import IngestPool
+from service.ingest.wal import LoggedRequest
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 
@@ -50,9 +51,14 @@ class IngestTarget(Protocol):
     def check_room(self) -> None:
         """Raise `QueueFull` now if nothing more can be taken, before any decoding work."""
 
-    async def accept_spans(self, spans: Sequence[AnySpan], receiver: str) -> None: ...
+    async def accept_spans(
+        self, spans: Sequence[AnySpan], receiver: str, logged: LoggedRequest | None = None
+    ) -> None:
+        """Take a request's spans; `logged` is the request as received, for the write-ahead log."""
 
-    async def accept_log_events(self, events: Sequence[LogEvent], receiver: str) -> None: ...
+    async def accept_log_events(
+        self, events: Sequence[LogEvent], receiver: str, logged: LoggedRequest | None = None
+    ) -> None: ...
 
     async def accept_traces(self, traces: Sequence[RagTrace]) -> None: ...
 

@@ -1,0 +1,112 @@
+"""`DurableAcks`: embedded mode's durable acknowledgement, the write-ahead log and its ledger together.
+
+A receiver's request is logged (`log`) before it is answered; the keys it
+brought are held in the ledger at its log seq. The assembler, the request
+filter and the bus delivery tell this object what reached an end (`late`,
+`done`), a checkpoint every `wal.checkpoint_s` deletes the log segments below
+the watermark, and `start` hands every record a crash left back to the
+pipeline (`replay`) before the receivers open. See wal.py and ledger.py for
+the guarantees of each half.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+
+from service.config import WalConfig
+from service.ingest.ledger import AckLedger, Key
+from service.ingest.wal import LoggedRequest, WriteAheadLog
+from service.lifecycle import cancel_task
+from service.metrics import Metrics
+
+__all__ = ["DurableAcks"]
+
+log = logging.getLogger(__name__)
+
+Replay = Callable[[LoggedRequest], Awaitable[None]]
+
+
+class DurableAcks:
+    """The log in `directory` and what of it is not stored yet."""
+
+    def __init__(self, config: WalConfig, directory: Path, metrics: Metrics, retry_after_s: float) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.wal = WriteAheadLog(
+            directory,
+            segment_bytes=config.segment_bytes,
+            segment_max_age_s=config.segment_max_age_s,
+            max_bytes=config.max_bytes,
+            fsync=config.fsync,
+            retry_after_s=retry_after_s,
+        )
+        self.ledger = AckLedger()
+        self._checkpoints: asyncio.Task[None] | None = None
+        self._fsyncs_counted = 0
+        metrics.state.add("ragmon_wal_bytes", "bytes in the write-ahead log", lambda: self.wal.size_bytes)
+        metrics.state.add("ragmon_wal_segments", "write-ahead log segment files", lambda: self.wal.segments)
+        metrics.state.add(
+            "ragmon_wal_unstored_records",
+            "traces and feedback events acknowledged and not yet stored (held in the write-ahead log)",
+            lambda: len(self.ledger),
+        )
+
+    async def log(self, request: LoggedRequest, keys: Iterable[Key]) -> None:
+        """Append and fsync `request`, then hold its keys; raises `WalFull` / `WalUnavailable` (503)."""
+        seq = await self.wal.append(request)
+        self.ledger.hold(keys, seq)
+
+    def hold(self, keys: Iterable[Key], seq: int) -> None:
+        """Hold the keys of a replayed record at its old seq."""
+        self.ledger.hold(keys, seq)
+
+    def late(self, key: Key) -> None:
+        self.ledger.late(key)
+
+    def done(self, keys: Iterable[Key]) -> None:
+        self.ledger.done(keys)
+
+    async def start(self, replay: Replay) -> int:
+        """Read what a crash left and hand each record to `replay` in order; then start checkpoints.
+        Returns the records replayed. A record `replay` raises for is logged and skipped: it was
+        accepted once, and a bug must not keep every later record from the store."""
+        records = await asyncio.to_thread(self.wal.open)
+        for record in records:
+            try:
+                await replay(record)
+            except Exception:
+                log.exception(
+                    "could not replay write-ahead log record %d (%s); skipped", record.seq, record.kind
+                )
+                continue
+            self.metrics.wal_replayed.labels(kind=record.kind).inc()
+        if records:
+            log.warning("replayed %d acknowledged requests from the write-ahead log", len(records))
+        if self._checkpoints is None:
+            self._checkpoints = asyncio.create_task(self._checkpoint_loop(), name="wal-checkpoints")
+        return len(records)
+
+    def checkpoint(self) -> int:
+        """Delete the segments every record of which is stored; returns how many went."""
+        fsyncs = self.wal.fsyncs
+        self.metrics.wal_fsyncs.inc(fsyncs - self._fsyncs_counted)
+        self._fsyncs_counted = fsyncs
+        return self.wal.release_below(self.ledger.watermark(self.wal.next_seq))
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.checkpoint_s)
+            try:
+                self.checkpoint()
+            except OSError:
+                log.exception("write-ahead log checkpoint failed; retrying")
+
+    async def stop(self) -> None:
+        """After the pipeline drained: a last checkpoint, then close the log. Safe twice."""
+        await cancel_task(self._checkpoints)
+        self._checkpoints = None
+        await self.wal.close()
+        self.checkpoint()
