@@ -8,7 +8,9 @@ For each server, started fresh on loopback with its default SQLite storage:
   traces/s (all answered 2xx), persisted traces/s (every trace queryable in
   the server's SQLite file: ragmon's `traces` rows, Phoenix's `spans` rows / 4),
   p50/p99 request latency and peak RSS of the server's process tree;
-* then the ratios ragmon / Phoenix.
+* then the ratios ragmon / Phoenix;
+* and ragmon again with the write-ahead log off (`wal.ack=received`): what the durable
+  acknowledgement (log + fsync before every 200) costs, as a ratio.
 
 Then, for ragmon alone (fresh server): open loop at 80 % of its persisted rate
 for `--open-seconds` (requests start on a fixed schedule whatever the answers;
@@ -293,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--phoenix", type=Path, default=Path("/tmp/bench-phoenix/bin/phoenix"), help="Phoenix executable")
     add("--ragmon-src", type=Path, help="run ragmon from this source tree (e.g. a `git archive` of a commit)")
     add("--skip-phoenix", action="store_true", help="measure ragmon only (no ratios)")
+    add("--skip-no-log", action="store_true", help="skip the run without the write-ahead log")
     add("--json", type=Path, help="write every result here as JSON")
     args = parser.parse_args(argv)
     per_request = 100
@@ -309,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, object] = {"argv": sys.argv[1:], "revision": revision}
     results: list[LoadResult] = []
     ratios: dict[str, float | None] = {}
+    durable_cost: dict[str, float | None] = {}
     long_rss: dict[str, float | None] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="ragmon-bench-") as tmp:
@@ -331,6 +335,22 @@ def main(argv: list[str] | None = None) -> int:
             with Ragmon(root / "ragmon", root, args.ragmon_src) as server:
                 closed(server, args.traces, iter(list(batches.bodies(args.traces // per_request))), ragmon)
             results.append(ragmon)
+            if not args.skip_no_log:
+                # the durable path's cost: the same traffic with the write-ahead log off (wal.ack=received)
+                print(f"ragmon without the write-ahead log: {args.traces:,} traces ...", flush=True)
+                no_log = LoadResult(server="ragmon ack=received", traces=args.traces)
+                settings = {"RAGMON_WAL__ACK": "received"}
+                with Ragmon(root / "ragmon-no-log", root, args.ragmon_src, settings) as server:
+                    closed(
+                        server, args.traces, iter(list(batches.bodies(args.traces // per_request))), no_log
+                    )
+                results.append(no_log)
+                out["durable_vs_received"] = durable_cost = {
+                    "persisted_per_s": _ratio(ragmon.persisted_per_s, no_log.persisted_per_s),
+                    "accepted_per_s": _ratio(ragmon.accepted_per_s, no_log.accepted_per_s),
+                    "p99_latency": _ratio(ragmon.latency_ms(99), no_log.latency_ms(99)),
+                    "cpu_per_trace": _ratio(ragmon.cpu_ms_per_trace, no_log.cpu_ms_per_trace),
+                }
             phoenix = None
             if not args.skip_phoenix:
                 print(
@@ -396,6 +416,11 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 "\nragmon / phoenix: "
                 + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None)
+            )
+        if durable_cost:
+            print(
+                "\nragmon durable (write-ahead log, fsync) / ack=received: "
+                + ", ".join(f"{k} {v:.2f}x" for k, v in durable_cost.items() if v is not None)
             )
         if long_rss:
             print(

@@ -185,14 +185,17 @@ class Ragmon(Server):
 
     name = "ragmon"
 
-    def __init__(self, workdir: Path, log_dir: Path, source: Path | None = None) -> None:
+    def __init__(
+        self, workdir: Path, log_dir: Path, source: Path | None = None, settings: dict[str, str] | None = None
+    ) -> None:
         super().__init__(workdir, log_dir)
         self.source = source
+        self.settings = settings or {}  # RAGMON_* variables, e.g. {"RAGMON_WAL__ACK": "received"}
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         argv += ["--grpc-port", "0", "--data-dir", str(self.workdir)]
-        env = {"RAGMON_LOG_LEVEL": "warning"}
+        env = {"RAGMON_LOG_LEVEL": "warning", **self.settings}
         if self.source is not None:
             # the source tree comes first on sys.path, ahead of the editable install
             self.cwd = self.source
