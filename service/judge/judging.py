@@ -164,7 +164,7 @@ class JudgeQueueSink:
                 if record is None:
                     continue  # the trace is not stored yet: consume_traces will see this feedback
                 # the stored record already includes this event; the sampler wants the trace as decided
-                item = self.sampler.on_feedback(event, _without(summary_from_record(record), event))
+                item = self.sampler.on_feedback(event, _without(record, event))
                 if item is not None:
                     items.append(item)
             self._enqueue(items)
@@ -172,10 +172,16 @@ class JudgeQueueSink:
         await asyncio.to_thread(reconsider)
 
 
-def _without(summary: TraceSummary, event: Feedback) -> TraceSummary:
-    """The summary as it was before `event` (the stored record already includes it)."""
+def _without(record: dict[str, Any], event: Feedback) -> TraceSummary:
+    """The trace's summary as it was before `event`: the stored record already includes it. A late
+    regenerate marked the stored trace a regeneration (source "feedback"); before it, the trace was
+    one only if the app said so or an earlier regenerate event did."""
+    summary = summary_from_record(record)
+    others = [f for f in record.get("feedback") or [] if f.get("event_id") != event.event_id]
     if event.kind == "down":
-        return replace(summary, thumbs_down=False)
+        return replace(summary, thumbs_down=any(f.get("kind") == "down" for f in others))
+    if event.kind == "regenerate" and record.get("flags", {}).get("regeneration_source") == "feedback":
+        return replace(summary, is_regeneration=any(f.get("kind") == "regenerate" for f in others))
     return summary
 
 

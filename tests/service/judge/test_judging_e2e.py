@@ -236,6 +236,29 @@ def test_late_thumbs_down_enqueues_the_trace(tmp_path: Path) -> None:
         assert server.metric("ragmon_judge_sampled_total", stratum="thumbs_down") == 1
 
 
+def test_late_regenerate_enqueues_the_trace_once(tmp_path: Path) -> None:
+    """A regenerate click after the trace was decided puts it in the regeneration stratum: queued once,
+    however often the click is sent (the stored record already says regeneration: that must not hide it)."""
+    settings = judge_settings(None, workers=0)
+    settings["sampler"] = {"rates": {"base": 0.0, "regeneration": 1.0}}
+    with live_server(tmp_path, **settings) as server:
+        records = traces(3)
+        send(server, records)
+        assert queue_states(server)["pending"] == 0
+        with server.client() as client:
+            for event_id in ("click-1", "click-1", "click-2"):
+                client.post(
+                    "/api/v1/feedback",
+                    json={"trace_id": records[2]["trace_id"], "kind": "regenerate", "event_id": event_id},
+                )
+                server.flush()
+        wait_until(lambda: queue_states(server)["pending"] == 1)
+        with server.client() as client:
+            view = client.get(f"/api/v1/traces/{records[2]['trace_id']}").json()["sampling"]
+        assert view["stratum"] == "regeneration" and view["queue_state"] == "pending"
+        assert queue_states(server)["pending"] == 1
+
+
 def test_budget_refusals_are_counted_and_visible(tmp_path: Path) -> None:
     settings = judge_settings(None, workers=0)
     settings["budget"] = {"calls_per_minute": 1, "burst_calls": 2, "usd_per_day": 1000}
