@@ -36,6 +36,7 @@ import struct
 import time
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -52,6 +53,8 @@ _KINDS: tuple[RequestKind, ...] = get_args(RequestKind)
 _FRAME = struct.Struct("<II")  # payload length, crc32 of the payload
 _HEAD = struct.Struct("<QBH")  # seq, kind, header length
 _SUFFIX = ".wal"
+# the data and the file size, not the other metadata: what a reader after a crash needs
+_sync = getattr(os, "fdatasync", os.fsync)
 
 
 class WalUnavailable(RetryableError):
@@ -143,6 +146,7 @@ class WriteAheadLog:
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._writing = False  # a group is being written in the worker thread now
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="wal-writer")
         self._failed = False  # the last group failed: do not append after what it may have left
 
     # ---------------------------------------------------------------- start and replay
@@ -233,7 +237,11 @@ class WriteAheadLog:
                 blob = b"".join(frame for frame, _, _ in batch)
                 self._writing = True
                 try:
-                    await asyncio.to_thread(self._write, fd, blob, active.size)
+                    # its own thread: in the shared default executor a group waited behind store
+                    # inserts and sampling for ~15 ms (bench/RESULTS.md, write-ahead log)
+                    await asyncio.get_running_loop().run_in_executor(
+                        self._executor, self._write, fd, blob, active.size
+                    )
                 finally:
                     self._writing = False
             except OSError as exc:
@@ -260,7 +268,7 @@ class WriteAheadLog:
             while written < len(blob):
                 written += os.write(fd, blob[written:])
             if self.fsync:
-                os.fsync(fd)
+                _sync(fd)
         except OSError:
             # nothing of this group was acknowledged: cut it off so the file ends on a whole record
             os.ftruncate(fd, start)
@@ -331,4 +339,5 @@ class WriteAheadLog:
                 await asyncio.sleep(0.001)
             await cancel_task(self._writer)
             self._writer = None
+        self._executor.shutdown(wait=True)
         self._close_active()
