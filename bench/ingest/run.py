@@ -296,9 +296,18 @@ def main(argv: list[str] | None = None) -> int:
     add("--ragmon-src", type=Path, help="run ragmon from this source tree (e.g. a `git archive` of a commit)")
     add("--skip-phoenix", action="store_true", help="measure ragmon only (no ratios)")
     add("--skip-no-log", action="store_true", help="skip the run without the write-ahead log")
+    add("--skip-open-loop", action="store_true", help="skip the open-loop phase")
+    add(
+        "--ragmon-setting",
+        action="append",
+        default=[],
+        metavar="RAGMON_X=Y",
+        help="an environment setting for every ragmon server started (repeatable)",
+    )
     add("--json", type=Path, help="write every result here as JSON")
     args = parser.parse_args(argv)
     per_request = 100
+    settings = dict(s.split("=", 1) for s in args.ragmon_setting)
     for name in ("traces", "phoenix_traces", "long_traces"):
         if getattr(args, name) % per_request or getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be a positive multiple of {per_request}")
@@ -332,15 +341,15 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"ragmon: {args.traces:,} traces, closed loop x{args.concurrency} ...", flush=True)
             ragmon = LoadResult(server="ragmon", traces=args.traces)
-            with Ragmon(root / "ragmon", root, args.ragmon_src) as server:
+            with Ragmon(root / "ragmon", root, args.ragmon_src, settings) as server:
                 closed(server, args.traces, iter(list(batches.bodies(args.traces // per_request))), ragmon)
             results.append(ragmon)
             if not args.skip_no_log:
                 # the durable path's cost: the same traffic with the write-ahead log off (wal.ack=received)
                 print(f"ragmon without the write-ahead log: {args.traces:,} traces ...", flush=True)
                 no_log = LoadResult(server="ragmon ack=received", traces=args.traces)
-                settings = {"RAGMON_WAL__ACK": "received"}
-                with Ragmon(root / "ragmon-no-log", root, args.ragmon_src, settings) as server:
+                no_log_settings = {**settings, "RAGMON_WAL__ACK": "received"}
+                with Ragmon(root / "ragmon-no-log", root, args.ragmon_src, no_log_settings) as server:
                     closed(
                         server, args.traces, iter(list(batches.bodies(args.traces // per_request))), no_log
                     )
@@ -371,22 +380,21 @@ def main(argv: list[str] | None = None) -> int:
                     "cpu_per_trace": _ratio(ragmon.cpu_ms_per_trace, phoenix.cpu_ms_per_trace),
                 }
 
-            rate = (ragmon.persisted_per_s or ragmon.accepted_per_s) * args.open_fraction
-            n_open = max(1, round(args.open_seconds * rate / per_request))
-            print(
-                f"ragmon: open loop at {rate:,.0f} traces/s ({args.open_fraction:.0%}), {n_open} requests ..."
-            )
-            opened = LoadResult(server=f"ragmon open loop {rate:,.0f}/s", traces=n_open * per_request)
-            open_bodies = list(Batches(seed=2, traces_per_request=per_request).bodies(n_open))
-            with Ragmon(root / "ragmon-open", root, args.ragmon_src) as server:
-                run_phase(
-                    server,
-                    opened,
-                    lambda: open_loop(server.url, open_bodies, per_request / rate, opened),
-                    args.persist_timeout,
-                )
-            results.append(opened)
-            out["open_loop_target_per_s"] = rate
+            if not args.skip_open_loop:
+                rate = (ragmon.persisted_per_s or ragmon.accepted_per_s) * args.open_fraction
+                n_open = max(1, round(args.open_seconds * rate / per_request))
+                print(f"ragmon: open loop at {rate:,.0f} per s ({args.open_fraction:.0%}), {n_open} requests")
+                opened = LoadResult(server=f"ragmon open loop {rate:,.0f}/s", traces=n_open * per_request)
+                open_bodies = list(Batches(seed=2, traces_per_request=per_request).bodies(n_open))
+                with Ragmon(root / "ragmon-open", root, args.ragmon_src, settings) as server:
+                    run_phase(
+                        server,
+                        opened,
+                        lambda: open_loop(server.url, open_bodies, per_request / rate, opened),
+                        args.persist_timeout,
+                    )
+                results.append(opened)
+                out["open_loop_target_per_s"] = rate
 
             if args.long:
                 print(f"ragmon: long run, {args.long_traces:,} traces ...", flush=True)
@@ -394,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                 long_bodies = Batches(seed=3, traces_per_request=per_request).bodies(
                     args.long_traces // per_request
                 )
-                with Ragmon(root / "ragmon-long", root, args.ragmon_src) as server:
+                with Ragmon(root / "ragmon-long", root, args.ragmon_src, settings) as server:
                     watch = closed(server, args.long_traces, long_bodies, long)
                     at_10k = watch.reached.get(10_000, (0.0, 0))
                     sampler = server.rss

@@ -10,9 +10,9 @@ id, so a record replayed twice is harmless).
   queued, fsyncs once and answers all of them. Concurrent requests share an
   fsync instead of paying one each.
 * **Records.** `[length u32][crc32 u32][payload]`, payload = `[seq u64][kind u8]
-  [header length u16][header JSON][body]`. What is logged is the request as it
-  was accepted: an OTLP body as it came off the wire (compressed or not), or the
-  JSON API's validated records.
+  [header length u16][header JSON][body]`, written with writev (a body is never
+  copied). What is logged is the request as it was accepted: an OTLP body as
+  it came off the wire (compressed or not), or the JSON API's validated records.
 * **Segments.** Records go to `<dir>/<first seq>.wal`, a new file once the
   current one holds `segment_bytes` or has been open `segment_max_age_s`.
   `release_below(seq)` deletes every closed segment whose records are all below
@@ -55,6 +55,21 @@ _HEAD = struct.Struct("<QBH")  # seq, kind, header length
 _SUFFIX = ".wal"
 # the data and the file size, not the other metadata: what a reader after a crash needs
 _sync = getattr(os, "fdatasync", os.fsync)
+_IOV_MAX = 1024  # buffers one writev takes (Linux's IOV_MAX)
+
+
+def _remaining(buffers: list[bytes], skip: int) -> list[memoryview | bytes]:
+    """The buffers from byte `skip` on (after a short write)."""
+    if not skip:
+        return list(buffers)
+    out: list[memoryview | bytes] = []
+    for buffer in buffers:
+        if skip >= len(buffer):
+            skip -= len(buffer)
+            continue
+        out.append(memoryview(buffer)[skip:] if skip else buffer)
+        skip = 0
+    return out
 
 
 class WalUnavailable(RetryableError):
@@ -81,7 +96,9 @@ class LoggedRequest:
     receiver: str = ""
     seq: int = -1
 
-    def payload(self, seq: int) -> bytes:
+    def parts(self, seq: int) -> tuple[bytes, bytes]:
+        """(the payload's head, its body): the frame is written as these two parts, never joined,
+        as a body is often hundreds of kB."""
         header = json.dumps(
             {
                 "tenant": self.tenant,
@@ -91,7 +108,7 @@ class LoggedRequest:
             },
             separators=(",", ":"),
         ).encode()
-        return _HEAD.pack(seq, _KINDS.index(self.kind), len(header)) + header + self.body
+        return _HEAD.pack(seq, _KINDS.index(self.kind), len(header)) + header, self.body
 
     @classmethod
     def from_payload(cls, payload: bytes) -> LoggedRequest:
@@ -142,7 +159,7 @@ class WriteAheadLog:
         self._closed: list[_Segment] = []
         self._active: _Segment | None = None
         self._fd: int | None = None
-        self._queue: list[tuple[bytes, int, asyncio.Future[int]]] = []
+        self._queue: list[tuple[tuple[bytes, bytes], int, asyncio.Future[int]]] = []
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._writing = False  # a group is being written in the worker thread now
@@ -213,10 +230,8 @@ class WriteAheadLog:
             )
         seq = self.next_seq
         self.next_seq += 1
-        payload = request.payload(seq)
-        frame = _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._queue.append((frame, seq, done))
+        self._queue.append((request.parts(seq), seq, done))
         self._wake.set()
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_loop(), name="wal-writer")
@@ -234,13 +249,12 @@ class WriteAheadLog:
                 active = self._rotated(batch[0][1])
                 fd = self._fd
                 assert fd is not None
-                blob = b"".join(frame for frame, _, _ in batch)
                 self._writing = True
                 try:
                     # its own thread: in the shared default executor a group waited behind store
                     # inserts and sampling for ~15 ms (bench/RESULTS.md, write-ahead log)
-                    await asyncio.get_running_loop().run_in_executor(
-                        self._executor, self._write, fd, blob, active.size
+                    written = await asyncio.get_running_loop().run_in_executor(
+                        self._executor, self._write, fd, [parts for parts, _, _ in batch], active.size
                     )
                 finally:
                     self._writing = False
@@ -255,24 +269,32 @@ class WriteAheadLog:
                         done.set_exception(problem)
                 continue
             self.fsyncs += 1
-            active.size += len(blob)
+            active.size += written
             active.last_seq = batch[-1][1]
             for _, seq, done in batch:
                 if not done.done():
                     done.set_result(seq)
 
-    def _write(self, fd: int, blob: bytes, start: int) -> None:
-        """Write one group at the end of the segment and fsync it (in a worker thread)."""
+    def _write(self, fd: int, records: list[tuple[bytes, bytes]], start: int) -> int:
+        """Frame, write and sync one group at the end of the segment (in the writer thread: the
+        checksums of large bodies run there too, zlib lets go of the GIL); returns bytes written."""
+        buffers: list[bytes] = []
+        for head, body in records:
+            crc = zlib.crc32(body, zlib.crc32(head))
+            buffers += (_FRAME.pack(len(head) + len(body), crc), head, body)
+        total = sum(map(len, buffers))
         try:
             written = 0
-            while written < len(blob):
-                written += os.write(fd, blob[written:])
+            while written < total:
+                views = _remaining(buffers, written)
+                written += os.writev(fd, views[:_IOV_MAX])
             if self.fsync:
                 _sync(fd)
         except OSError:
             # nothing of this group was acknowledged: cut it off so the file ends on a whole record
             os.ftruncate(fd, start)
             raise
+        return total
 
     def _rotated(self, first_seq: int) -> _Segment:
         active = self._active
