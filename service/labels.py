@@ -10,11 +10,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-__all__ = ["FailureReason", "RejectReason"]
+__all__ = ["ATTRIBUTE_REASONS", "FailureReason", "RejectReason"]
 
 
 class RejectReason(StrEnum):
-    """Why a span (or, for INVALID_ATTRIBUTE, one attribute value) was not accepted; a metric label."""
+    """Why a span, one attribute value (the reasons in `ATTRIBUTE_REASONS`) or one JSON-API record was
+    not accepted; a metric label. The rules behind each are tabled in `service/ingest/otlp.py`."""
 
     INVALID_TRACE_ID = "invalid_trace_id"
     INVALID_SPAN_ID = "invalid_span_id"
@@ -24,6 +25,22 @@ class RejectReason(StrEnum):
     VECTOR_DIMENSION_MISMATCH = "vector_dimension_mismatch"
     MALFORMED_SPAN = "malformed_span"
     INVALID_ATTRIBUTE = "invalid_attribute"
+    OUT_OF_RANGE = "out_of_range"
+    STRING_TOO_LONG = "string_too_long"
+    VECTOR_TOO_LONG = "vector_too_long"
+    INVALID_ATTRIBUTE_INDEX = "invalid_attribute_index"
+
+
+ATTRIBUTE_REASONS: frozenset[RejectReason] = frozenset(
+    {
+        RejectReason.INVALID_ATTRIBUTE,
+        RejectReason.OUT_OF_RANGE,
+        RejectReason.STRING_TOO_LONG,
+        RejectReason.VECTOR_TOO_LONG,
+        RejectReason.INVALID_ATTRIBUTE_INDEX,
+    }
+)
+"""The reasons that, in OTLP, count dropped attribute values (the span is kept); the others count spans."""
 
 
 FailureReason = Literal[

@@ -328,6 +328,15 @@ class Metrics:
             ["sink"],
             registry=r,
         )
+        # dead letters (service/bus/memory.py): records a sink refused for good, set aside one by one
+        self.dead_letters = Counter(
+            "ragmon_dead_letters",
+            "records a sink refused for good, handed to the dead-letter handler (GET /api/v1/dead-letters)",
+            ["kind"],
+            registry=r,
+        )
+        for dead_letter_kind in ("trace", "feedback"):
+            self.dead_letters.labels(kind=dead_letter_kind)
         self._declare_judge_metrics()
         self._declare_drift_metrics()
         self._declare_review_metrics()

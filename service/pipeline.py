@@ -114,6 +114,12 @@ class Delivered:
         await self.sinks.consume_feedback(batch)
         self.durable.done(feedback_keys(batch))
 
+    async def dead_letter(self, records: Sequence[RagTrace | Feedback], error: Exception) -> None:
+        """Keep records the store refused for good; once kept, the write-ahead log lets go of them."""
+        await self.sinks.dead_letter(records, error)
+        self.durable.done(trace_keys(r for r in records if isinstance(r, RagTrace)))
+        self.durable.done(feedback_keys(r for r in records if isinstance(r, Feedback)))
+
 
 def trace_keys(items: Iterable[RagTrace | AnySpan]) -> set[tuple[str, str]]:
     """The ledger keys of traces, or of the traces some spans belong to."""
@@ -200,7 +206,13 @@ class Pipeline:
             self.bus = KafkaBus(config.kafka, self.metrics)
         else:
             delivered = Delivered(self.sinks, self.durable) if self.durable is not None else self.sinks
-            self.bus = MemoryBus(config.bus, traces_to=delivered, feedback_to=delivered, metrics=self.metrics)
+            self.bus = MemoryBus(
+                config.bus,
+                traces_to=delivered,
+                feedback_to=delivered,
+                metrics=self.metrics,
+                dead_letters=delivered.dead_letter,
+            )
         self.reask = ReaskDetector(config.regeneration, next=self.bus)
         keep = self.store if config.store.keep_non_requests else None
         self.requests = RequestFilter(

@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from service.api import dead_letters as dead_letters_api
 from service.api import drift as drift_api
 from service.api import probes as probes_api
 from service.api import reports as reports_api
@@ -102,6 +103,7 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
     app.include_router(ingest.otlp_router)
     app.include_router(ingest.api_router)
     app.include_router(traces_api.router)
+    app.include_router(dead_letters_api.router)
     app.include_router(drift_api.router)
     app.include_router(reports_api.router)
     app.include_router(probes_api.router)

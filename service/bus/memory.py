@@ -5,11 +5,31 @@ is bounded, so the total held is bounded too). Ingest adds its `depth` to
 the assembler's backlog (`Pipeline.has_room`) and answers 503 with
 Retry-After at `bus.capacity` instead of taking more spans. Nothing is dropped.
 
-Delivery: one task takes batches of up to `batch_size` records and hands
-each batch to the subscriber. A `RetryableError` from the subscriber keeps
-the batch at the head of the queue and retries with backoff; a
-`PermanentError` or any other exception is counted and logged, and the batch
-is skipped (retrying the same input would fail the same way).
+Delivery: one task per record kind takes batches of up to `batch_size`
+records and hands each batch to the subscriber.
+
+* A `RetryableError` from the subscriber keeps the batch at the head of the
+  queue and retries it with backoff (0.05 s doubling to 5 s).
+* A `PermanentError`, or any other exception, means the same input fails the
+  same way, but it need not be every record's fault: one bad record must not
+  cost the others. So the batch is split in halves, each delivered on its
+  own, recursively (depth first, in queue order); every part that succeeds is
+  delivered, and each single record that still fails goes to the
+  dead-letter handler with its error (a poison record amid 500 costs about
+  2 log2(500) = 18 extra deliveries). A `RetryableError` met while splitting
+  keeps the records not yet settled at the head and retries them as above;
+  those settled (delivered or dead-lettered) are not delivered again.
+* The dead-letter handler (`DeadLetterHandler`, a `MemoryBus` argument; the
+  default only logs) is awaited with `[record]` and the error. When it raises
+  a `RetryableError` the record stays at the head and is tried again later;
+  any other error from it is logged and counted, and the record dropped.
+
+Counted: `ragmon_sink_failures_total{sink,kind}` once per refused head batch
+(`retryable` or `permanent`; `permanent` again for a record the handler
+refused), `ragmon_dead_letters_total{kind}` per record the handler took, and
+`ragmon_sink_last_success_timestamp_seconds{sink}` is set only when the
+subscriber accepted a batch or a part of one: a batch that is all poison never
+moves it.
 """
 
 from __future__ import annotations
@@ -18,31 +38,67 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, Literal, TypeVar
 
 from service.config import BusConfig
 from service.consumer import FeedbackConsumer, TraceConsumer
-from service.errors import RetryableError
+from service.errors import PermanentError, RetryableError
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
+
+__all__ = ["DeadLetterHandler", "MemoryBus", "log_dead_letters"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T", RagTrace, Feedback)
 
+DeadLetterHandler = Callable[[Sequence[RagTrace | Feedback], Exception], Awaitable[None]]
+"""`async (records, error) -> None`: keeps records a sink refused for good (`StoreSink.dead_letter`).
+Raising `RetryableError` means "not now": the bus offers the records again later."""
+
+_MIN_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 5.0
 
 
-class _Lane(Generic[T]):
-    """One record kind's queue and its delivery loop."""
+def _record_id(record: RagTrace | Feedback) -> str:
+    # getattr: a record that failed to store may have been built without validation
+    return str(getattr(record, "event_id" if isinstance(record, Feedback) else "trace_id", "?"))
 
-    def __init__(self, name: str, batch_size: int, deliver: object, metrics: Metrics) -> None:
+
+async def log_dead_letters(records: Sequence[RagTrace | Feedback], error: Exception) -> None:
+    """The default dead-letter handler: logs each record (tenant, kind, id) with the error; keeps nothing."""
+    for record in records:
+        kind = "feedback" if isinstance(record, Feedback) else "trace"
+        log.error(
+            "dead letter: %s %s/%s refused for good and not kept: %s: %s",
+            kind,
+            getattr(record, "tenant", "?"),
+            _record_id(record),
+            type(error).__name__,
+            error,
+        )
+
+
+class _Lane(Generic[T]):
+    """One record kind's queue and its delivery loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        kind: Literal["trace", "feedback"],
+        batch_size: int,
+        deliver: Callable[[Sequence[T]], Awaitable[None]],
+        metrics: Metrics,
+        dead_letters: Callable[[Sequence[T], Exception], Awaitable[None]],
+    ) -> None:
         self.name = name
+        self.kind = kind
         self.batch_size = batch_size
-        self.deliver = deliver
+        self.deliver: Callable[[Sequence[T]], Awaitable[None]] = deliver
         self.metrics = metrics
+        self.dead_letters: Callable[[Sequence[T], Exception], Awaitable[None]] = dead_letters
         self.items: deque[T] = deque()
         self.ready = asyncio.Event()
         self.idle = asyncio.Event()
@@ -56,7 +112,7 @@ class _Lane(Generic[T]):
             self.ready.set()
 
     async def run(self) -> None:
-        backoff = 0.05
+        backoff = _MIN_BACKOFF_S
         while True:
             await self.ready.wait()
             if not self.items:
@@ -65,33 +121,102 @@ class _Lane(Generic[T]):
                 continue
             batch = [self.items[i] for i in range(min(self.batch_size, len(self.items)))]
             try:
-                await self.deliver(batch)  # type: ignore[operator]
+                await self._deliver_head(batch)
             except RetryableError as exc:
                 self.metrics.sink_failures.labels(sink=self.name, kind="retryable").inc()
                 log.warning("%s delivery failed, retrying in %.2fs: %s", self.name, backoff, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
-            except Exception:
-                self.metrics.sink_failures.labels(sink=self.name, kind="permanent").inc()
-                log.exception("%s delivery refused a batch of %d; skipping it", self.name, len(batch))
-            backoff = 0.05
-            for _ in batch:
-                self.items.popleft()
-            self.metrics.sink_last_success.labels(sink=self.name).set(time.time())
+            backoff = _MIN_BACKOFF_S
+
+    async def _deliver_head(self, batch: list[T]) -> None:
+        """Deliver the batch at the head of the queue, splitting it on a permanent error; pops each
+        part from the queue as it is settled. Raises `RetryableError` with the rest still queued."""
+        try:
+            await self.deliver(batch)
+        except RetryableError:
+            raise
+        except Exception as exc:
+            self.metrics.sink_failures.labels(sink=self.name, kind="permanent").inc()
+            log.warning(
+                "%s delivery refused a batch of %d (%s: %s); delivering it in parts",
+                self.name,
+                len(batch),
+                type(exc).__name__,
+                exc,
+                exc_info=not isinstance(exc, PermanentError),  # not one of ours: a bug, show where
+            )
+            await self._settle(batch, exc)
+        else:
+            self._delivered(len(batch))
+
+    async def _settle(self, part: list[T], error: Exception) -> None:
+        """Settle a part the subscriber refused with `error`: a single record goes to the dead-letter
+        handler, a longer part is delivered as two halves, each split again if refused."""
+        if len(part) == 1:
+            await self._dead_letter(part, error)
+            return
+        middle = len(part) // 2
+        for half in (part[:middle], part[middle:]):
+            try:
+                await self.deliver(half)
+            except RetryableError:
+                raise
+            except Exception as exc:
+                await self._settle(half, exc)
+            else:
+                self._delivered(len(half))
+
+    async def _dead_letter(self, record: list[T], error: Exception) -> None:
+        try:
+            await self.dead_letters(record, error)
+        except RetryableError:
+            raise
+        except Exception:
+            self.metrics.sink_failures.labels(sink=self.name, kind="permanent").inc()
+            log.exception(
+                "%s: the dead-letter handler refused %s %s; the record is dropped",
+                self.name,
+                self.kind,
+                _record_id(record[0]),
+            )
+        else:
+            self.metrics.dead_letters.labels(kind=self.kind).inc(len(record))
+        self._pop(len(record))
+
+    def _delivered(self, n: int) -> None:
+        self._pop(n)
+        self.metrics.sink_last_success.labels(sink=self.name).set(time.time())
+
+    def _pop(self, n: int) -> None:
+        # the head of the queue is the batch being settled, in order: `put` only appends
+        for _ in range(n):
+            self.items.popleft()
 
 
 class MemoryBus:
-    """In-process bus: implements `TraceConsumer` and `FeedbackConsumer` for the producers."""
+    """In-process bus: implements `TraceConsumer` and `FeedbackConsumer` for the producers.
+
+    `dead_letters` receives each record a sink refused for good (see the
+    module docstring); by default they are only logged (and counted).
+    """
 
     def __init__(
-        self, config: BusConfig, traces_to: TraceConsumer, feedback_to: FeedbackConsumer, metrics: Metrics
+        self,
+        config: BusConfig,
+        traces_to: TraceConsumer,
+        feedback_to: FeedbackConsumer,
+        metrics: Metrics,
+        dead_letters: DeadLetterHandler = log_dead_letters,
     ) -> None:
         self.config = config
         self.metrics = metrics
-        self._traces: _Lane[RagTrace] = _Lane("traces", config.batch_size, traces_to.consume_traces, metrics)
+        self._traces: _Lane[RagTrace] = _Lane(
+            "traces", "trace", config.batch_size, traces_to.consume_traces, metrics, dead_letters
+        )
         self._feedback: _Lane[Feedback] = _Lane(
-            "feedback", config.batch_size, feedback_to.consume_feedback, metrics
+            "feedback", "feedback", config.batch_size, feedback_to.consume_feedback, metrics, dead_letters
         )
 
     @property

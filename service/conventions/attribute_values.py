@@ -5,7 +5,10 @@ wrong shape: it returns None (or an empty result) and the caller falls back
 to the next convention. JSON payloads are parsed only when a reader needs the
 value and the string looks like JSON (`{` or `[` first); a payload that is not
 JSON but a Python literal (some instrumentations `str()` a dict) is read with
-`ast.literal_eval` up to 4 KiB.
+`ast.literal_eval` up to 4 KiB. A flattened list's index (`prefix.N.rest`) is read
+up to `MAX_ATTRIBUTE_INDEX`; an item under a larger one is skipped (the decoder
+drops such span attributes, `service/ingest/otlp.py`; this covers keys inside
+parsed JSON payloads, where `int()` of 5,000 digits would raise).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pydantic import Field, JsonValue, TypeAdapter, ValidationError
 from service.conventions.spans import Attributes, AttrValue
 
 __all__ = [
+    "MAX_ATTRIBUTE_INDEX",
     "first_count",
     "first_text",
     "flag",
@@ -33,6 +37,9 @@ __all__ = [
     "vector",
 ]
 
+MAX_ATTRIBUTE_INDEX = 65_535
+"""The largest list index read from a flattened key (`retrieval.documents.<i>.document.id`)."""
+_MAX_INDEX_DIGITS = len(str(MAX_ATTRIBUTE_INDEX))
 _LITERAL_LIMIT = 4096
 _JSON = json.JSONDecoder()
 _TRUE_STRINGS = frozenset({"true", "1", "yes"})
@@ -54,13 +61,17 @@ def first_text(attributes: Attributes, *keys: str) -> str | None:
 
 
 def number(value: AttrValue) -> float | None:
-    """A finite float from a number or a numeric string; None for anything else (booleans included)."""
-    if type(value) is float or type(value) is int:  # the usual cases, by exact type
-        return float(value) if isfinite(value) else None
-    if value is None or isinstance(value, bool):
+    """A finite float from a number or a numeric string; None for anything else (booleans included, and
+    integers too large for a float, which parsed JSON payloads can hold)."""
+    try:
+        if type(value) is float or type(value) is int:  # the usual cases, by exact type
+            return float(value) if isfinite(value) else None
+        if value is None or isinstance(value, bool):
+            return None
+        if isinstance(value, int | float):
+            return float(value) if isfinite(value) else None
+    except OverflowError:  # an int over ~1.8e308
         return None
-    if isinstance(value, int | float):
-        return float(value) if isfinite(value) else None
     if isinstance(value, str):
         try:
             parsed = float(value)
@@ -190,7 +201,8 @@ def vector(value: AttrValue) -> tuple[float, ...] | None:
 
 
 def indexed(attributes: Attributes | dict[str, Any], prefix: str) -> list[dict[str, AttrValue]]:
-    """The objects of a flattened list (`prefix.N.rest`), in index order; a structured list also works."""
+    """The objects of a flattened list (`prefix.N.rest`), in index order; a structured list also works.
+    Items whose index is over `MAX_ATTRIBUTE_INDEX` are left out."""
     structured = attributes.get(prefix)
     if isinstance(structured, list):
         return [item for item in structured if isinstance(item, dict)]
@@ -200,6 +212,8 @@ def indexed(attributes: Attributes | dict[str, Any], prefix: str) -> list[dict[s
     for key, value in attributes.items():
         if key.startswith(dotted):
             index, _, rest = key[start:].partition(".")
-            if index.isdecimal() and rest:
-                items.setdefault(int(index), {})[rest] = value
+            if index.isdecimal() and rest and len(index) <= _MAX_INDEX_DIGITS:
+                position = int(index)
+                if position <= MAX_ATTRIBUTE_INDEX:
+                    items.setdefault(position, {})[rest] = value
     return [items[i] for i in sorted(items)]

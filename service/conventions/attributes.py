@@ -32,13 +32,16 @@ attribute                      type                        meaning
 
 `attribute_kind` and `embedding_model_of` tell the decoder (`service/ingest/otlp.py`) which
 attribute values must be numbers, counts or vectors, so a `RagTrace` is never
-built from a score that is not a number.
+built from a score that is not a number; `COST_KEY_PREFIX` which numbers are
+costs, and `is_identifier` which strings name something (and so are held to an
+identifier's length there).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+from openinference.semconv.resource import ResourceAttributes
 from openinference.semconv.trace import (
     DocumentAttributes,
     EmbeddingAttributes,
@@ -49,6 +52,7 @@ from openinference.semconv.trace import (
 from service.conventions.spans import Attributes
 
 __all__ = [
+    "COST_KEY_PREFIX",
     "EMBEDDING_MODEL_KEYS",
     "VECTOR_KEY_SUFFIX",
     "AttributeKind",
@@ -57,6 +61,7 @@ __all__ = [
     "TraceloopAttributes",
     "attribute_kind",
     "embedding_model_of",
+    "is_identifier",
 ]
 
 AttributeKind = Literal["count", "number", "vector"]
@@ -141,7 +146,8 @@ _EMBEDDINGS_PREFIX = SpanAttributes.EMBEDDING_EMBEDDINGS + "."
 VECTOR_KEY_SUFFIX = "." + EmbeddingAttributes.EMBEDDING_VECTOR
 _SCORE_SUFFIX = "." + DocumentAttributes.DOCUMENT_SCORE
 _TOKEN_COUNT_PREFIX = "llm.token_count."
-_COST_PREFIX = "llm.cost."
+# Every key under it is a cost in USD (`llm.cost.total`, `.prompt`, `.completion`, ...).
+COST_KEY_PREFIX = "llm.cost."
 # Where a span names its embedding model, in order of preference.
 EMBEDDING_MODEL_KEYS = (
     SpanAttributes.EMBEDDING_MODEL_NAME,
@@ -175,11 +181,44 @@ def attribute_kind(key: str) -> AttributeKind | None:
         return "number"
     if key.startswith(_TOKEN_COUNT_PREFIX):
         return "count"
-    if key.startswith(_COST_PREFIX):
+    if key.startswith(COST_KEY_PREFIX):
         return "number"
     if key.startswith(_EMBEDDINGS_PREFIX) and key.endswith(VECTOR_KEY_SUFFIX):
         return "vector"
     return None
+
+
+# Attributes whose text becomes a record's identifier or a metric label: the app and release, the
+# trace's intent, session and user, probe ids, and model names (resource attributes included).
+_IDENTIFIER_KEYS = frozenset(
+    {
+        "service.name",
+        "service.version",
+        ResourceAttributes.PROJECT_NAME,
+        SpanAttributes.SESSION_ID,
+        SpanAttributes.USER_ID,
+        "enduser.id",
+        GenAIAttributes.CONVERSATION_ID,
+        RagmonAttributes.INTENT,
+        RagmonAttributes.RELEASE,
+        RagmonAttributes.PROBE_RUN_ID,
+        RagmonAttributes.PROBE_QUESTION_ID,
+        SpanAttributes.LLM_MODEL_NAME,
+        SpanAttributes.LLM_REQUEST_MODEL_NAME,
+        SpanAttributes.LLM_RESPONSE_MODEL_NAME,
+        SpanAttributes.EMBEDDING_MODEL_NAME,
+        RerankerAttributes.RERANKER_MODEL_NAME,
+        GenAIAttributes.REQUEST_MODEL,
+        GenAIAttributes.RESPONSE_MODEL,
+    }
+)
+_DOCUMENT_ID_SUFFIX = "." + DocumentAttributes.DOCUMENT_ID
+
+
+def is_identifier(key: str) -> bool:
+    """Whether an attribute's value names something (an app, release, intent, session, user, model or
+    document) rather than carrying content: its text becomes an id or a metric label."""
+    return key in _IDENTIFIER_KEYS or key.endswith(_DOCUMENT_ID_SUFFIX)
 
 
 def embedding_model_of(attributes: Attributes) -> str | None:

@@ -530,8 +530,9 @@ def build_trace(
     carriers = [s for s in ordered if not _TRACE_KEYS.isdisjoint(s.attributes)]
     tags = _tags(carriers)
     k = _first(retrievers, lambda s: first_count(s.attributes, *TraceloopAttributes.TOP_K))
-    if k is None and isinstance(meta.get("k", meta.get("top_k")), int):
-        k = meta.get("k", meta.get("top_k"))
+    meta_k = meta.get("k", meta.get("top_k"))
+    if k is None and isinstance(meta_k, int) and not isinstance(meta_k, bool) and 0 <= meta_k <= 10**12:
+        k = meta_k
     chunks = _dedupe(doc for s in used for doc in found[s.span_id])
     if any(doc["id"].startswith(CONTENT_ID_PREFIX) for doc in chunks):
         chunks = _dedupe(_named_by_trace(chunks, by_start))

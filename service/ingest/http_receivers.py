@@ -42,6 +42,7 @@ from service.ingest.wire import (
     TraceBatchOut,
     TraceIn,
     hash_user_id,
+    rejection_reason,
 )
 from service.model import (
     Chunk,
@@ -254,7 +255,7 @@ async def ingest_json_traces(batch: TraceBatchIn, tenant: TenantDep, pipeline: I
             record = TraceIn.model_validate(raw)
         except ValidationError as exc:
             rejected.append(RejectedRecord(index=index, error=_first_error(exc)))
-            pipeline.metrics.reject("invalid_input")
+            pipeline.metrics.reject(rejection_reason(exc))
             continue
         if record.query_embedding is not None:
             model, dim = record.query_embedding.model, len(record.query_embedding.vector)

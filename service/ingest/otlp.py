@@ -16,23 +16,82 @@ The entry points return a `DecodedBatch` and share one set of rules:
   invalid_trace_id             trace id is not 16 bytes, or all zero
   invalid_span_id              span id is not 8 bytes, or all zero
   invalid_parent_span_id       parent span id is set but not 8 bytes
-  invalid_time                 start is 0 or missing, or end < start
+  invalid_time                 start is 0 or missing, end < start, or the end
+                               or an event's time is after `MAX_TIME_NS`;
+                               (JSON) a time is not an integer, or an event's
+                               time is negative
   nan_vector                   an embedding vector holds NaN or +-infinity
   vector_dimension_mismatch    its vectors differ in length, or differ from the
                                first vector of the same embedding model earlier
                                in the request (the earlier span is kept)
   malformed_span               (JSON) the span is not an object, or its
-                               attributes/events are not lists
+                               attributes/events are not lists; its name or an
+                               event's name is over `MAX_NAME_CHARS`
   ===========================  ================================================
 
-* An attribute whose value has the wrong type for what `semconv` reads from it
-  (a document score that is not a number, a negative or fractional token count,
-  a vector with a non-number in it, an undecodable JSON AnyValue) is dropped
-  and counted as `invalid_attribute`; its span is kept, because a bad score
-  should not cost the trace its latency, tokens and answer. So
-  `rejections["invalid_attribute"]` counts attribute values, every other
-  reason counts spans, and `rejected_spans` is the sum of the span reasons.
-  Numbers sent as strings ("0.83", "120") are accepted and stored as numbers.
+* An attribute value that breaks the rules below is dropped and counted; its
+  span is kept, because a bad score should not cost the trace its latency,
+  tokens and answer. The reasons of this table (`labels.ATTRIBUTE_REASONS`)
+  count attribute values, every other reason counts spans, and
+  `rejected_spans` is the sum of the span reasons. Numbers sent as strings
+  ("0.83", "120") are accepted and stored as numbers.
+
+  ===========================  ================================================
+  reason                       the attribute value is dropped when
+  ===========================  ================================================
+  invalid_attribute            it has the wrong type for what `semconv` reads
+                               from it: a document score that is not a finite
+                               number, a negative or fractional token count, a
+                               vector with a non-number in it, an undecodable
+                               JSON AnyValue
+  out_of_range                 a count (tokens, top-k) is over `MAX_COUNT`; a
+                               cost (`llm.cost.*`) is negative or over
+                               `MAX_COST_USD`; (JSON) an `intValue` is outside
+                               the signed 64-bit range protobuf has
+  string_too_long              a string or bytes value, or one inside an array
+                               or kvlist, is over `MAX_TEXT_CHARS`; an
+                               identifier (`attributes.is_identifier`: app,
+                               release, intent, session, user, model, document
+                               id) is over `MAX_IDENTIFIER_CHARS`; the key
+                               itself is over `MAX_KEY_CHARS`
+  vector_too_long              an array or kvlist (an embedding vector too)
+                               holds more than `MAX_VECTOR_LENGTH` items
+  invalid_attribute_index      its key holds a list index (a decimal segment
+                               that is not the last one, as in
+                               `retrieval.documents.<i>.document.id`) over
+                               `MAX_ATTRIBUTE_INDEX` or of more than 5 digits
+  ===========================  ================================================
+
+  The limits are this module's constants. The JSON API (`wire.py`) holds its
+  records to the same ones; there a record that breaks one is rejected alone
+  (`wire.rejection_reason` names the reason) and the rest of the batch kept.
+
+  ======================  ===========================  ========================
+  limit                   value                        JSON API fields
+  ======================  ===========================  ========================
+  `MAX_TIME_NS`           2**63-1 ns after 1970:       `start_time`, feedback
+                          2262-04-11T23:47:16.85Z      `time`: 1970..2262
+  `MAX_SECONDS`           `MAX_TIME_NS` in seconds     every `timings` value
+  `MAX_COUNT`             10**12                       token counts, `k`
+  `MAX_COST_USD`          1,000,000                    `usage[].cost_usd`
+  `MAX_TEXT_CHARS`        2**20 characters (1 Mi)      query, answer, chunk
+                                                       content, filter, and
+                                                       strings in metadata
+  `MAX_IDENTIFIER_CHARS`  512 characters               ids, names, models,
+                                                       release, intent,
+                                                       metadata keys
+  `MAX_VECTOR_LENGTH`     65,536 items                 `query_embedding.vector`
+  `MAX_NAME_CHARS`        4,096 characters             (span and event names)
+  `MAX_KEY_CHARS`         1,024 characters             (attribute keys)
+  `MAX_ATTRIBUTE_INDEX`   65,535 (`attribute_values`)  (attribute keys)
+  ======================  ===========================  ========================
+
+  Each limit is far beyond real traffic, and keeps every value within what
+  comes after ingest: the store's BigInteger and timestamp columns (a trace
+  sums its calls' tokens: 10**12 a call leaves room for 9 million calls),
+  Python's datetime (`semconv` dates a trace 1970 + its start in ns),
+  int-to-float conversion, metric label sizes, and memory (the decoder's
+  per-key cache holds keys).
 
 Ingest decodes protobuf (HTTP and gRPC) in two steps. On the request's path,
 `screen_protobuf` applies every rule that rejects a span (ids, times, and the
@@ -40,7 +99,7 @@ vectors of spans that carry one) and keeps each accepted span as its wire
 bytes, a `WireSpan`; converting the attributes was ~70 % of decoding, and it
 waits until the trace is built (`span_from_wire`, in a builder process). So
 for protobuf the answer reports rejected spans, and dropped attribute values
-are counted later, in `ragmon_ingest_rejected_total{reason="invalid_attribute"}`
+are counted later, in `ragmon_ingest_rejected_total` under their reasons
 (a warning in `partial_success` is optional in OTLP). `decode_protobuf` does
 both steps at once. OTLP/JSON is decoded in one step and its answer reports both.
 
@@ -69,7 +128,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from google.protobuf.message import DecodeError as ProtobufDecodeError
@@ -77,14 +136,30 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-from service.conventions.attributes import EMBEDDING_MODEL_KEYS, VECTOR_KEY_SUFFIX
+from service.conventions.attribute_values import MAX_ATTRIBUTE_INDEX
+from service.conventions.attributes import (
+    COST_KEY_PREFIX,
+    EMBEDDING_MODEL_KEYS,
+    VECTOR_KEY_SUFFIX,
+    is_identifier,
+)
 from service.conventions.semconv import AttributeKind, attribute_kind, embedding_model_of
 from service.conventions.spans import AnySpan, Attributes, AttrValue, Span, SpanEvent, WireSpan
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
 from service.ingest.protobuf_wire import WireError, span_slices
-from service.labels import RejectReason
+from service.labels import ATTRIBUTE_REASONS, RejectReason
 
 __all__ = [
+    "MAX_ATTRIBUTE_INDEX",
+    "MAX_COST_USD",
+    "MAX_COUNT",
+    "MAX_IDENTIFIER_CHARS",
+    "MAX_KEY_CHARS",
+    "MAX_NAME_CHARS",
+    "MAX_SECONDS",
+    "MAX_TEXT_CHARS",
+    "MAX_TIME_NS",
+    "MAX_VECTOR_LENGTH",
     "DecodedBatch",
     "RejectReason",
     "decode_json",
@@ -94,6 +169,20 @@ __all__ = [
     "screen_request",
     "span_from_wire",
 ]
+
+# The limits of the module docstring's tables, shared with the JSON API (wire.py); the index limit
+# is `attribute_values.MAX_ATTRIBUTE_INDEX`, where keys' indices are read.
+MAX_TIME_NS = 2**63 - 1
+MAX_SECONDS = MAX_TIME_NS / 1e9
+MAX_COUNT = 10**12
+MAX_COST_USD = 1_000_000.0
+MAX_TEXT_CHARS = 2**20
+MAX_IDENTIFIER_CHARS = 512
+MAX_VECTOR_LENGTH = 65_536
+MAX_NAME_CHARS = 4096
+MAX_KEY_CHARS = 1024
+_MAX_INDEX_DIGITS = len(str(MAX_ATTRIBUTE_INDEX))
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 # Size-estimate constants: rough CPython object sizes, enough to bound a buffer.
 _SPAN_OVERHEAD = 400
@@ -114,9 +203,37 @@ _VECTOR_KEY_MARK = VECTOR_KEY_SUFFIX.encode()
 _VECTOR_TYPES = frozenset({float, int})
 _FLOAT_ONLY = frozenset({float})
 _SPECIAL_DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# What the decoder checks an attribute's value for: `attribute_kind`'s kinds, costs apart from other
+# numbers, identifiers, and keys whose list index is out of range (their value is dropped whatever it is).
+_Kind = AttributeKind | Literal["cost", "identifier", "bad_index"]
+
+
+def _key_kind(key: str) -> _Kind | None:
+    if _bad_index(key):
+        return "bad_index"
+    kind = attribute_kind(key)
+    if kind == "number" and key.startswith(COST_KEY_PREFIX):
+        return "cost"
+    if kind is None and is_identifier(key):
+        return "identifier"
+    return kind
+
+
+def _bad_index(key: str) -> bool:
+    """Whether a key holds a list index over `MAX_ATTRIBUTE_INDEX`: a decimal segment that is not the
+    last (`content.py` and `attribute_values.indexed` read `prefix.N.rest`; `int()` of 5,000 digits
+    raises, and a huge index would be kept as a huge int)."""
+    segments = key.split(".")
+    for segment in segments[:-1]:
+        if segment.isdecimal() and (len(segment) > _MAX_INDEX_DIGITS or int(segment) > MAX_ATTRIBUTE_INDEX):
+            return True
+    return False
+
+
 # Attribute keys repeat from span to span; the kind of each is looked up once. Bounded, because
-# keys come from clients (an LRU of at most 4,096 keys).
-_kind_of = lru_cache(maxsize=4096)(attribute_kind)
+# keys come from clients: an LRU of at most 4,096 keys, each at most `MAX_KEY_CHARS` (callers
+# drop longer keys before they get here).
+_kind_of = lru_cache(maxsize=4096)(_key_kind)
 
 
 @dataclass(slots=True)
@@ -124,7 +241,7 @@ class DecodedBatch:
     """The accepted spans of one export request and what was refused.
 
     `rejections` maps a `RejectReason` value to a count (spans, or attribute
-    values for `invalid_attribute`); `rejected_spans` is the OTLP
+    values for `labels.ATTRIBUTE_REASONS`); `rejected_spans` is the OTLP
     `partial_success.rejected_spans`. `details` keeps the first few concrete
     problems for the error message.
     """
@@ -146,13 +263,17 @@ class DecodedBatch:
             span_counts = ", ".join(
                 f"{reason}={n}"
                 for reason, n in sorted(self.rejections.items())
-                if reason != "invalid_attribute"
+                if reason not in ATTRIBUTE_REASONS
             )
             total = self.rejected_spans + len(self.spans)
             parts.append(f"rejected {self.rejected_spans} of {total} {self.unit} ({span_counts})")
-        dropped = self.rejections.get(RejectReason.INVALID_ATTRIBUTE, 0)
+        dropped_counts = {r: n for r, n in sorted(self.rejections.items()) if r in ATTRIBUTE_REASONS}
+        dropped = sum(dropped_counts.values())
         if dropped:
-            parts.append(f"dropped {dropped} invalid attribute value{'s' if dropped != 1 else ''}")
+            reasons = ", ".join(f"{reason}={n}" for reason, n in dropped_counts.items())
+            parts.append(
+                f"dropped {dropped} invalid attribute value{'s' if dropped != 1 else ''} ({reasons})"
+            )
         message = "; ".join(parts)
         if self.details:
             message += ": " + "; ".join(self.details)
@@ -246,6 +367,8 @@ def _as_number(value: AttrValue) -> float:
 def _check_vector(key: str, value: AttrValue) -> list[AttrValue]:
     if not isinstance(value, list) or not value:
         raise _Invalid(RejectReason.INVALID_ATTRIBUTE, f"{key} is not a non-empty list of numbers")
+    if len(value) > MAX_VECTOR_LENGTH:
+        raise _too_many(key, len(value))
     # Fast path for the usual all-float vector: C-level type scan and sum; a finite sum
     # means no NaN or infinity. Anything else takes the exact per-element path below.
     types = set(map(type, value))
@@ -262,16 +385,71 @@ def _check_vector(key: str, value: AttrValue) -> list[AttrValue]:
     return vector
 
 
-def _normalize(key: str, kind: AttributeKind, value: AttrValue) -> AttrValue:
+def _too_many(key: str, items: int) -> _Invalid:
+    return _Invalid(
+        RejectReason.VECTOR_TOO_LONG, f"{key} holds {items:,} items, over the limit of {MAX_VECTOR_LENGTH:,}"
+    )
+
+
+def _too_long(key: str, chars: int, limit: int, what: str = "a string") -> _Invalid:
+    return _Invalid(
+        RejectReason.STRING_TOO_LONG,
+        f"{key} holds {what} of {chars:,} characters, over the limit of {limit:,}",
+    )
+
+
+def _check_size(key: str, value: AttrValue) -> None:
+    """Raise `_Invalid` for a value over the size limits: a string or bytes over `MAX_TEXT_CHARS`, an
+    array or kvlist over `MAX_VECTOR_LENGTH` items, or such a value anywhere inside one."""
+    if isinstance(value, str | bytes):
+        if len(value) > MAX_TEXT_CHARS:
+            raise _too_long(key, len(value), MAX_TEXT_CHARS)
+    elif isinstance(value, list):
+        if len(value) > MAX_VECTOR_LENGTH:
+            raise _too_many(key, len(value))
+        if not set(map(type, value)) <= _VECTOR_TYPES:  # numbers need no walk: vectors are long
+            for item in value:
+                _check_size(key, item)
+    elif isinstance(value, dict):
+        if len(value) > MAX_VECTOR_LENGTH:
+            raise _too_many(key, len(value))
+        for name, item in value.items():
+            if len(name) > MAX_TEXT_CHARS:
+                raise _too_long(key, len(name), MAX_TEXT_CHARS, "a kvlist key")
+            _check_size(key, item)
+
+
+def _normalize(key: str, kind: _Kind, value: AttrValue) -> AttrValue:
     """The value `semconv` can rely on for an attribute of `kind`; raises `_Invalid`."""
-    try:
-        if kind == "count":
-            return _as_count(value)
-        if kind == "number":
-            return _as_number(value)
-    except (ValueError, TypeError, OverflowError):
-        raise _Invalid(RejectReason.INVALID_ATTRIBUTE, f"{key}={value!r:.40} is not a valid {kind}") from None
-    return _check_vector(key, value)
+    if kind == "count" or kind == "number" or kind == "cost":  # the common kinds first: scores, tokens
+        try:
+            number: float | int = _as_count(value) if kind == "count" else _as_number(value)
+        except (ValueError, TypeError, OverflowError):
+            shown = "count" if kind == "count" else "number"
+            raise _Invalid(
+                RejectReason.INVALID_ATTRIBUTE, f"{key}={value!r:.40} is not a valid {shown}"
+            ) from None
+        if kind == "count" and number > MAX_COUNT:
+            raise _Invalid(
+                RejectReason.OUT_OF_RANGE, f"{key}={value!r:.40} is over the limit of {MAX_COUNT:,}"
+            )
+        if kind == "cost" and not 0 <= number <= MAX_COST_USD:
+            raise _Invalid(
+                RejectReason.OUT_OF_RANGE,
+                f"{key}={value!r:.40} is not a cost within 0..{MAX_COST_USD:,.0f} USD",
+            )
+        return number
+    if kind == "vector":
+        return _check_vector(key, value)
+    if kind == "identifier":
+        if isinstance(value, str) and len(value) > MAX_IDENTIFIER_CHARS:
+            raise _too_long(key, len(value), MAX_IDENTIFIER_CHARS, "an identifier")
+        _check_size(key, value)
+        return value
+    raise _Invalid(
+        RejectReason.INVALID_ATTRIBUTE_INDEX,
+        f"key {key!r:.60} holds a list index over {MAX_ATTRIBUTE_INDEX:,}",
+    )
 
 
 def finish_attributes(
@@ -285,8 +463,16 @@ def finish_attributes(
     attributes: Attributes = {}
     size = 0
     for key, value in raw:
+        if len(key) > MAX_KEY_CHARS:
+            _drop_long_key(key, batch, where)
+            continue
         kind = _kind_of(key)
-        if kind is None and type(value) is str:  # most values: nothing to check, sized without `value_size`
+        # most values: nothing to check beyond the length, sized without `value_size`
+        if (
+            (kind is None or kind == "identifier")
+            and type(value) is str
+            and len(value) <= (MAX_TEXT_CHARS if kind is None else MAX_IDENTIFIER_CHARS)
+        ):
             attributes[key] = value
             size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(value)
             continue
@@ -294,26 +480,44 @@ def finish_attributes(
     return attributes, size
 
 
+def _drop_long_key(key: str, batch: DecodedBatch, where: str) -> None:
+    """Count an attribute dropped for a key over `MAX_KEY_CHARS`: under its index when that is what
+    makes it long (`retrieval.documents.<5,000 digits>.document.id`); such keys never reach `_kind_of`."""
+    shown = f"key {key[:40]!r}..."
+    if _bad_index(key):
+        problem = _Invalid(
+            RejectReason.INVALID_ATTRIBUTE_INDEX, f"{shown} holds a list index over {MAX_ATTRIBUTE_INDEX:,}"
+        )
+    else:
+        problem = _too_long(shown, len(key), MAX_KEY_CHARS, "a key")
+    batch._count(problem.reason, f"{where}: {problem.detail}")
+
+
 def _add_checked(
     attributes: Attributes,
     key: str,
     value: AttrValue,
-    kind: AttributeKind | None,
+    kind: _Kind | None,
     batch: DecodedBatch,
     where: str,
     dims: set[int] | None,
 ) -> int:
     """Add one attribute that may need checking (see `finish_attributes`); returns its estimated size."""
-    if kind is not None and (kind != "vector" or dims is not None):
-        try:
+    try:
+        if kind is None or (kind == "vector" and dims is None):
+            _check_size(key, value)  # vectors are checked as such on spans only (`dims`)
+        else:
             value = _normalize(key, kind, value)
-        except _Invalid as problem:
-            if problem.reason is not RejectReason.INVALID_ATTRIBUTE:
-                raise
-            batch._count(problem.reason, f"{where}: {problem.detail}")
-            return 0
-        if kind == "vector" and dims is not None and isinstance(value, list):
-            dims.add(len(value))
+    except _Invalid as problem:
+        if problem.reason not in ATTRIBUTE_REASONS:
+            raise
+        batch._count(problem.reason, f"{where}: {problem.detail}")
+        return 0
+    except RecursionError:  # a value nested deeper than the walk goes: it cannot be read either
+        batch._count(RejectReason.INVALID_ATTRIBUTE, f"{where}: {key!r:.60} is nested too deeply")
+        return 0
+    if kind == "vector" and dims is not None and isinstance(value, list):
+        dims.add(len(value))
     attributes[key] = value
     return _ENTRY_OVERHEAD + len(key) + value_size(value)
 
@@ -369,18 +573,22 @@ def pb_attributes(
     size = 0
     for kv in pairs:
         key, any_value = kv.key, kv.value
-        kind = _kind_of(key)
-        if kind is None and any_value.WhichOneof("value") == "string_value":
-            text = any_value.string_value
-            attributes[key] = text
-            size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(text)
+        if len(key) > MAX_KEY_CHARS:
+            _drop_long_key(key, batch, where)
             continue
+        kind = _kind_of(key)
+        if (kind is None or kind == "identifier") and any_value.WhichOneof("value") == "string_value":
+            text = any_value.string_value
+            if len(text) <= (MAX_TEXT_CHARS if kind is None else MAX_IDENTIFIER_CHARS):
+                attributes[key] = text
+                size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(text)
+                continue
         size += _add_checked(attributes, key, pb_value(any_value), kind, batch, where, dims)
     return attributes, size
 
 
 def _checked_ids(span: PbSpan, where: str) -> tuple[bytes, bytes, bytes]:
-    """The span's trace, span and parent ids; raises `_Invalid` for bad ids or times."""
+    """The span's trace, span and parent ids; raises `_Invalid` for bad ids, times or names."""
     raw_trace, raw_span, raw_parent = span.trace_id, span.span_id, span.parent_span_id
     if len(raw_trace) != 16 or not any(raw_trace):
         raise _Invalid(
@@ -396,11 +604,50 @@ def _checked_ids(span: PbSpan, where: str) -> tuple[bytes, bytes, bytes]:
             f"{where}: parent span id {raw_parent.hex()!r} is not 8 bytes",
         )
     start, end = span.start_time_unix_nano, span.end_time_unix_nano
-    if start == 0 or end < start:
-        raise _Invalid(
-            RejectReason.INVALID_TIME, f"{where}: start {start} / end {end} is not a valid interval"
-        )
+    if start == 0 or end < start or end > MAX_TIME_NS:  # inline: this runs for every span on the request path
+        _check_interval(start, end, where)
+    if len(span.name) > MAX_NAME_CHARS:
+        _check_name(span.name, where)
+    events = span.events
+    if events:  # iterating an empty repeated field costs 3x asking its length
+        for event in events:
+            if event.time_unix_nano > MAX_TIME_NS:
+                raise _late(f"event {event.name!r:.40}", event.time_unix_nano, where)
+            _check_name(event.name, where)
     return raw_trace, raw_span, raw_parent
+
+
+def _check_interval(start: int, end: int, where: str) -> None:
+    """Raise `_Invalid` (INVALID_TIME) unless 0 < start <= end <= `MAX_TIME_NS`."""
+    if start <= 0 or end < start:
+        raise _Invalid(
+            RejectReason.INVALID_TIME,
+            f"{where}: start {_digits(start)} / end {_digits(end)} is not a valid interval",
+        )
+    if end > MAX_TIME_NS:
+        late_start = start > MAX_TIME_NS
+        raise _late("start" if late_start else "end", start if late_start else end, where)
+
+
+def _digits(ns: int) -> str:
+    text = str(ns)
+    return text if len(text) <= 24 else f"{text[:20]}...({len(text)} digits)"
+
+
+def _late(what: str, ns: int, where: str) -> _Invalid:
+    return _Invalid(
+        RejectReason.INVALID_TIME,
+        f"{where}: {what} time {_digits(ns)} ns is after the latest time ragmon keeps "
+        f"({MAX_TIME_NS} ns, 2262-04-11)",
+    )
+
+
+def _check_name(name: str, where: str) -> None:
+    if len(name) > MAX_NAME_CHARS:
+        raise _Invalid(
+            RejectReason.MALFORMED_SPAN,
+            f"{where}: a name of {len(name):,} characters is over the limit of {MAX_NAME_CHARS:,}",
+        )
 
 
 def _pb_span(
@@ -475,7 +722,7 @@ def _screen_vectors(span: PbSpan, dims: _VectorDims, where: str) -> int:
     models: Attributes = {}
     for kv in span.attributes:
         key = kv.key
-        if _kind_of(key) == "vector":
+        if len(key) <= MAX_KEY_CHARS and _kind_of(key) == "vector":
             length = _screened_vector_length(key, kv.value)
             if length is not None:
                 lengths.add(length)
@@ -489,7 +736,7 @@ def _screen_vectors(span: PbSpan, dims: _VectorDims, where: str) -> int:
 def _screened_vector_length(key: str, value: AnyValue) -> int | None:
     """The length of a usable vector; None for one `_check_vector` would drop; raises `_Invalid`
     (NAN_VECTOR) where it would reject the span."""
-    if value.WhichOneof("value") != "array_value":
+    if value.WhichOneof("value") != "array_value" or len(value.array_value.values) > MAX_VECTOR_LENGTH:
         return None
     raw = value.array_value.SerializeToString()
     doubles = _wire_doubles(raw)
@@ -619,7 +866,10 @@ def json_value(value: Any) -> AttrValue:
             raise TypeError("stringValue must be a string")
         return text
     if "intValue" in value:
-        return json_int(value["intValue"])
+        number = json_int(value["intValue"])
+        if not _INT64_MIN <= number <= _INT64_MAX:
+            raise _OutOfRange(f"intValue {_digits(number)} is outside the signed 64-bit range")
+        return number
     if "doubleValue" in value:
         number = value["doubleValue"]
         if isinstance(number, str):
@@ -664,15 +914,20 @@ def _json_pair(kv: Any) -> tuple[str, AttrValue]:
     return kv["key"], None if raw is None else json_value(raw)
 
 
+class _OutOfRange(ValueError):
+    """A JSON value of the right type outside the range OTLP gives it (an `intValue` over 64 bits)."""
+
+
 def json_pairs(items: list[Any], batch: DecodedBatch, where: str) -> Iterable[tuple[str, AttrValue]]:
     for kv in items:
         try:
             yield _json_pair(kv)
         except (ValueError, TypeError, KeyError, binascii.Error, RecursionError) as exc:
             key = kv.get("key") if isinstance(kv, dict) else None
-            batch._count(
-                RejectReason.INVALID_ATTRIBUTE, f"{where}: attribute {key!r} has an invalid value ({exc})"
+            reason = (
+                RejectReason.OUT_OF_RANGE if isinstance(exc, _OutOfRange) else RejectReason.INVALID_ATTRIBUTE
             )
+            batch._count(reason, f"{where}: attribute {key!r:.60} has an invalid value ({exc})")
 
 
 def json_id(value: Any, pattern: re.Pattern[str], zero: str) -> str | None:
@@ -725,31 +980,21 @@ def _json_span(
         end = json_int(span.get("endTimeUnixNano", 0))
     except ValueError as exc:
         raise _Invalid(RejectReason.INVALID_TIME, f"{where}: {exc}") from None
-    if start <= 0 or end < start:
-        raise _Invalid(
-            RejectReason.INVALID_TIME, f"{where}: start {start} / end {end} is not a valid interval"
-        )
+    _check_interval(start, end, where)
     raw_attributes, raw_events = span.get("attributes", []), span.get("events", [])
     if not isinstance(raw_attributes, list) or not isinstance(raw_events, list):
         raise _Invalid(RejectReason.MALFORMED_SPAN, f"{where}: attributes and events must be lists")
     name = span.get("name", "")
     name = name if isinstance(name, str) else ""
+    _check_name(name, where)
+    # every rule that rejects the span first, so a rejected span's attributes are not counted as dropped
+    checked_events = [_json_event_head(raw_event, where) for raw_event in raw_events]
     vector_dims: set[int] = set()
     attributes, size = finish_attributes(json_pairs(raw_attributes, batch, where), batch, where, vector_dims)
     events: list[SpanEvent] = []
-    for raw_event in raw_events:
-        if not isinstance(raw_event, dict) or not isinstance(raw_event.get("attributes", []), list):
-            raise _Invalid(
-                RejectReason.MALFORMED_SPAN, f"{where}: an event is not an object with an attribute list"
-            )
-        event_name = raw_event.get("name", "")
-        event_name = event_name if isinstance(event_name, str) else ""
-        try:
-            event_time = json_int(raw_event.get("timeUnixNano", 0))
-        except ValueError as exc:
-            raise _Invalid(RejectReason.INVALID_TIME, f"{where}: event {event_name!r}: {exc}") from None
+    for event_name, event_time, raw_event_attributes in checked_events:
         event_attributes, event_size = finish_attributes(
-            json_pairs(raw_event.get("attributes", []), batch, where), batch, where, None
+            json_pairs(raw_event_attributes, batch, where), batch, where, None
         )
         events.append(SpanEvent(event_name, event_time, event_attributes))
         size += _EVENT_OVERHEAD + len(event_name) + event_size
@@ -770,6 +1015,27 @@ def _json_span(
         tenant=tenant,
         size_bytes=_SPAN_OVERHEAD + len(name) + size,
     )
+
+
+def _json_event_head(raw_event: Any, where: str) -> tuple[str, int, list[Any]]:
+    """An OTLP/JSON event's name, time and raw attributes; raises `_Invalid` where it rejects its span."""
+    if not isinstance(raw_event, dict) or not isinstance(raw_event.get("attributes", []), list):
+        raise _Invalid(
+            RejectReason.MALFORMED_SPAN, f"{where}: an event is not an object with an attribute list"
+        )
+    event_name = raw_event.get("name", "")
+    event_name = event_name if isinstance(event_name, str) else ""
+    _check_name(event_name, where)
+    try:
+        event_time = json_int(raw_event.get("timeUnixNano", 0))
+    except ValueError as exc:
+        raise _Invalid(RejectReason.INVALID_TIME, f"{where}: event {event_name!r:.40}: {exc}") from None
+    if event_time < 0:
+        raise _Invalid(RejectReason.INVALID_TIME, f"{where}: event {event_name!r:.40} has a negative time")
+    if event_time > MAX_TIME_NS:
+        raise _late(f"event {event_name!r:.40}", event_time, where)
+    attributes: list[Any] = raw_event.get("attributes", [])
+    return event_name, event_time, attributes
 
 
 def json_structure(container: Any, key: str, where: str) -> list[Any]:

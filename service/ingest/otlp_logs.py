@@ -22,6 +22,7 @@ Rules, per record (the good records of a request are kept either way):
   rejected `invalid_span_id`      the same for its span id
   rejected `malformed_span`       (JSON) the record is not an object, or its
                                   attributes are not a list
+  rejected `invalid_time`         its time is not within 0..`otlp.MAX_TIME_NS`
   ignored                         any other log record (application logs):
                                   answered as accepted, counted, not stored
   ==============================  ==============================================
@@ -47,6 +48,7 @@ from service.errors import DecodeError
 from service.ingest.otlp import (
     HEX16,
     HEX32,
+    MAX_TIME_NS,
     ZERO_SPAN,
     ZERO_TRACE,
     DecodedBatch,
@@ -130,6 +132,13 @@ def _event(
     )
 
 
+def _check_time(time_ns: int, where: str) -> None:
+    if not 0 <= time_ns <= MAX_TIME_NS:
+        raise _Unjoinable(
+            RejectReason.INVALID_TIME, f"{where}: time {time_ns} is outside 0..{MAX_TIME_NS} ns"
+        )
+
+
 class _Unjoinable(Exception):
     def __init__(self, reason: RejectReason, detail: str) -> None:
         super().__init__(detail)
@@ -152,11 +161,13 @@ def _pb_record(
     if not name.startswith(GENAI_EVENT_PREFIX):
         return None
     body = pb_value(record.body) if record.HasField("body") else None
+    time_ns = record.time_unix_nano or record.observed_time_unix_nano
+    _check_time(time_ns, where)
     return _event(
         _pb_id(record.trace_id, 16),
         _pb_id(record.span_id, 8),
         name,
-        record.time_unix_nano or record.observed_time_unix_nano,
+        time_ns,
         _with_body(attributes, body),
         resource,
         tenant,
@@ -215,6 +226,7 @@ def _json_record(
         time_ns = json_int(record.get("timeUnixNano", 0)) or json_int(record.get("observedTimeUnixNano", 0))
     except ValueError as exc:
         raise _Unjoinable(RejectReason.INVALID_TIME, f"{where}: {exc}") from None
+    _check_time(time_ns, where)
     return _event(
         json_id(record.get("traceId"), HEX32, ZERO_TRACE),
         json_id(record.get("spanId"), HEX16, ZERO_SPAN),

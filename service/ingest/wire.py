@@ -4,21 +4,121 @@ These are what apps without OpenTelemetry send; they are kept apart from
 `RagTrace` (the internal record) and from the store's rows. Validation is
 strict: NaN and infinite numbers, negative durations and token counts, and
 malformed trace ids are refused with a message naming the field.
+
+Every number, string, time and vector is also held to the limits the OTLP
+decoder uses (the table in `service/ingest/otlp.py`): a record that passes
+here can be stored, counted and dated without overflowing anything after
+ingest (a token count of 10**30 once passed here and failed the whole bus
+batch at insert). `rejection_reason` names the `RejectReason` of a record's
+first error, for `ragmon_ingest_rejected_total{reason}`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import uuid
-from datetime import UTC, datetime
-from typing import Annotated, Literal
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic_core import PydanticCustomError
 
+from service.ingest.otlp import (
+    MAX_COST_USD,
+    MAX_COUNT,
+    MAX_IDENTIFIER_CHARS,
+    MAX_SECONDS,
+    MAX_TEXT_CHARS,
+    MAX_TIME_NS,
+    MAX_VECTOR_LENGTH,
+)
+from service.labels import RejectReason
 from service.model import TRACE_ID_PATTERN, FeedbackKind
 
-_Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+__all__ = [
+    "EARLIEST_TIME",
+    "LATEST_TIME",
+    "MAX_METADATA_DEPTH",
+    "ChunkIn",
+    "EmbeddingIn",
+    "FeedbackIn",
+    "FeedbackOut",
+    "RejectedRecord",
+    "RetrievalIn",
+    "TimingsIn",
+    "TraceBatchIn",
+    "TraceBatchOut",
+    "TraceIn",
+    "UsageIn",
+    "hash_user_id",
+    "rejection_reason",
+]
+
+EARLIEST_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_TIME = EARLIEST_TIME + timedelta(microseconds=MAX_TIME_NS // 1000)
+"""The times a record may carry: what OTLP's nanoseconds since 1970 hold in a signed 64 bits."""
+MAX_METADATA_DEPTH = 32
+"""How deeply a chunk's metadata may nest (objects and arrays); the store walks it recursively."""
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _in_time_range(value: datetime) -> datetime:
+    """`value` unchanged, if it lies within EARLIEST_TIME..LATEST_TIME (a naive value is UTC)."""
+    try:
+        utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # year 1 at +05:00 is before year 1 in UTC: no datetime holds it
+        utc = None
+    if utc is None or not EARLIEST_TIME <= utc <= LATEST_TIME:
+        raise PydanticCustomError(
+            "invalid_time",
+            "time {value} is outside the range ragmon keeps, {earliest} to {latest}",
+            {"value": str(value), "earliest": EARLIEST_TIME.isoformat(), "latest": LATEST_TIME.isoformat()},
+        )
+    return value
+
+
+def _bounded_json(value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    """`value` unchanged, if it nests at most MAX_METADATA_DEPTH deep and each key, string and
+    integer in it is within the limits (integers: 64 bits, what JSON readers and orjson take)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_METADATA_DEPTH:
+                raise PydanticCustomError(
+                    "out_of_range", "nested more than {limit} levels deep", {"limit": MAX_METADATA_DEPTH}
+                )
+            children: Iterable[Any] = item
+            if isinstance(item, dict):
+                for key in item:
+                    if len(key) > MAX_IDENTIFIER_CHARS:
+                        raise _too_long("a key", len(key), MAX_IDENTIFIER_CHARS)
+                children = item.values()
+            stack.extend((child, depth + 1) for child in children)
+        elif isinstance(item, str):
+            if len(item) > MAX_TEXT_CHARS:
+                raise _too_long("a string", len(item), MAX_TEXT_CHARS)
+        elif isinstance(item, int) and not isinstance(item, bool) and not _INT64_MIN <= item <= _INT64_MAX:
+            raise PydanticCustomError("out_of_range", "an integer is outside the signed 64-bit range")
+    return value
+
+
+def _too_long(what: str, chars: int, limit: int) -> PydanticCustomError:
+    return PydanticCustomError(
+        "string_too_long",
+        "{what} of {chars} characters is over the limit of {limit}",
+        {"what": what, "chars": chars, "limit": limit},
+    )
+
+
+_Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 _Finite = Annotated[float, Field(allow_inf_nan=False)]
+_Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+_Id = Annotated[str, Field(max_length=MAX_IDENTIFIER_CHARS)]
+_Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+_Time = Annotated[datetime, AfterValidator(_in_time_range)]
+_Metadata = Annotated[dict[str, JsonValue], AfterValidator(_bounded_json)]
 
 
 class _In(BaseModel):
@@ -26,24 +126,24 @@ class _In(BaseModel):
 
 
 class ChunkIn(_In):
-    id: str = Field(min_length=1)
+    id: str = Field(min_length=1, max_length=MAX_IDENTIFIER_CHARS)
     score: _Finite | None = None
-    content: str | None = None
-    metadata: dict[str, JsonValue] | None = None
+    content: _Text | None = None
+    metadata: _Metadata | None = None
 
 
 class RetrievalIn(_In):
-    retriever: str | None = None
-    k: int | None = Field(default=None, ge=0)
+    retriever: _Id | None = None
+    k: _Count | None = None
     chunks: list[ChunkIn] = Field(default_factory=list, description="in rank order, best first")
-    filter: str | None = None
-    excluded_ids: list[str] = Field(default_factory=list)
+    filter: _Text | None = None
+    excluded_ids: list[_Id] = Field(default_factory=list)
     reranked: list[ChunkIn] = Field(default_factory=list, description="reranker output, best first, if any")
 
 
 class EmbeddingIn(_In):
-    model: str | None = None
-    vector: list[_Finite] = Field(min_length=1)
+    model: _Id | None = None
+    vector: list[_Finite] = Field(min_length=1, max_length=MAX_VECTOR_LENGTH)
 
 
 class TimingsIn(_In):
@@ -56,11 +156,11 @@ class TimingsIn(_In):
 
 
 class UsageIn(_In):
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=MAX_IDENTIFIER_CHARS)
     kind: Literal["llm", "embedding", "reranker"] = "llm"
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
-    cost_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+    input_tokens: _Count = 0
+    output_tokens: _Count = 0
+    cost_usd: Annotated[float, Field(ge=0, le=MAX_COST_USD, allow_inf_nan=False)] | None = Field(
         default=None, description="the app's own cost; wins over ragmon's price table"
     )
 
@@ -72,23 +172,23 @@ class TraceIn(_In):
         pattern=TRACE_ID_PATTERN, description="32 lower-case hex digits; the idempotency key"
     )
     app: str = Field("unknown", min_length=1, max_length=200)
-    release: str | None = None
-    intent: str | None = None
-    session_id: str | None = None
-    user_id: str | None = Field(
+    release: _Id | None = None
+    intent: _Id | None = None
+    session_id: _Id | None = None
+    user_id: _Id | None = Field(
         default=None, description="hashed with SHA-256 on arrival; never stored as sent"
     )
-    start_time: datetime | None = Field(default=None, description="default: time of arrival")
-    query: str | None = None
+    start_time: _Time | None = Field(default=None, description="default: time of arrival; 1970..2262")
+    query: _Text | None = None
     query_embedding: EmbeddingIn | None = None
     retrieval: RetrievalIn | None = None
-    answer: str | None = None
-    cited_chunk_ids: list[str] = Field(default_factory=list)
+    answer: _Text | None = None
+    cited_chunk_ids: list[_Id] = Field(default_factory=list)
     timings: TimingsIn = TimingsIn()
     usage: list[UsageIn] = Field(default_factory=list)
     is_regeneration: bool = False
-    probe_run_id: str | None = None
-    probe_question_id: str | None = None
+    probe_run_id: _Id | None = None
+    probe_question_id: _Id | None = None
 
 
 class TraceBatchIn(_In):
@@ -117,8 +217,8 @@ class FeedbackIn(_In):
     event_id: str | None = Field(
         default=None, max_length=200, description="send one to make retries safe: the same id is stored once"
     )
-    app: str | None = None
-    time: datetime | None = None
+    app: str | None = Field(default=None, max_length=200)
+    time: _Time | None = Field(default=None, description="default: time of arrival; 1970..2262")
 
     def resolved_event_id(self) -> str:
         return self.event_id or uuid.uuid4().hex
@@ -133,3 +233,30 @@ class FeedbackOut(BaseModel):
 
 def hash_user_id(user_id: str | None) -> str | None:
     return hashlib.sha256(user_id.encode()).hexdigest() if user_id else None
+
+
+_RANGE_ERRORS = frozenset(
+    {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "out_of_range"}
+)
+
+
+def rejection_reason(exc: ValidationError) -> RejectReason | Literal["invalid_input"]:
+    """The `ragmon_ingest_rejected_total` reason of a record's first validation error: a limit of
+    the table in `otlp.py` by its reason (out_of_range, string_too_long, vector_too_long,
+    invalid_time; nan_vector for a non-finite embedding), anything else invalid_input."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid_input"
+    first = errors[0]
+    kind, loc = first["type"], first["loc"]
+    if kind in _RANGE_ERRORS:
+        return RejectReason.OUT_OF_RANGE
+    if kind == "string_too_long":
+        return RejectReason.STRING_TOO_LONG
+    if kind == "too_long" and "vector" in loc:
+        return RejectReason.VECTOR_TOO_LONG
+    if kind == "finite_number" and "vector" in loc:
+        return RejectReason.NAN_VECTOR
+    if kind == "invalid_time":
+        return RejectReason.INVALID_TIME
+    return "invalid_input"

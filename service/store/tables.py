@@ -5,12 +5,15 @@ queries filter or show; the bulky part of a trace (chunk contents, reranker
 lists, per-model usage) sits in `trace_contexts`, which only single-trace reads
 load. `feedback` rows are keyed by (tenant, event_id) and join traces by
 (tenant, trace_id) at read time, so feedback may arrive before its trace.
+`dead_letters` keeps the records a sink refused for good (the bus's safety
+net, `service/bus/memory.py`), one row per (tenant, kind, record id), with the
+error and the record as JSON, both bounded.
 
 The converters here are pure functions (no engine, no I/O) so the read API and
 the Kafka worker can reuse them:
 
-* `trace_row`, `trace_context`, `feedback_row`: record → row values;
-* `trace_record`, `feedback_record`: row → JSON-ready dict.
+* `trace_row`, `trace_context`, `feedback_row`, `dead_letter_row`: record → row values;
+* `trace_record`, `feedback_record`, `dead_letter_record`: row → JSON-ready dict.
 
 Text is made storable the same way on every database: NUL characters become
 U+FFFD (PostgreSQL text cannot hold them) and unpaired surrogates become "?"
@@ -20,6 +23,8 @@ NaN). Datetimes are stored in UTC; a naive datetime is taken to be UTC.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -31,9 +36,14 @@ from sqlalchemy.engine import Dialect, RowMapping
 from service.model import Chunk, Feedback, RagTrace
 
 __all__ = [
+    "MAX_DEAD_LETTER_ERROR_CHARS",
+    "MAX_DEAD_LETTER_RECORD_CHARS",
     "SCHEMA_VERSION",
     "Row",
     "UtcDateTime",
+    "dead_letter_record",
+    "dead_letter_row",
+    "dead_letters",
     "feedback",
     "feedback_record",
     "feedback_row",
@@ -184,6 +194,36 @@ feedback = sa.Table(
     sa.Index("ix_feedback_tenant_trace", "tenant", "trace_id"),
     sa.Index("ix_feedback_time", "time"),
 )
+
+
+# Records a sink refused for good. `id` orders them (newest last) and pages the read API; a record
+# refused again (a redelivery, a client resending it) keeps its first row.
+dead_letters = sa.Table(
+    "dead_letters",
+    metadata,
+    sa.Column(
+        "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True
+    ),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),  # trace | feedback
+    sa.Column("record_id", sa.Text, nullable=False),  # trace id or feedback event id
+    sa.Column("error", sa.Text, nullable=False),
+    sa.Column("record", sa.Text, nullable=False),  # JSON text, shortened when `truncated`
+    sa.Column("truncated", sa.Boolean, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Index("ux_dead_letters_record", "tenant", "kind", "record_id", unique=True),
+    sa.Index("ix_dead_letters_tenant_id", "tenant", "id"),
+    sa.Index("ix_dead_letters_created_at", "created_at"),
+)
+
+MAX_DEAD_LETTER_ERROR_CHARS = 4096
+"""The longest error text a dead letter keeps (the rest is cut)."""
+MAX_DEAD_LETTER_RECORD_CHARS = 64 * 1024
+"""The longest record JSON a dead letter keeps: longer records are shortened (long strings and lists
+cut, the cuts marked), and cut at this length if that is not enough."""
+_MAX_DEAD_LETTER_ID_CHARS = 512
+_SHORT_STRING = 1000
+_SHORT_LIST = 100
 
 
 def storable_text(value: str) -> str:
@@ -417,3 +457,91 @@ def trace_record(
     if feedback is not None:
         record["feedback"] = [feedback_record(f) for f in feedback]
     return record
+
+
+# ---------------------------------------------------------------- dead letters
+
+
+def dead_letter_row(record: RagTrace | Feedback, error: str, *, created_at: datetime) -> dict[str, Any]:
+    """The `dead_letters` row for a record a sink refused for good, with the error it refused it with.
+
+    Never raises for the record's content: a record that failed to store may
+    hold anything its type allows (or, built without validation, more), so
+    every value is made storable and bounded here, and a record that cannot be
+    serialised at all is kept as its type and id.
+    """
+    kind = "feedback" if isinstance(record, Feedback) else "trace"
+    record_id = getattr(record, "event_id" if kind == "feedback" else "trace_id", None)
+    text, truncated = _record_json(record)
+    return {
+        "tenant": storable_text(str(getattr(record, "tenant", "default"))),
+        "kind": kind,
+        "record_id": storable_text(str(record_id))[:_MAX_DEAD_LETTER_ID_CHARS],
+        "error": storable_text(error[:MAX_DEAD_LETTER_ERROR_CHARS]),
+        "record": text,
+        "truncated": truncated,
+        "created_at": created_at,
+    }
+
+
+def _record_json(record: RagTrace | Feedback) -> tuple[str, bool]:
+    """The record as JSON text of at most MAX_DEAD_LETTER_RECORD_CHARS, and whether it was shortened."""
+    try:
+        data = _clean(record.model_dump(mode="json", warnings=False))
+    except Exception:  # a record built without validation may not serialise: keep what can be shown
+        data = {"unserialisable": type(record).__name__}
+    text = _json(data)
+    if len(text) <= MAX_DEAD_LETTER_RECORD_CHARS:
+        return text, False
+    text = _json(_shortened(data))
+    return text[:MAX_DEAD_LETTER_RECORD_CHARS], True
+
+
+def _clean(value: Any) -> Any:
+    """JSON-ready data made storable and strict JSON: text as `storable_text`, non-finite floats None."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, float):
+        return _finite(value)
+    if isinstance(value, dict):
+        return {storable_text(str(k)): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _json(data: Any) -> str:
+    try:
+        return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=str)
+    except ValueError:  # an integer of more digits than int-to-str allows
+        return json.dumps({"unserialisable": "record"})
+
+
+def _shortened(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > _SHORT_STRING:
+        return f"{value[:_SHORT_STRING]}... ({len(value)} characters)"
+    if isinstance(value, list):
+        kept = [_shortened(item) for item in value[:_SHORT_LIST]]
+        if len(value) > _SHORT_LIST:
+            kept.append(f"... ({len(value)} items)")
+        return kept
+    if isinstance(value, dict):
+        return {key: _shortened(item) for key, item in value.items()}
+    return value
+
+
+def dead_letter_record(row: Row) -> dict[str, Any]:
+    """A `dead_letters` row as JSON-ready data; `record` is the parsed record when its JSON is whole,
+    else the stored text."""
+    record: Any = row["record"]
+    with contextlib.suppress(ValueError):
+        record = json.loads(record)
+    return {
+        "id": row["id"],
+        "kind": row["kind"],
+        "record_id": row["record_id"],
+        "error": row["error"],
+        "record": record,
+        "truncated": bool(row["truncated"]),
+        "created_at": _iso(row["created_at"]),
+    }

@@ -19,7 +19,13 @@ Guarantees every method keeps:
 * Errors: SQLAlchemy exceptions are caught only in this module. A database
   that cannot be reached, times out or fails for reasons a retry may cure
   raises `StoreUnavailable`; data the database refuses (an integer out of
-  range, a constraint) raises `InvalidInput`, a `PermanentError`.
+  range, a constraint) raises `InvalidInput`, a `PermanentError`, whose
+  message names the cause but not the statement or its parameters (they hold
+  every record of the batch, of any tenant).
+* Dead letters: `insert_dead_letters` keeps records a sink refused for good
+  (the bus hands them over one at a time, `service/bus/memory.py`), once per
+  (tenant, kind, record id); `list_dead_letters` reads them per tenant.
+  Retention removes them with the traces of their age.
 
 Regeneration from feedback: a `regenerate` feedback event marks the trace it
 names as a regeneration with source "feedback". The row itself is updated in
@@ -38,10 +44,10 @@ import base64
 import binascii
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 import orjson
 import sqlalchemy as sa
@@ -56,6 +62,9 @@ from service.model import Feedback, FeedbackKind, RagTrace
 from service.store.row_insert import PlainInsert
 from service.store.tables import (
     SCHEMA_VERSION,
+    dead_letter_record,
+    dead_letter_row,
+    dead_letters,
     feedback,
     feedback_row,
     metadata,
@@ -75,6 +84,7 @@ __all__ = ["MAX_PAGE_SIZE", "Store", "StoreSink", "TraceFilters", "decode_cursor
 
 MAX_PAGE_SIZE = 1000
 _FEEDBACK_KINDS: frozenset[str] = frozenset({"up", "down", "regenerate"})
+_R = TypeVar("_R")
 # Prepared statements each pooled SQLite connection keeps (Python's default: 128). A batch
 # insert's multi-row VALUES statement differs with the batch's length and IN lists with their
 # size, so the cache filled with large one-off programs: the server process grew ~25 MiB over
@@ -398,8 +408,10 @@ class Store:
                 f"{action}: store {self.url} unavailable: {type(cause).__name__}: {cause}"
             ) from exc
         except (sa_exc.StatementError, OverflowError) as exc:
-            # Raised while binding values, before the database saw them.
-            raise InvalidInput(f"{action}: value cannot be stored: {exc}") from exc
+            # Raised while binding values, before the database saw them. The cause alone: the
+            # StatementError's text carries the statement and the batch's parameters.
+            cause = getattr(exc, "orig", None) or exc
+            raise InvalidInput(f"{action}: value cannot be stored: {type(cause).__name__}: {cause}") from exc
 
     @contextmanager
     def _write(self, action: str) -> Iterator[Connection]:
@@ -548,6 +560,57 @@ class Store:
         new = {(r.tenant, r.event_id) for r in inserted}
         return [event_id for (tenant, event_id) in pending if (tenant, event_id) in new]
 
+    def insert_dead_letters(self, records: Sequence[RagTrace | Feedback], error: str) -> int:
+        """Keep records a sink refused for good, each with `error`; return how many rows were new.
+
+        One transaction. Idempotent by (tenant, kind, record id): a record
+        refused again keeps its first row. Every value is made storable and
+        bounded (`tables.dead_letter_row`), so no record's content can make
+        this fail; only the database can (`StoreUnavailable`).
+        """
+        if not records:
+            return 0
+        created_at = datetime.now(UTC)
+        pending: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for record in records:
+            row = dead_letter_row(record, error, created_at=created_at)
+            pending.setdefault((row["tenant"], row["kind"], row["record_id"]), row)
+        insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        statement = (
+            insert(dead_letters)
+            .on_conflict_do_nothing(index_elements=["tenant", "kind", "record_id"])
+            .returning(dead_letters.c.id)
+        )
+        with self._write("insert dead letters") as conn:
+            return len(conn.execute(statement, [pending[k] for k in sorted(pending)]).all())
+
+    def list_dead_letters(
+        self,
+        tenant: str,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        kind: Literal["trace", "feedback"] | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of a tenant's dead letters, newest first, and the cursor of the next page (None on
+        the last). A malformed cursor raises `InvalidInput`; a limit outside 1..`MAX_PAGE_SIZE`,
+        `ValueError`."""
+        if not 1 <= limit <= MAX_PAGE_SIZE:
+            raise ValueError(f"limit must be within 1..{MAX_PAGE_SIZE}, got {limit}")
+        where: list[sa.ColumnElement[bool]] = [dead_letters.c.tenant == tenant]
+        if kind is not None:
+            where.append(dead_letters.c.kind == kind)
+        if cursor is not None:
+            if not cursor.isdigit() or len(cursor) > 19:
+                raise InvalidInput(f"malformed page cursor: {cursor[:64]!r}")
+            where.append(dead_letters.c.id < int(cursor))
+        query = sa.select(dead_letters).where(*where).order_by(dead_letters.c.id.desc()).limit(limit + 1)
+        with self._read("list dead letters") as conn:
+            rows = conn.execute(query).mappings().all()
+        page = rows[:limit]
+        next_cursor = str(page[-1]["id"]) if len(rows) > limit else None
+        return [dead_letter_record(r) for r in page], next_cursor
+
     def get_trace(self, tenant: str, trace_id: str) -> dict[str, Any] | None:
         """One trace as JSON-ready data (row, `context` and `feedback` oldest first), or None.
 
@@ -673,7 +736,8 @@ class Store:
 
         A trace goes when it started before the cutoff, together with its
         context and all its feedback; feedback given before the cutoff goes
-        too, whether or not its trace exists. Work is done in transactions of
+        too, whether or not its trace exists, and so do dead letters written
+        before it (they hold the same content). Work is done in transactions of
         at most `chunk_size` traces (or feedback events), so locks stay short
         and an interrupted run leaves whole traces, never half of one.
         """
@@ -698,6 +762,8 @@ class Store:
                 break
         with self._write("delete old non-request traces") as conn:
             conn.execute(sa.delete(non_request_traces).where(non_request_traces.c.start_time < cutoff))
+        with self._write("delete old dead letters") as conn:
+            conn.execute(sa.delete(dead_letters).where(dead_letters.c.created_at < cutoff))
         while True:
             with self._write("delete old feedback") as conn:
                 keys = [
@@ -732,6 +798,9 @@ class StoreSink:
     That hand-off happens after the commit: if it fails, a
     redelivery will not repeat it (at most once downstream). The sink does not
     own the store: `stop` leaves it open.
+
+    `dead_letter` is the bus's dead-letter handler (`MemoryBus(dead_letters=...)`):
+    it keeps records the sink refused for good in the store's `dead_letters`.
     """
 
     def __init__(
@@ -759,12 +828,11 @@ class StoreSink:
         except TimeoutError:
             pass
 
-    async def _in_thread(self, call: Any, batch: Sequence[Any]) -> list[str]:
+    async def _in_thread(self, call: Callable[[Sequence[Any]], _R], batch: Sequence[Any]) -> _R:
         self._in_flight += 1
         self._idle.clear()
         try:
-            result: list[str] = await asyncio.to_thread(call, batch)
-            return result
+            return await asyncio.to_thread(call, batch)
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
@@ -777,6 +845,12 @@ class StoreSink:
     async def store_feedback(self, batch: Sequence[Feedback]) -> list[str]:
         """Insert the batch; return the event ids not stored before."""
         return await self._in_thread(self.store.insert_feedback, batch)
+
+    async def dead_letter(self, records: Sequence[RagTrace | Feedback], error: Exception) -> None:
+        """Keep records refused for good, with the error, in the store's `dead_letters`; raises
+        `StoreUnavailable` (retryable) when the store cannot take them now."""
+        text = f"{type(error).__name__}: {error}"
+        await self._in_thread(lambda batch: self.store.insert_dead_letters(batch, text), records)
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
         new_ids = set(await self.store_traces(batch))
