@@ -49,6 +49,7 @@ from service.judge.store import JudgmentStore
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 from service.non_requests import RequestFilter
+from service.outbox import OutboxSweep
 from service.phoenix.annotations import PhoenixAnnotator
 from service.phoenix.forward import PhoenixForwarder
 from service.probes.gauges import restore_probe_gauges
@@ -162,9 +163,12 @@ class Pipeline:
             budget=JudgeBudget(config.budget),
             judgment_cost_usd=config.judging.estimated_cost_usd,
         )
-        downstream: list[Any] = [MetricsSink(self.metrics, self.store), self.review_intake]
+        # the sinks that write (idempotently, by key) first and the in-memory counters after them: a
+        # fan-out that failed half-way and is run again from the outbox counts nothing twice
+        downstream: list[Any] = [self.review_intake]
         if config.judging.enabled:
             downstream.append(JudgeQueueSink(self.sampler, self.judge_queue, self.store, self.metrics))
+        downstream.append(MetricsSink(self.metrics, self.store))
         drift = config.drift
         self.drift_store = DriftStore(
             self.store.engine, bucket_s=drift.bucket_s, bucket_capacity=drift.bucket_capacity
@@ -189,6 +193,7 @@ class Pipeline:
         self.estimator = FaithfulnessEstimator(config.judging, self.judgments, self.metrics)
         fanout = Fanout(downstream)
         self.sinks = StoreSink(self.store, new_traces=fanout, new_feedback=fanout)
+        self.outbox_sweep = OutboxSweep(self.store, fanout)
         self.distributed = config.bus.kind == "kafka"
         # embedded mode's durable acknowledgement; Kafka mode's is the broker's (acks=all)
         self.durable = (
@@ -417,6 +422,8 @@ class Pipeline:
         await self.ingest_pool.start()
         if self.durable is not None:
             await self.durable.start(self._replay)
+        if not self.distributed:  # in distributed mode the sinks, and so the sweep, run in `ragmon worker`
+            await self.outbox_sweep.start()
         self._retention_task = asyncio.create_task(self._retention(), name="retention")
         self.started = True
 
@@ -426,6 +433,7 @@ class Pipeline:
         if self._retention_task is not None:
             self._retention_task.cancel()
             self._retention_task = None
+        await self.outbox_sweep.stop()
         await self.ingest_pool.stop()
         await self.assembler.stop()
         await self.bus.stop()

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipeline",),
     ("phoenix", "report", "demo"),
     ("review", "drift"),
-    ("probes",),
+    ("probes", "outbox"),
     ("judge", "ingest", "non_requests"),
     ("store", "bus", "assemble", "regeneration"),
     ("metrics", "consumer"),

@@ -44,6 +44,7 @@ __all__ = [
     "dead_letter_record",
     "dead_letter_row",
     "dead_letters",
+    "fanout_outbox",
     "feedback",
     "feedback_record",
     "feedback_row",
@@ -195,6 +196,20 @@ feedback = sa.Table(
     sa.Index("ix_feedback_time", "time"),
 )
 
+
+# New traces and feedback events whose effects after the store (judge queue, review intake,
+# metrics, drift windows) have not all run: a row is written in the transaction that stores its
+# record and deleted once the fan-out returned, so a crash or a failing sink between the two
+# leaves it here, and the sweep (service/outbox.py) runs the fan-out again.
+fanout_outbox = sa.Table(
+    "fanout_outbox",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("kind", sa.Text, primary_key=True),  # trace | feedback
+    sa.Column("record_id", sa.Text, primary_key=True),  # trace id or feedback event id
+    sa.Column("created_at", UtcDateTime, nullable=False),  # or when a sweep last took it
+    sa.Index("ix_fanout_outbox_created_at", "created_at"),
+)
 
 # Records a sink refused for good. `id` orders them (newest last) and pages the read API; a record
 # refused again (a redelivery, a client resending it) keeps its first row.

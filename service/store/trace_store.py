@@ -43,8 +43,9 @@ import asyncio
 import base64
 import binascii
 import json
+import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
@@ -65,6 +66,7 @@ from service.store.tables import (
     dead_letter_record,
     dead_letter_row,
     dead_letters,
+    fanout_outbox,
     feedback,
     feedback_row,
     metadata,
@@ -81,6 +83,8 @@ from service.store.tables import (
 )
 
 __all__ = ["MAX_PAGE_SIZE", "Store", "StoreSink", "TraceFilters", "decode_cursor", "encode_cursor"]
+
+log = logging.getLogger(__name__)
 
 MAX_PAGE_SIZE = 1000
 _FEEDBACK_KINDS: frozenset[str] = frozenset({"up", "down", "regenerate"})
@@ -464,12 +468,13 @@ class Store:
             self._closed = True
             self._engine.dispose()
 
-    def insert_traces(self, batch: Sequence[RagTrace]) -> list[str]:
+    def insert_traces(self, batch: Sequence[RagTrace], *, outbox: bool = False) -> list[str]:
         """Store a batch of traces in one transaction; return the ids that were new.
 
         The result keeps batch order and holds one entry per (tenant, trace_id)
         not stored before; a redelivered trace changes nothing and is left out,
-        so the same batch twice returns [] the second time.
+        so the same batch twice returns [] the second time. With `outbox`, each
+        new trace also gets a `fanout_outbox` row in the same transaction.
         """
         if not batch:
             return []
@@ -481,6 +486,8 @@ class Store:
             new = self._insert_new_traces(conn, pending, created_at)
             for tenant, keys in keys_by_group(new):
                 conn.execute(_MARK_FEEDBACK_REGENERATIONS, {"for_tenant": tenant, "keys": keys})
+            if outbox and new:
+                self._outbox_add(conn, "trace", new, created_at)
         return [trace_id for (tenant, trace_id) in pending if (tenant, trace_id) in new]
 
     def _insert_new_traces(
@@ -511,6 +518,87 @@ class Store:
             )
         return new_keys
 
+    # -- the fan-out outbox (tables.fanout_outbox)
+
+    def _outbox_add(self, conn: Connection, kind: str, keys: Iterable[tuple[str, str]], at: datetime) -> None:
+        rows = [{"tenant": t, "kind": kind, "record_id": i, "created_at": at} for t, i in sorted(keys)]
+        conn.execute(self._insert(fanout_outbox), rows)
+
+    def outboxed(self, kind: str, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Those of `keys` ((tenant, record id)) whose fan-out has not completed."""
+        found: set[tuple[str, str]] = set()
+        with self._read("read the fan-out outbox") as conn:
+            for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
+                rows = conn.execute(
+                    sa.select(fanout_outbox.c.record_id).where(
+                        fanout_outbox.c.tenant == tenant,
+                        fanout_outbox.c.kind == kind,
+                        fanout_outbox.c.record_id.in_(ids),
+                    )
+                )
+                found.update((tenant, row[0]) for row in rows)
+        return found
+
+    def clear_outbox(self, kind: str, keys: Iterable[tuple[str, str]]) -> None:
+        """The fan-out of these records returned: forget them."""
+        with self._write("clear the fan-out outbox") as conn:
+            for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
+                conn.execute(
+                    sa.delete(fanout_outbox).where(
+                        fanout_outbox.c.tenant == tenant,
+                        fanout_outbox.c.kind == kind,
+                        fanout_outbox.c.record_id.in_(ids),
+                    )
+                )
+
+    def take_outbox(self, older_than: datetime, limit: int = 500) -> list[tuple[str, str, str]]:
+        """(tenant, kind, record id) of up to `limit` records whose fan-out is older than `older_than`
+        and unfinished; each is stamped now, so another sweep leaves it alone for a while (a sweep
+        that dies leaves it to be taken again later)."""
+        now = datetime.now(UTC)
+        with self._write("take from the fan-out outbox") as conn:
+            rows = conn.execute(
+                sa.select(fanout_outbox.c.tenant, fanout_outbox.c.kind, fanout_outbox.c.record_id)
+                .where(fanout_outbox.c.created_at < older_than)
+                .order_by(fanout_outbox.c.created_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            ).all()
+            for tenant, kind, record_id in rows:
+                conn.execute(
+                    sa.update(fanout_outbox)
+                    .where(
+                        fanout_outbox.c.tenant == tenant,
+                        fanout_outbox.c.kind == kind,
+                        fanout_outbox.c.record_id == record_id,
+                    )
+                    .values(created_at=now)
+                )
+        return [(t, k, r) for t, k, r in rows]
+
+    def feedback_events(self, keys: Iterable[tuple[str, str]]) -> list[Feedback]:
+        """Stored feedback events by (tenant, event id), as records."""
+        events: list[Feedback] = []
+        with self._read("read feedback") as conn:
+            for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
+                rows = conn.execute(
+                    sa.select(feedback).where(feedback.c.tenant == tenant, feedback.c.event_id.in_(ids))
+                ).mappings()
+                events += [
+                    Feedback(
+                        event_id=row["event_id"],
+                        trace_id=row["trace_id"],
+                        tenant=row["tenant"],
+                        app=row["app"],
+                        kind=row["kind"],
+                        reason=row["reason"],
+                        text=row["text"],
+                        time=to_utc(row["time"]),
+                    )
+                    for row in rows
+                ]
+        return events
+
     def insert_non_requests(self, batch: Sequence[RagTrace]) -> int:
         """Store traces that are not user requests in `non_request_traces`; return how many were new.
 
@@ -527,11 +615,12 @@ class Store:
                 ).all()
             )
 
-    def insert_feedback(self, batch: Sequence[Feedback]) -> list[str]:
+    def insert_feedback(self, batch: Sequence[Feedback], *, outbox: bool = False) -> list[str]:
         """Store a batch of feedback events in one transaction; return the new event ids.
 
         Idempotent by (tenant, event_id). The trace need not exist yet. A new
-        `regenerate` event marks an existing trace as a regeneration.
+        `regenerate` event marks an existing trace as a regeneration. With
+        `outbox`, each new event gets a `fanout_outbox` row in the same transaction.
         """
         if not batch:
             return []
@@ -557,6 +646,8 @@ class Store:
                     )
                     .values(is_regeneration=True, regeneration_source="feedback")
                 )
+            if outbox and inserted:
+                self._outbox_add(conn, "feedback", {(r.tenant, r.event_id) for r in inserted}, created_at)
         new = {(r.tenant, r.event_id) for r in inserted}
         return [event_id for (tenant, event_id) in pending if (tenant, event_id) in new]
 
@@ -840,11 +931,13 @@ class StoreSink:
 
     async def store_traces(self, batch: Sequence[RagTrace]) -> list[str]:
         """Insert the batch; return the ids of traces not stored before."""
-        return await self._in_thread(self.store.insert_traces, batch)
+        outbox = self.new_traces is not None
+        return await self._in_thread(lambda b: self.store.insert_traces(b, outbox=outbox), batch)
 
     async def store_feedback(self, batch: Sequence[Feedback]) -> list[str]:
         """Insert the batch; return the event ids not stored before."""
-        return await self._in_thread(self.store.insert_feedback, batch)
+        outbox = self.new_feedback is not None
+        return await self._in_thread(lambda b: self.store.insert_feedback(b, outbox=outbox), batch)
 
     async def dead_letter(self, records: Sequence[RagTrace | Feedback], error: Exception) -> None:
         """Keep records refused for good, with the error, in the store's `dead_letters`; raises
@@ -854,22 +947,55 @@ class StoreSink:
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
         new_ids = set(await self.store_traces(batch))
-        if self.new_traces is None or not new_ids:
+        if self.new_traces is None:
             return
+        keys = {(t.tenant, t.trace_id) for t in batch}
+        if len(new_ids) < len(keys):  # stored before: its fan-out may not have finished (a replay)
+            unfinished = await self._in_thread(lambda k: self.store.outboxed("trace", k), list(keys))
+            new_ids.update(i for _, i in unfinished)
         new: list[RagTrace] = []
         for trace in batch:
             if trace.trace_id in new_ids:
                 new_ids.discard(trace.trace_id)
                 new.append(trace)
-        await self.new_traces.consume_traces(new)
+        await self._fan_out(
+            "trace", new, [(t.tenant, t.trace_id) for t in new], self.new_traces.consume_traces
+        )
 
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
         new_ids = set(await self.store_feedback(batch))
-        if self.new_feedback is None or not new_ids:
+        if self.new_feedback is None:
             return
+        keys = {(f.tenant, f.event_id) for f in batch}
+        if len(new_ids) < len(keys):
+            unfinished = await self._in_thread(lambda k: self.store.outboxed("feedback", k), list(keys))
+            new_ids.update(i for _, i in unfinished)
         new: list[Feedback] = []
         for event in batch:
             if event.event_id in new_ids:
                 new_ids.discard(event.event_id)
                 new.append(event)
-        await self.new_feedback.consume_feedback(new)
+        await self._fan_out(
+            "feedback", new, [(f.tenant, f.event_id) for f in new], self.new_feedback.consume_feedback
+        )
+
+    async def _fan_out(
+        self,
+        kind: str,
+        records: Sequence[Any],
+        keys: list[tuple[str, str]],
+        consume: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        """Hand new records on, then forget their outbox rows. The records are stored already, so a
+        failing sink does not fail the delivery: its outbox rows stay, and the sweep
+        (service/outbox.py) runs the fan-out again later."""
+        if not records:
+            return
+        try:
+            await consume(records)
+        except Exception:
+            log.exception(
+                "fan-out of %d stored %s records failed; the outbox sweep will retry", len(records), kind
+            )
+            return
+        await self._in_thread(lambda k: self.store.clear_outbox(kind, k), keys)
