@@ -24,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--since", default="7d", help="period start: an age like 7d, or ISO 8601 (default 7d)"
     )
     parser.add_argument("--until", default="now", help="period end (default now)")
-    parser.add_argument("--out", type=Path, help="output directory (default <data-dir>/reports/<date>)")
+    parser.add_argument(
+        "--out", type=Path, help="output directory (default: the tenant's reports folder, <date>)"
+    )
     parser.add_argument("--app", help="only this app")
     parser.add_argument("--tenant", default="default", help="tenant to report on (default: default)")
 
@@ -35,7 +37,7 @@ def main(args: argparse.Namespace, config: RagmonConfig) -> int:
     from service.drift.cli import parse_time
     from service.drift.store import DriftStore
     from service.judge.store import JudgmentStore
-    from service.report.latest import LATEST_HTML, LATEST_MD, reports_dir
+    from service.report.latest import LATEST_HTML, LATEST_MD, latest_dir
     from service.report.weekly import build_report, render_html, render_markdown
     from service.store.trace_store import Store
 
@@ -66,8 +68,8 @@ def main(args: argparse.Namespace, config: RagmonConfig) -> int:
     finally:
         store.close()
     html, markdown = render_html(report), render_markdown(report)
-    out: Path = args.out or reports_dir(config) / f"{until:%Y-%m-%d}"
-    latest = reports_dir(config)
+    latest = latest_dir(config, args.tenant, args.app)
+    out: Path = args.out or latest / f"{until:%Y-%m-%d}"
     for directory in (out, latest):
         directory.mkdir(parents=True, exist_ok=True)
     (out / "report.html").write_text(html, encoding="utf-8")

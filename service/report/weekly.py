@@ -10,9 +10,9 @@ t interval, and the new query groups against the app's pinned reference
 (`detectors.explain`). Every number is printed with its denominator and its
 95 % interval; a period (or a panel) without data says so in words.
 
-The report is written to `--out` (default `<data-dir>/reports/<date>`) and
-copied to `<data-dir>/reports/latest.html` and `latest.md`, which the
-server answers at `/reports/latest` and `/reports/latest.md`. Weekly, from
+The report is written to `--out` (default: a dated folder beside the tenant's
+latest copies, `latest.py`) and copied to those, which the server answers at
+`/reports/latest` and `/reports/latest.md` for that tenant's key. Weekly, from
 cron: `0 6 * * 1  ragmon report --since 7d --data-dir /var/lib/ragmon`.
 """
 

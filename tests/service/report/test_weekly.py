@@ -26,8 +26,40 @@ def test_report_over_an_empty_window_says_so(tmp_path: Path, capsys: pytest.Capt
     markdown = (out / "report.md").read_text()
     assert "No traces in this window" in html and "nothing to report" in html
     assert "**No traces in this window**" in markdown
-    assert (tmp_path / "data" / "reports" / "latest.md").read_text() == markdown
+    assert (tmp_path / "data" / "reports" / "tenants" / "t-default" / "latest.md").read_text() == markdown
     assert "No traces in this window" in capsys.readouterr().out
+
+
+def test_reports_are_kept_and_served_per_tenant_and_app(tmp_path: Path) -> None:
+    """Tenant A's key never reads tenant B's report; a report for one app does not replace the tenant's."""
+    data = tmp_path / "data"
+    keys = {"key-a": "tenant-a", "key-b": "tenant-b", "key-dots": ".."}
+    with live_server(data, auth={"api_keys": keys}) as server:
+
+        def latest(key: str, path: str = "/reports/latest.md", **params: str) -> tuple[int, str]:
+            with server.client(headers={"authorization": f"Bearer {key}"}) as client:
+                response = client.get(path, params=params)
+            return response.status_code, response.text
+
+        def report(*args: str) -> None:
+            assert cli_main(["report", "--since", "7d", "--data-dir", str(data), *args]) == 0
+
+        report("--tenant", "tenant-b")
+        assert latest("key-a")[0] == 404 and "ragmon report" in latest("key-a")[1]
+        status, b_markdown = latest("key-b")
+        assert status == 200 and "tenant-b" in b_markdown
+        assert latest("key-a", "/reports/latest")[0] == 404
+        report("--tenant", "tenant-a", "--app", "shop")
+        assert latest("key-a")[0] == 404  # only the app's report exists for tenant A
+        assert latest("key-a", app="shop")[0] == 200
+        assert latest("key-b", app="shop")[0] == 404
+        assert latest("key-b") == (200, b_markdown)  # B's report is still B's
+        # a tenant named ".." stays inside the reports folder
+        report("--tenant", "..")
+        assert latest("key-dots")[0] == 200
+        assert not (data / "latest.md").exists() and not (data.parent / "latest.md").exists()
+        with server.client() as anonymous:
+            assert anonymous.get("/reports/latest").status_code == 401
 
 
 def test_report_with_data_has_plots_numbers_and_is_served(
