@@ -1102,6 +1102,13 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
         raise DecodeError(f"body is not valid {encoding}: {exc}") from exc
     if len(out) > limit or inflater.unconsumed_tail:
         raise PayloadTooLarge(f"decompressed body is over the limit of {limit} bytes")
+    # checked here, not left to the protobuf/JSON layer: its error would name the wrong culprit
+    if not inflater.eof:
+        raise DecodeError(f"body is not valid {encoding}: the compressed stream is truncated")
+    if inflater.unused_data:
+        raise DecodeError(
+            f"body is not valid {encoding}: {len(inflater.unused_data)} bytes of trailing data after its end"
+        )
     return out
 
 
