@@ -378,6 +378,39 @@ def _pipeline(t: Thresholds) -> list[Alert]:
             " when full, traces are flushed early without their late spans.",
         ),
         Alert(
+            "RagmonKafkaUnavailable",
+            "ragmon_kafka_producer_available == 0",
+            "critical",
+            "Ingest cannot publish to Kafka",
+            "Ingest {{ $labels.instance }} cannot publish to Kafka: it answers 503 (the exporters retry)"
+            " and is not ready, so nothing it would have to drop is accepted.",
+        ),
+        Alert(
+            "RagmonKafkaBufferNearFull",
+            f"ragmon_kafka_buffer_fill_ratio > {i.kafka_buffer_fill_ratio:g}",
+            "warning",
+            "Ingest's Kafka buffer is nearly full",
+            "The Kafka buffer of {{ $labels.instance }} is {{ $value | humanizePercentage }} full: the broker"
+            " acknowledges slower than traffic arrives; when full, ingest answers 503.",
+        ),
+        Alert(
+            "RagmonKafkaProduceErrors",
+            "sum without (instance, topic) (rate(ragmon_kafka_produce_errors_total[5m])) > 0",
+            "warning",
+            "Kafka produce attempts fail",
+            "Produce attempts fail at {{ $value | humanize }}/s: records wait and are sent again on a new"
+            " producer; callers past kafka.publish_timeout_s were answered 503.",
+        ),
+        Alert(
+            "RagmonKafkaConsumerLagHigh",
+            "sum without (instance, partition) (ragmon_kafka_consumer_lag)"
+            f" > {i.kafka_consumer_lag_records:g}",
+            "warning",
+            "Kafka consumers fall behind",
+            "Consumer group {{ $labels.group }} is {{ $value | humanize }} records behind on"
+            " {{ $labels.topic }}: traces reach the store, metrics and judge later.",
+        ),
+        Alert(
             "RagmonDown",
             f'up{{job="{t.job}"}} == 0\nor absent(up{{job="{t.job}"}})',
             "critical",

@@ -246,6 +246,43 @@ def overview() -> dict[str, Any]:
             )
         ],
     )
+    b.row("Kafka (distributed mode)")
+    b.series(
+        "Ingest Kafka buffer",
+        "records waiting for the broker's acknowledgement, as a share of kafka.buffer_records (503 at 1);"
+        " 0 while the producer is unavailable",
+        "percentunit",
+        [
+            ("max by (instance) (ragmon_kafka_buffer_fill_ratio)", "fill {{instance}}"),
+            ("min by (instance) (ragmon_kafka_producer_available)", "available {{instance}}"),
+        ],
+    )
+    b.series(
+        "Kafka produce errors and refusals",
+        "failed produce attempts (sent again on a new producer) and requests answered 503 for Kafka",
+        "reqps",
+        [
+            (
+                "sum by (topic) (rate(ragmon_kafka_produce_errors_total[$__rate_interval]))",
+                "errors {{topic}}",
+            ),
+            (
+                "sum by (reason) (rate(ragmon_kafka_publish_refused_total[$__rate_interval]))",
+                "503 {{reason}}",
+            ),
+            ("sum (rate(ragmon_kafka_producer_rebuilds_total[$__rate_interval]))", "producer rebuilds"),
+        ],
+    )
+    b.series(
+        "Kafka consumer lag",
+        "records behind the high watermark per group and topic; spans records held uncommitted by open"
+        " traces",
+        "short",
+        [
+            ("sum by (group, topic) (ragmon_kafka_consumer_lag)", "{{group}} {{topic}}"),
+            ("sum (ragmon_kafka_spans_held_records)", "spans held"),
+        ],
+    )
     return b.json()
 
 

@@ -55,6 +55,8 @@ class Ingest(_Section):
     rejected_ratio: float = Field(gt=0, le=1)
     rejected_min_per_second: float = Field(ge=0)
     open_trace_buffer_fill_ratio: float = Field(gt=0, le=1)
+    kafka_buffer_fill_ratio: float = Field(gt=0, le=1)
+    kafka_consumer_lag_records: PositiveFloat
 
 
 class Drift(_Section):

@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,8 +116,42 @@ def _missing_package(exc: ModuleNotFoundError) -> str | None:
     return None
 
 
-async def serve(config: RagmonConfig) -> None:
-    """Run ragmon until interrupted."""
+def _bind_exclusive(host: str, port: int, what: str) -> socket.socket:
+    """A listening TCP socket that this process alone holds (no SO_REUSEPORT); raises `PortTaken`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # SO_REUSEADDR only lets a restart bind past TIME_WAIT; it never shares a listening port on Linux
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortTaken(f"{what} port {host}:{port} is not available ({exc.strerror})") from exc
+    return sock
+
+
+class PortTaken(Exception):
+    """A port ragmon should listen on is taken (or cannot be bound)."""
+
+
+def check_ports(config: RagmonConfig) -> socket.socket:
+    """Bind the HTTP port for this process and check that the gRPC port is free; raises `PortTaken`.
+
+    The gRPC server binds its own port later, without SO_REUSEPORT, so a port taken in
+    between still fails the start-up (service/ingest/grpc_receiver.py)."""
+    server = config.server
+    http = _bind_exclusive(server.host, server.port, "HTTP")
+    if server.grpc_port:
+        try:
+            _bind_exclusive(server.host, server.grpc_port, "OTLP/gRPC").close()
+        except PortTaken:
+            http.close()
+            raise
+    return http
+
+
+async def serve(config: RagmonConfig, sock: socket.socket | None = None) -> None:
+    """Run ragmon until interrupted (on `sock`, when given: the bound HTTP socket)."""
     import uvicorn
 
     from service.api.app import create_app
@@ -133,7 +168,7 @@ async def serve(config: RagmonConfig) -> None:
             lifespan="on",
         )
     )
-    await server.serve()
+    await server.serve(sockets=[sock] if sock is not None else None)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -146,12 +181,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:
+        sock = check_ports(config)
+    except PortTaken as exc:
+        print(f"ragmon serve: {exc}", file=sys.stderr)
+        return 1
     print(
         f"ragmon listening: OTLP/HTTP + API http://{config.server.host}:{config.server.port}, "
         f"OTLP/gRPC {config.server.host}:{config.server.grpc_port}, store {config.store_url}",
         file=sys.stderr,
     )
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, sock))
     return 0
 
 

@@ -105,6 +105,11 @@ class KafkaConfig(_Section):
     feedback_topic: str = Field(
         "ragmon.feedback", description="topic of feedback events (JSON), keyed by trace id"
     )
+    spans_topic: str = Field(
+        "ragmon.spans",
+        description="topic of accepted OTLP spans and GenAI log events (OTLP protobuf), keyed by trace id; "
+        "the sinks workers assemble traces from it",
+    )
     partitions: int = Field(6, gt=0, description="partitions per topic when ragmon creates the topics")
     replication_factor: int = Field(1, gt=0, description="replication factor when ragmon creates the topics")
     create_topics: bool = Field(True, description="create missing topics at start (needs the broker's ACL)")
@@ -141,6 +146,24 @@ class KafkaConfig(_Section):
         20_000,
         gt=0,
         description="records ingest holds while the broker is slow or down, before it answers 503",
+    )
+    publish_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="longest ingest waits for the broker to acknowledge (acks=all) what a request "
+        "brought before it answers 503 + Retry-After instead of 200",
+    )
+    max_record_bytes: int = Field(
+        1_000_000,
+        gt=1024,
+        description="largest record ingest publishes (the broker's message.max.bytes); a trace's spans "
+        "are split over several records, one span larger than this is refused (413)",
+    )
+    shutdown_grace_s: float = Field(
+        20.0,
+        ge=0,
+        description="on shutdown, how long ingest waits for the broker to acknowledge what it holds; "
+        "keep the pod's terminationGracePeriodSeconds above it",
     )
 
     @model_validator(mode="after")

@@ -605,6 +605,20 @@ class Metrics:
             ["group", "topic", "partition"],
             registry=r,
         )
+        self.kafka_publish_refused = Counter(
+            "ragmon_kafka_publish_refused",
+            "ingest requests answered 503 because Kafka could not take them, by reason "
+            "(buffer_full, unavailable, timeout: no acknowledgement within kafka.publish_timeout_s)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("buffer_full", "unavailable", "timeout"):
+            self.kafka_publish_refused.labels(reason=reason)
+        self.kafka_producer_rebuilds = Counter(
+            "ragmon_kafka_producer_rebuilds",
+            "Kafka producers closed after a failed send or probe and built anew (lost producer id or broker)",
+            registry=r,
+        )
 
     def _declare_phoenix_metrics(self) -> None:
         """The tee to Arize Phoenix and the annotations written there (`service/phoenix_*.py`)."""

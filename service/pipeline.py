@@ -39,6 +39,7 @@ from service.conventions.spans import AnySpan, LogEvent
 from service.drift.monitor import DriftScheduler, DriftWindowSink
 from service.drift.store import DriftStore
 from service.errors import QueueFull
+from service.ingest import span_records
 from service.ingest.durable import DurableAcks
 from service.ingest.pool import IngestPool
 from service.ingest.wal import LoggedRequest
@@ -62,6 +63,7 @@ from service.store.trace_store import Store, StoreSink
 
 if TYPE_CHECKING:
     from service.bus.kafka import KafkaBus
+    from service.bus.span_offsets import SpanOffsets
 
 log = logging.getLogger(__name__)
 
@@ -204,11 +206,15 @@ class Pipeline:
             else None
         )
         self.bus: MemoryBus | KafkaBus
+        self.kafka: KafkaBus | None = None
+        self.span_offsets: SpanOffsets | None = None
         if self.distributed:
             from service.bus.kafka import KafkaBus  # kafka-python comes with the `kafka` extra
 
             # ingest publishes; `ragmon worker` runs the sinks, judge workers and drift (service/worker.py)
-            self.bus = KafkaBus(config.kafka, self.metrics)
+            self.bus = self.kafka = KafkaBus(
+                config.kafka, self.metrics, retry_after_s=config.bus.retry_after_s
+            )
         else:
             delivered = Delivered(self.sinks, self.durable) if self.durable is not None else self.sinks
             self.bus = MemoryBus(
@@ -232,6 +238,8 @@ class Pipeline:
             metrics=self.metrics,
             ledger=self.durable,
         )
+        if self.distributed:
+            self._assemble_in_workers(keep)
         self._retention_task: asyncio.Task[None] | None = None
         self.started = False
         state = self.metrics.state
@@ -287,6 +295,39 @@ class Pipeline:
         )
         self._stats_cache: tuple[float, Any] = (0.0, None)
 
+    def _assemble_in_workers(self, keep: Store | None) -> None:
+        """Distributed mode: ingest publishes spans to the spans topic, and the assembler runs in the
+        sinks workers behind it (DESIGN.md, "Distributed assembly is keyed by trace id"): spans topic
+        -> SpanAssembler -> SpanOffsets gate -> RequestFilter -> ReaskDetector -> StoreSink. The
+        offsets of a trace's records are committed once it is stored (service/bus/span_offsets.py)."""
+        from service.bus.span_offsets import SpanOffsets
+
+        offsets = self.span_offsets = SpanOffsets(self.config.assembler.timeout_s, self.metrics)
+        reask = ReaskDetector(self.config.regeneration, next=self.sinks)
+        self.assembler = SpanAssembler(
+            self.config.assembler,
+            next=offsets.gate(RequestFilter(reask, self.metrics, keep)),
+            build=offsets.claiming(self.ingest_pool.build_traces),
+            metrics=self.metrics,
+        )
+
+    def decode(self, value: bytes, headers: Sequence[tuple[str, bytes]]) -> Sequence[AnySpan]:
+        """A spans-topic record's spans (the `SpanIntake` of a sinks worker's `KafkaReceiver`)."""
+        return span_records.decode(value, headers)
+
+    async def consume_spans(self, batch: Sequence[AnySpan]) -> None:
+        """A sinks worker's spans, read from the spans topic, into its assembler (`SpanIntake`)."""
+        await self.assembler.consume_spans(batch)
+
+    async def _publish(self, kafka: KafkaBus, spans: Sequence[AnySpan]) -> None:
+        """Ingest in distributed mode: returns once the broker acknowledged `spans` (acks=all)."""
+        from service.bus.kafka import OutRecord
+
+        self.check_room()
+        topic = self.config.kafka.spans_topic
+        records = span_records.encode(spans, self.config.kafka.max_record_bytes)
+        await kafka.publish([OutRecord(topic, r.key, r.value, r.headers) for r in records])
+
     async def _after_judgment(self, judgment: Judgment) -> None:
         await self.review_intake.after_judgment(judgment)
         await self.phoenix_annotations.after_judgment(judgment)
@@ -313,6 +354,10 @@ class Pipeline:
 
     def check_room(self) -> None:
         """Refuse new work while the backlog is at capacity (the receiver counts the refusal)."""
+        if self.kafka is not None and not self.kafka.available:
+            raise QueueFull(
+                "Kafka is unavailable to ingest; retry later", retry_after_s=self.config.bus.retry_after_s
+            )
         if not self.has_room():
             raise QueueFull(
                 f"ragmon is behind ({self.assembler.backlog} traces to build, {self.bus.depth} records "
@@ -324,7 +369,12 @@ class Pipeline:
         self, spans: Sequence[AnySpan], receiver: str, logged: LoggedRequest | None = None
     ) -> None:
         """Take a request's spans; with `logged` (the request as received) they are in the write-ahead
-        log before this returns, which is what makes the receiver's 200 a promise."""
+        log before this returns (embedded), or acknowledged by the brokers (Kafka): what makes the
+        receiver's 200 a promise."""
+        if self.kafka is not None:
+            await self._publish(self.kafka, spans)
+            self.metrics.spans_received.labels(receiver=receiver).inc(len(spans))
+            return
         self.check_room()
         if self.durable is not None and logged is not None and spans:
             await self.durable.log(logged, trace_keys(spans))
@@ -335,6 +385,10 @@ class Pipeline:
         self, events: Sequence[LogEvent], receiver: str, logged: LoggedRequest | None = None
     ) -> None:
         """GenAI events sent as log records: buffered with the spans of their trace, joined at build."""
+        if self.kafka is not None:
+            await self._publish(self.kafka, events)
+            self.metrics.log_events_received.labels(receiver=receiver).inc(len(events))
+            return
         self.check_room()
         if self.durable is not None and logged is not None and events:
             await self.durable.log(logged, trace_keys(events))
@@ -436,6 +490,10 @@ class Pipeline:
         await self.outbox_sweep.stop()
         await self.ingest_pool.stop()
         await self.assembler.stop()
+        if self.kafka is not None:
+            # what requests are waiting on gets its acknowledgement within the grace (helm: below
+            # terminationGracePeriodSeconds)
+            await self.kafka.stop(self.config.kafka.shutdown_grace_s)
         await self.bus.stop()
         if self.durable is not None:
             await self.durable.stop()
@@ -450,6 +508,12 @@ class Pipeline:
     async def ready(self) -> tuple[bool, str]:
         if not self.started:
             return False, "starting"
+        if self.kafka is not None:
+            # ingest in distributed mode answers 200 only after the broker's acknowledgement: it can
+            # work while it can publish, whatever the store's state
+            if not self.kafka.available:
+                return False, "kafka unavailable"
+            return (True, "ok") if self.has_room() else (False, "behind: kafka buffer at capacity")
         if not self.has_room():
             return False, "behind: backlog at capacity"
         problem = await self.store_problem()

@@ -4,9 +4,15 @@ Roles (`--role`, repeatable; default `worker.roles`):
 
 * `sinks`: a `KafkaReceiver` in the `kafka.sinks_group` consumer group feeding
   the same sinks as embedded mode (`StoreSink` → `Fanout[MetricsSink,
-  JudgeQueueSink, DriftWindowSink]`). Trace metrics are counted here, once
+  JudgeQueueSink, DriftWindowSink]`). Spans from the spans topic are
+  assembled here (`SpanAssembler`, then `RequestFilter` and `ReaskDetector`),
+  so the spans of one trace that reached different ingest replicas become
+  one trace; their offsets are committed once the trace is stored
+  (`service.bus.span_offsets`). Trace metrics are counted here, once
   per trace id: the store reports which rows are new and only those reach
-  `MetricsSink`, so a redelivered batch changes no counter.
+  `MetricsSink`, so a redelivered batch changes no counter. On shutdown the
+  traces still open are not stored: they were not committed, and the
+  partitions' next owner assembles them whole.
 * `judge`: judge workers claiming from the shared SQL judge queue, and the
   faithfulness estimator. The queue is durable: while the judge endpoint is
   down, the items wait there.
@@ -74,7 +80,13 @@ class Worker:
             # that extra when it is missing instead of failing on import
             from service.bus.kafka import KafkaReceiver
 
-            self.receiver = KafkaReceiver(config.kafka, self.pipeline.sinks, self.metrics)
+            self.receiver = KafkaReceiver(
+                config.kafka,
+                self.pipeline.sinks,
+                self.metrics,
+                spans=self.pipeline,
+                offsets=self.pipeline.span_offsets,
+            )
         self.leader = leader_lock(self.pipeline.store.engine, DRIFT_LOCK)
         self._drift_started = False
         self.started = False
@@ -107,15 +119,23 @@ class Worker:
             await p.drift.start()
             self._drift_started = True
         if self.receiver is not None:
+            await p.assembler.start()
             await self.receiver.start()
+            # the fan-out a crash or a failed sink left unfinished (service/outbox.py) runs where the
+            # sinks run; taken rows are stamped, so sinks workers sweeping together split the work
+            await p.outbox_sweep.start()
         self.started = True
 
     async def stop(self) -> None:
         """Leave the consumer group, flush drift windows, stop judging, release the lock. Safe twice."""
         self.started = False
         p = self.pipeline
+        await p.outbox_sweep.stop()
         if self.receiver is not None:
             await self.receiver.stop()
+            if p.span_offsets is not None:
+                p.span_offsets.close()
+            await p.assembler.stop()  # what is still open is built and dropped, not stored
         await p.sinks.stop()
         if self._drift_started:
             await p.drift.stop()

@@ -1,8 +1,9 @@
 """Where finished traces and feedback travel between assembly and the sinks.
 
-Owns: the in-process bus (`memory.py`), the Kafka bus and receiver (`kafka.py`), consumer lag from the
-fetch high watermark (`lag.py`), and the single-active-scheduler lock (`leader.py`).
+Owns: the in-process bus (`memory.py`), the Kafka bus and receiver (`kafka.py`), which offsets of the
+spans topic a sinks worker may commit (`span_offsets.py`), consumer lag from the fetch high watermark
+(`lag.py`), and the single-active-scheduler lock (`leader.py`).
 
-May import: `consumer`, `metrics`, `config`, `model`, `errors`, `lifecycle`. kafka-python errors are
-caught only here.
+May import: `consumer`, `metrics`, `conventions`, `config`, `model`, `errors`, `lifecycle`. kafka-python
+errors are caught only here.
 """

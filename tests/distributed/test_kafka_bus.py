@@ -7,9 +7,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import pytest
+
 from service.bus.kafka import KafkaBus, KafkaReceiver
 from service.config import KafkaConfig
-from service.errors import StoreUnavailable
+from service.errors import QueueFull, StoreUnavailable
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 from service.pipeline import Fanout, MetricsSink
@@ -167,34 +169,38 @@ async def test_a_refused_batch_is_retried_not_committed(kafka_bootstrap: str, tm
     store.close()
 
 
-async def test_broker_unreachable_buffer_fills_then_everything_is_delivered_when_it_comes_up(
+async def test_broker_unreachable_publish_is_refused_then_acknowledged_once_it_is_back(
     broker_factory: Callable[[], Broker], tmp_path: Path
 ) -> None:
+    """A publish returns only with the broker's acknowledgement: while the broker is away it raises
+    `QueueFull` (ingest answers 503) and keeps nothing; once the broker is back the bus finds it on its
+    own (probe), and what it then acknowledges is exactly what is delivered."""
     broker = broker_factory()  # a free port, nothing listening yet
-    config = _config(broker.bootstrap, buffer_records=500)
+    config = _config(broker.bootstrap, publish_timeout_s=2)
     metrics = Metrics()
     bus = KafkaBus(config, metrics)
     await bus.start()
-    accepted: list[RagTrace] = []
+    acknowledged: list[RagTrace] = []
     try:
-        while bus.has_room():
-            batch = traces(100)
-            await bus.consume_traces(batch)
-            accepted.extend(batch)
-        assert len(accepted) == 500
-        await asyncio.sleep(1.0)
-        assert bus.depth == len(accepted)  # nothing dropped while the broker is away
-        assert not bus.has_room()
-        fill = metrics.registry.get_sample_value("ragmon_kafka_buffer_fill_ratio")
-        assert fill == 1.0
+        with pytest.raises(QueueFull):
+            await bus.consume_traces(traces(100))
+        await _until(lambda: not bus.available, timeout=30)
+        with pytest.raises(QueueFull):  # refused at once now: nothing waits on a dead producer
+            await bus.consume_traces(traces(10))
+        # the refused records were withdrawn, not kept to arrive later (those in flight once it failed)
+        await _until(lambda: bus.depth == 0, timeout=30)
+        assert metrics.registry.get_sample_value("ragmon_kafka_producer_available") == 0.0
         broker.start()
-        assert await bus.drain(60)
-        assert bus.has_room()
+        await _until(lambda: bus.available, timeout=60)
+        batch = traces(100)
+        await bus.consume_traces(batch)
+        acknowledged.extend(batch)
     finally:
         await bus.stop()
-    assert metrics.registry.get_sample_value(
-        "ragmon_kafka_produced_total", {"topic": config.traces_topic}
-    ) == len(accepted)
+    refused = metrics.registry.get_sample_value(
+        "ragmon_kafka_publish_refused_total", {"reason": "unavailable"}
+    )
+    assert refused is not None and refused >= 1
 
     store_metrics = Metrics()
     store = Store(f"sqlite:///{tmp_path / 'r.db'}")
@@ -202,10 +208,11 @@ async def test_broker_unreachable_buffer_fills_then_everything_is_delivered_when
     receiver = KafkaReceiver(config, _sinks(store, store_metrics), store_metrics)
     await receiver.start()
     try:
-        await _until(lambda: store.count_traces("default") == len(accepted))
+        await _until(lambda: store.count_traces("default") >= len(acknowledged))
+        await asyncio.sleep(1.0)
     finally:
         await receiver.stop()
-    assert {t.trace_id for t in accepted} == {
-        r["trace_id"] for r in store.list_traces("default", limit=1000)[0]
-    }
+    stored = {r["trace_id"] for r in store.list_traces("default", limit=1000)[0]}
+    # the refused first batch may have reached the broker before its timeout: never lost, maybe stored
+    assert {t.trace_id for t in acknowledged} <= stored
     store.close()

@@ -290,6 +290,10 @@ def test_wrong_values_fail_at_install_time(values: Doc, message: str, tmp_path: 
             {**SCENARIOS["distributed"], "kafka": {**_DISTRIBUTED["kafka"], "saslMechanism": ""}},
             "set kafka.saslMechanism",
         ),
+        (
+            {**SCENARIOS["distributed"], "ingest": {"terminationGracePeriodSeconds": 25}},
+            "must exceed kafka.shutdownGraceSeconds (20)",
+        ),
     ],
 )
 def test_unsafe_or_unworkable_values_are_refused(values: Doc, message: str, tmp_path: Path) -> None:
@@ -530,6 +534,10 @@ def test_every_container_loads_a_valid_ragmon_config(scenario: str, tmp_path: Pa
                     assert config.kafka.sasl_password == SASL_PASSWORD
             else:
                 assert config.store_url == "sqlite:////data/ragmon.db"
+            if role == "serve" and distributed:
+                # the pod outlives ingest's wait for the broker's acknowledgements on shutdown
+                grace = pod["terminationGracePeriodSeconds"]
+                assert grace > config.kafka.shutdown_grace_s + config.kafka.publish_timeout_s + 5
             if role == "serve":
                 keys = config.auth.api_keys
                 assert len(keys) == 1

@@ -88,6 +88,9 @@ by configmap.yaml, so every install and template run passes through here.
 {{- fail (printf "workers: up to %d sinks workers but kafka.partitions is %d; the extra workers would get no partition (raise kafka.partitions or lower the replicas)" $most $partitions) }}
 {{- end }}
 {{- end }}
+{{- if and (include "ragmon.distributed" .) (le (int .Values.ingest.terminationGracePeriodSeconds) (add (int .Values.kafka.shutdownGraceSeconds) 10)) }}
+{{- fail (printf "ingest.terminationGracePeriodSeconds (%d) must exceed kafka.shutdownGraceSeconds (%d) by more than 10: a pod killed before the broker acknowledged would drop what it promised" (int .Values.ingest.terminationGracePeriodSeconds) (int .Values.kafka.shutdownGraceSeconds)) }}
+{{- end }}
 {{- if and (include "ragmon.distributed" .) (hasPrefix "SASL_" .Values.kafka.securityProtocol) (not .Values.kafka.saslMechanism) }}
 {{- fail "kafka.securityProtocol is SASL_*: set kafka.saslMechanism" }}
 {{- end }}

@@ -1,0 +1,209 @@
+"""Spans and GenAI log events as Kafka records of the spans topic (distributed mode), and back.
+
+Ingest replicas publish what they accepted; the sinks workers assemble it
+(DESIGN.md, "Distributed assembly is keyed by trace id"). The format is
+explicit and version-independent, never a pickle:
+
+* key: the trace id (32 lower-case hex characters), so the default murmur2
+  partitioner puts every record of one trace on one partition, whichever
+  ingest replica published it;
+* headers: `ragmon-format` = `otlp-protobuf-1`, `ragmon-kind` = `spans` or
+  `logs`, `ragmon-tenant` = the tenant (UTF-8);
+* value: an OTLP `ExportTraceServiceRequest` (kind `spans`) or
+  `ExportLogsServiceRequest` (kind `logs`) holding spans (or events) of that
+  one trace only, grouped by resource. A protobuf span that ingest screened
+  travels as its own wire bytes (`WireSpan.raw`); a decoded one (OTLP/JSON)
+  is encoded into the same message.
+
+A record holds one trace's spans of one request, at most `max_bytes` of value:
+a group that would be larger is split over several records, and one span (or
+event) larger than that on its own raises `PayloadTooLarge`.
+
+`decode` reads a record back into `WireSpan`s (screened again: a span that
+ingest accepted passes the same rules) or `LogEvent`s; a record of an unknown
+format or kind, or one that does not parse, raises `DecodeError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
+from service.conventions.spans import AnySpan, Attributes, AttrValue, LogEvent, PackedSpan, Span, WireSpan
+from service.errors import DecodeError, PayloadTooLarge
+from service.ingest import otlp, otlp_logs
+
+__all__ = ["FORMAT", "SpanRecord", "decode", "encode"]
+
+FORMAT = b"otlp-protobuf-1"
+_SPANS, _LOGS = b"spans", b"logs"
+# ExportTraceServiceRequest.resource_spans = 1, ResourceSpans.resource = 1 / scope_spans = 2,
+# ScopeSpans.spans = 2; the logs messages number their fields the same way
+_REQUEST_ITEMS, _RESOURCE, _SCOPE_ITEMS, _ITEMS = 1, 1, 2, 2
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """One record for the spans topic: its key (the trace id), headers and value."""
+
+    key: bytes
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field: how repeated messages are concatenated on the wire."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def any_value(value: AttrValue) -> AnyValue:
+    """The OTLP AnyValue of an attribute value as `otlp` decodes it (bool before int: bool is an int)."""
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    if isinstance(value, float):
+        return AnyValue(double_value=value)
+    if isinstance(value, str):
+        return AnyValue(string_value=value)
+    if isinstance(value, bytes):
+        return AnyValue(bytes_value=value)
+    out = AnyValue()
+    if isinstance(value, list):
+        out.array_value.values.extend(any_value(item) for item in value)
+    elif isinstance(value, dict):
+        out.kvlist_value.values.extend(KeyValue(key=k, value=any_value(v)) for k, v in value.items())
+    return out  # None: an empty AnyValue, which decodes to None
+
+
+def _key_values(attributes: Attributes) -> list[KeyValue]:
+    return [KeyValue(key=key, value=any_value(value)) for key, value in attributes.items()]
+
+
+def _span_bytes(span: Span) -> bytes:
+    pb = PbSpan(
+        trace_id=bytes.fromhex(span.trace_id),
+        span_id=bytes.fromhex(span.span_id),
+        parent_span_id=bytes.fromhex(span.parent_span_id) if span.parent_span_id else b"",
+        name=span.name,
+        kind=span.kind,  # type: ignore[arg-type]
+        start_time_unix_nano=span.start_ns,
+        end_time_unix_nano=span.end_ns,
+        attributes=_key_values(span.attributes),
+        status=Status(code=span.status_code),  # type: ignore[arg-type]
+    )
+    for event in span.events:
+        pb.events.add(name=event.name, time_unix_nano=event.time_ns, attributes=_key_values(event.attributes))
+    raw: bytes = pb.SerializeToString()
+    return raw
+
+
+def _event_bytes(event: LogEvent) -> bytes:
+    record = LogRecord(
+        time_unix_nano=event.time_ns,
+        trace_id=bytes.fromhex(event.trace_id),
+        span_id=bytes.fromhex(event.span_id),
+        event_name=event.name,
+        attributes=_key_values(event.attributes),  # the body's fields were merged in at decode
+    )
+    raw: bytes = record.SerializeToString()
+    return raw
+
+
+def _item(span: AnySpan) -> tuple[bytes, Attributes]:
+    """(the item's wire bytes, its resource)."""
+    if isinstance(span, WireSpan):
+        return span.raw, span.resource
+    if isinstance(span, PackedSpan):
+        span = span.unpack()
+    if isinstance(span, LogEvent):
+        return _event_bytes(span), span.resource
+    return _span_bytes(span), span.resource
+
+
+def _value(items: Sequence[tuple[bytes, Attributes]], resources: dict[int, bytes]) -> bytes:
+    """A request message of `items`, one ResourceSpans (ResourceLogs) per distinct resource."""
+    by_resource: dict[int, list[bytes]] = {}
+    for raw, resource in items:
+        by_resource.setdefault(id(resource), []).append(raw)
+    parts = []
+    for resource_id, raws in by_resource.items():
+        scope = b"".join(_field(_ITEMS, raw) for raw in raws)
+        parts.append(_field(_REQUEST_ITEMS, resources[resource_id] + _field(_SCOPE_ITEMS, scope)))
+    return b"".join(parts)
+
+
+def encode(spans: Sequence[AnySpan], max_bytes: int) -> list[SpanRecord]:
+    """The records that carry `spans` (spans and log events, any mix of traces and tenants).
+
+    Raises `PayloadTooLarge` when one span or event alone is over `max_bytes`."""
+    groups: dict[tuple[str, str, bool], list[tuple[bytes, Attributes]]] = {}
+    resources: dict[int, bytes] = {}
+    for span in spans:
+        raw, resource = _item(span)
+        if len(raw) > max_bytes - 512:  # room for the framing and the resource's attributes
+            raise PayloadTooLarge(
+                f"a span of trace {span.trace_id} is {len(raw)} bytes, over the {max_bytes}-byte record limit"
+            )
+        if id(resource) not in resources:
+            resources[id(resource)] = _field(
+                _RESOURCE, Resource(attributes=_key_values(resource)).SerializeToString()
+            )
+        groups.setdefault((span.tenant, span.trace_id, isinstance(span, LogEvent)), []).append(
+            (raw, resource)
+        )
+    records: list[SpanRecord] = []
+    for (tenant, trace_id, logs), items in groups.items():
+        headers = (
+            ("ragmon-format", FORMAT),
+            ("ragmon-kind", _LOGS if logs else _SPANS),
+            ("ragmon-tenant", tenant.encode()),
+        )
+        chunk: list[tuple[bytes, Attributes]] = []
+        size = 0
+        for raw, resource in items:
+            # each item costs its bytes, a few bytes of framing and, at worst, its own resource
+            cost = len(raw) + 16 + len(resources[id(resource)])
+            if chunk and size + cost > max_bytes:
+                records.append(SpanRecord(trace_id.encode(), _value(chunk, resources), headers))
+                chunk, size = [], 0
+            chunk.append((raw, resource))
+            size += cost
+        records.append(SpanRecord(trace_id.encode(), _value(chunk, resources), headers))
+    return records
+
+
+def decode(value: bytes, headers: Sequence[tuple[str, bytes]]) -> list[AnySpan]:
+    """The spans (`WireSpan`) or events (`LogEvent`) of one record; raises `DecodeError` for a
+    record that is not in this format."""
+    fields = dict(headers)
+    if fields.get("ragmon-format") != FORMAT:
+        raise DecodeError(f"spans record of unknown format {fields.get('ragmon-format')!r}")
+    try:
+        tenant = fields["ragmon-tenant"].decode()
+    except (KeyError, UnicodeDecodeError) as exc:
+        raise DecodeError("spans record without a valid tenant header") from exc
+    kind = fields.get("ragmon-kind")
+    if kind == _SPANS:
+        return list(otlp.screen_protobuf(value, tenant).spans)
+    if kind == _LOGS:
+        return list(otlp_logs.decode_protobuf(value, tenant).log_events)
+    raise DecodeError(f"spans record of unknown kind {kind!r}")
