@@ -351,12 +351,19 @@ def _headline(app: AppReport, alpha: float) -> list[str]:
     return lines
 
 
+def _md(text: str) -> str:
+    """Text from traces (app names, queries, releases) as Markdown that shows it, never renders it:
+    Markdown passes raw HTML through, so `<`, `>` and `&` become entities."""
+    return escape(text, quote=False)
+
+
 def render_markdown(report: Report) -> str:
-    """The summary: headline numbers per app, each with its denominator and interval."""
+    """The summary: headline numbers per app, each with its denominator and interval. Every text
+    that came from traces is escaped (`_md`)."""
     out = [
         f"# ragmon report: {report.since:%Y-%m-%d %H:%M} to {report.until:%Y-%m-%d %H:%M} UTC",
         "",
-        f"Tenant `{report.tenant}`, generated {report.generated_at:%Y-%m-%d %H:%M} UTC.",
+        f"Tenant `{_md(report.tenant)}`, generated {report.generated_at:%Y-%m-%d %H:%M} UTC.",
         "",
     ]
     if not report.apps:
@@ -366,22 +373,22 @@ def render_markdown(report: Report) -> str:
         )
         return "\n".join(out) + "\n"
     for app in report.apps:
-        out += [f"## {app.app}", ""]
-        out += [f"- {line}" for line in _headline(app, report.alpha)]
+        out += [f"## {_md(app.app)}", ""]
+        out += [f"- {_md(line)}" for line in _headline(app, report.alpha)]
         out.append("")
         if app.groups:
             out += ["New query groups (share of queries now vs in the reference):", ""]
             for g in app.groups:
                 out.append(
-                    f"- {', '.join(g['terms']) or '(no distinctive words)'}: "
+                    f"- {_md(', '.join(g['terms'])) or '(no distinctive words)'}: "
                     f"{100 * g['share_window']:.1f} % now ({g['n_window']} queries) vs "
                     f"{100 * g['share_reference']:.1f} % before ({g['n_reference']}), "
                     f"p = {g['p_value']:.2g}; "
-                    f"e.g. {'; '.join(repr(e) for e in g['examples'][:3])}"
+                    f"e.g. {_md('; '.join(repr(e) for e in g['examples'][:3]))}"
                 )
             out.append("")
         elif app.groups_note:
-            out += [app.groups_note, ""]
+            out += [_md(app.groups_note), ""]
     return "\n".join(out) + "\n"
 
 

@@ -401,7 +401,11 @@ async def claim(item_id: int, request: Request, reviewer: ReviewerDep) -> Respon
 
 @router.post("/api/v1/review/items/{item_id}/release", summary="Give a claimed item back")
 async def release(item_id: int, request: Request, reviewer: ReviewerDep) -> Response:
-    released = await asyncio.to_thread(_pipeline(request).reviews.release, item_id, reviewer.name)
+    released = await asyncio.to_thread(
+        _pipeline(request).reviews.release, item_id, reviewer.name, reviewer.tenants
+    )
+    if released is None:
+        return _error(404, "not_found", "no such review item")
     return _json({"released": released})
 
 

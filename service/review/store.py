@@ -407,16 +407,20 @@ class ReviewStore:
                 return None
             return self._item(row, now, self._reasons(conn, [int(row.id)]).get(int(row.id), []))
 
-    def release(self, item_id: int, reviewer: str) -> bool:
-        """Give a claimed item back; False if `reviewer` did not hold it."""
+    def release(self, item_id: int, reviewer: str, tenants: Sequence[str]) -> bool | None:
+        """Give a claimed item back; False if `reviewer` did not hold it, None if the item is not
+        visible to them (no such item, or another tenant's: the same answer, as for every action)."""
         t = review_items.c
+        visible = sa.and_(t.id == item_id, t.tenant.in_(tenants))
         with self._connect(writes=True) as conn:
             result = conn.execute(
                 sa.update(review_items)
-                .where(t.id == item_id, t.reviewer == reviewer, t.state == "claimed")
+                .where(visible, t.reviewer == reviewer, t.state == "claimed")
                 .values(state="open", reviewer=None, lease_until=None)
             )
-        return bool(result.rowcount == 1)
+            if result.rowcount == 1:
+                return True
+            return False if conn.execute(sa.select(t.id).where(visible)).first() is not None else None
 
     # -- reviews ----------------------------------------------------------------------------------
 

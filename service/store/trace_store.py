@@ -167,6 +167,15 @@ _KEYS_PER_STATEMENT = 500
 Group = TypeVar("Group", str, tuple[str, str])
 
 
+def _outbox_rows(tenant: str, kind: str, ids: Sequence[str]) -> tuple[sa.ColumnElement[bool], ...]:
+    """The `fanout_outbox` rows of these records of one tenant and kind."""
+    return (
+        fanout_outbox.c.tenant == tenant,
+        fanout_outbox.c.kind == kind,
+        fanout_outbox.c.record_id.in_(ids),
+    )
+
+
 def keys_by_group(keys: Iterable[tuple[Group, str]]) -> Iterator[tuple[Group, list[str]]]:
     """(group, up to `_KEYS_PER_STATEMENT` sorted keys) for statements that take one group (a
     tenant, or a tenant and judge version) and an expanding list of keys: such a statement is
@@ -530,11 +539,7 @@ class Store:
         with self._read("read the fan-out outbox") as conn:
             for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
                 rows = conn.execute(
-                    sa.select(fanout_outbox.c.record_id).where(
-                        fanout_outbox.c.tenant == tenant,
-                        fanout_outbox.c.kind == kind,
-                        fanout_outbox.c.record_id.in_(ids),
-                    )
+                    sa.select(fanout_outbox.c.record_id).where(*_outbox_rows(tenant, kind, ids))
                 )
                 found.update((tenant, row[0]) for row in rows)
         return found
@@ -543,13 +548,7 @@ class Store:
         """The fan-out of these records returned: forget them."""
         with self._write("clear the fan-out outbox") as conn:
             for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
-                conn.execute(
-                    sa.delete(fanout_outbox).where(
-                        fanout_outbox.c.tenant == tenant,
-                        fanout_outbox.c.kind == kind,
-                        fanout_outbox.c.record_id.in_(ids),
-                    )
-                )
+                conn.execute(sa.delete(fanout_outbox).where(*_outbox_rows(tenant, kind, ids)))
 
     def take_outbox(self, older_than: datetime, limit: int = 500) -> list[tuple[str, str, str]]:
         """(tenant, kind, record id) of up to `limit` records whose fan-out is older than `older_than`
@@ -567,11 +566,7 @@ class Store:
             for tenant, kind, record_id in rows:
                 conn.execute(
                     sa.update(fanout_outbox)
-                    .where(
-                        fanout_outbox.c.tenant == tenant,
-                        fanout_outbox.c.kind == kind,
-                        fanout_outbox.c.record_id == record_id,
-                    )
+                    .where(*_outbox_rows(tenant, kind, [record_id]))
                     .values(created_at=now)
                 )
         return [(t, k, r) for t, k, r in rows]

@@ -307,144 +307,41 @@ def env_from(settings: dict[str, Any], prefix: str = "RAGMON") -> dict[str, str]
     return env
 
 
-@dataclass
-class WorkerProcess:
-    """`ragmon worker` in a subprocess; `metric()` reads its /metrics, `health()` its /healthz,
-    `readiness()` its /readyz."""
+class _RagmonProcess:
+    """What a ragmon subprocess of a test shares: its log, its /metrics, /readyz, kill and stop.
 
-    settings: dict[str, Any]
-    roles: tuple[str, ...]
+    Subclasses are dataclasses with `log_path`, `port` (the HTTP port), `proc` and `stop_wait_s`."""
+
     log_path: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
+    port: int
+    proc: subprocess.Popen[bytes] | None
+    stop_wait_s: float
 
-    def start(self) -> WorkerProcess:
+    def _spawn(self, args: list[str], settings: dict[str, Any]) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAGMON_")}
-        env.update(env_from(self.settings))
-        args = [sys.executable, "-m", "service.cli", "worker", "--metrics-port", str(self.port)]
-        for role in self.roles:
-            args += ["--role", role]
+        env.update(env_from(settings))
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        return self
-
-    def health(self) -> dict[str, Any]:
-        body: dict[str, Any] = httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=5).json()
-        return body
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def readiness(self) -> tuple[int, str]:
         """/readyz's status code and detail."""
         response = httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=10)
         return response.status_code, str(response.json()["detail"])
 
-    def wait(self, check: Callable[[dict[str, Any]], bool], timeout: float = 40) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        last: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                last = self.health()
-                if check(last):
-                    return last
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"worker condition not met in {timeout}s (last {last}):\n{self.log_tail()}")
-
     def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of `name` with these labels on /metrics."""
         response = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5)
         if response.status_code != 200:
             raise AssertionError(f"/metrics answered {response.status_code}:\n{self.log_tail()}")
-        text = response.text
-        total = 0.0
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                    total += sample.value
-        return total
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start worker processes; every one is stopped (SIGTERM, then SIGKILL) after the test."""
-    started: list[WorkerProcess] = []
-
-    def start(settings: dict[str, Any], *roles: str) -> WorkerProcess:
-        worker = WorkerProcess(settings, roles or ("sinks",), tmp_path / f"worker-{len(started)}.log")
-        started.append(worker.start())
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
-
-
-@dataclass
-class IngestProcess:
-    """`ragmon serve` (an ingest replica) in a subprocess on free HTTP and gRPC ports."""
-
-    settings: dict[str, Any]
-    log_path: Path
-    port: int = field(default_factory=free_port)
-    grpc_port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> IngestProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAGMON_")}
-        env.update(env_from(self.settings))
-        args = [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)]
-        args += ["--grpc-port", str(self.grpc_port)]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        return self
-
-    def readiness(self) -> tuple[int, str]:
-        response = httpx.get(f"{self.url}/readyz", timeout=10)
-        return response.status_code, str(response.json()["detail"])
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"ingest exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if self.readiness()[0] == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"ingest not ready in {timeout}s:\n{self.log_tail()}")
-
-    def metric(self, name: str, **labels: str) -> float:
-        text = httpx.get(f"{self.url}/metrics", timeout=5).text
         return sum(
             sample.value
-            for family in text_string_to_metric_families(text)
+            for family in text_string_to_metric_families(response.text)
             for sample in family.samples
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
         )
@@ -464,10 +361,97 @@ class IngestProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(40)
+                self.proc.wait(self.stop_wait_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+@dataclass
+class WorkerProcess(_RagmonProcess):
+    """`ragmon worker` in a subprocess; `metric()` reads its /metrics, `health()` its /healthz,
+    `readiness()` its /readyz."""
+
+    settings: dict[str, Any]
+    roles: tuple[str, ...]
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    stop_wait_s: float = 30
+
+    def start(self) -> WorkerProcess:
+        args = ["worker", "--metrics-port", str(self.port)]
+        for role in self.roles:
+            args += ["--role", role]
+        self._spawn(args, self.settings)
+        return self
+
+    def health(self) -> dict[str, Any]:
+        body: dict[str, Any] = httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=5).json()
+        return body
+
+    def wait(self, check: Callable[[dict[str, Any]], bool], timeout: float = 40) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                last = self.health()
+                if check(last):
+                    return last
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"worker condition not met in {timeout}s (last {last}):\n{self.log_tail()}")
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker processes; every one is stopped (SIGTERM, then SIGKILL) after the test."""
+    started: list[WorkerProcess] = []
+
+    def start(settings: dict[str, Any], *roles: str) -> WorkerProcess:
+        worker = WorkerProcess(settings, roles or ("sinks",), tmp_path / f"worker-{len(started)}.log")
+        started.append(worker.start())
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@dataclass
+class IngestProcess(_RagmonProcess):
+    """`ragmon serve` (an ingest replica) in a subprocess on free HTTP and gRPC ports."""
+
+    settings: dict[str, Any]
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    grpc_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    stop_wait_s: float = 40  # ingest waits up to kafka.shutdown_grace_s for the broker's acks
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> IngestProcess:
+        self._spawn(["serve", "--port", str(self.port), "--grpc-port", str(self.grpc_port)], self.settings)
+        return self
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"ingest exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if self.readiness()[0] == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"ingest not ready in {timeout}s:\n{self.log_tail()}")
 
 
 @pytest.fixture

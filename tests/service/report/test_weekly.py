@@ -62,6 +62,24 @@ def test_reports_are_kept_and_served_per_tenant_and_app(tmp_path: Path) -> None:
             assert anonymous.get("/reports/latest").status_code == 401
 
 
+def test_markdown_shows_html_from_traces_as_text(tmp_path: Path) -> None:
+    """An app name or release a client sent is text in report.md, never markup (Markdown passes HTML)."""
+    data = tmp_path / "data"
+    hostile = "<img src=x onerror=alert(1)>"
+    records = [
+        {"trace_id": f"{n:032x}", "app": hostile, "release": "<b>r1</b>", "query": "q", "answer": "a"}
+        for n in range(1, 6)
+    ]
+    with live_server(data) as server, server.client() as client:
+        assert client.post("/api/v1/traces", json={"traces": records}).status_code == 200
+        server.flush()
+        out = tmp_path / "out"
+        assert cli_main(["report", "--since", "1d", "--out", str(out), "--data-dir", str(data)]) == 0
+    markdown = (out / "report.md").read_text()
+    assert "## &lt;img src=x onerror=alert(1)&gt;" in markdown
+    assert "<img" not in markdown and "<b>" not in markdown
+
+
 def test_report_with_data_has_plots_numbers_and_is_served(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -91,6 +91,10 @@ def test_a_reviewer_sees_only_the_tenants_granted(server: LiveServer) -> None:
             == 404
         )
         assert client.get("/review/items/999999").status_code == 404
+        # release answers like every other action: another tenant's item does not exist
+        for item_id in (other, 999999):
+            released = client.post(f"/api/v1/review/items/{item_id}/release", headers={"x-csrf-token": csrf})
+            assert released.status_code == 404, released.text
 
 
 def test_a_second_reviewer_cannot_claim_a_leased_item(server: LiveServer) -> None:
