@@ -120,6 +120,9 @@ def test_hostile_answers_and_chunks_render_as_inert_text(page: Page, server: Liv
     expect(page.locator("#judge-verdict")).to_have_text("unfaithful")
     expect(page.locator("#answer mark.claim.unsupported")).not_to_have_count(0)
     assert page.locator("#answer img, #answer script, #chunks img, #chunks script").count() == 0
+    # trace text is direction-isolated: bidi controls in it cannot reorder the page around it
+    for selector in ("#answer", "#question", "#chunks .chunk-content", "#answer mark.claim"):
+        assert page.locator(selector).first.get_attribute("dir") == "auto", selector
     page.screenshot(path="/tmp/ragmon_review_item.png", full_page=True)
     page.click("#release")
     page.wait_for_url(f"{server.url}/review")

@@ -1,5 +1,6 @@
 // The review page: plain JavaScript, no build step. Every piece of trace text is written with
-// textContent (never innerHTML), so answers and chunks holding HTML or script stay inert text.
+// textContent (never innerHTML), so answers and chunks holding HTML or script stay inert text, and in
+// an element with dir="auto", which isolates it: bidi controls in it (U+202E...) cannot reorder the page.
 "use strict";
 
 const API = "/api/v1/review";
@@ -10,7 +11,10 @@ function el(tag, attrs, ...children) {
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === null || value === undefined) continue;
     if (key === "class") node.className = value;
-    else if (key === "text") node.textContent = value;
+    else if (key === "text") {
+      node.textContent = value;
+      node.dir = "auto";
+    }
     else node.setAttribute(key, value);
   }
   for (const child of children) {
