@@ -188,7 +188,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 1
     print(
         f"ragmon listening: OTLP/HTTP + API http://{config.server.host}:{config.server.port}, "
-        f"OTLP/gRPC {config.server.host}:{config.server.grpc_port}, store {config.store_url}",
+        f"OTLP/gRPC {config.server.host}:{config.server.grpc_port}, store {config.store_url_masked}",
         file=sys.stderr,
     )
     asyncio.run(serve(config, sock))

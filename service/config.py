@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -61,14 +62,38 @@ class ServerConfig(_Section):
     )
 
 
+MASK = "**********"
+"""What every secret-typed setting shows as in `ragmon config`, logs, errors and `/readyz` (as SecretStr)."""
+
+
+def masked_url(url: str) -> str:
+    """A database or broker URL with its password masked, as it may be shown or logged."""
+    try:
+        import sqlalchemy as sa  # here: `ragmon --help` must not import SQLAlchemy
+
+        parsed = sa.make_url(url)
+    except Exception:  # not a URL SQLAlchemy reads: show nothing of it that could be a secret
+        return MASK if "@" in url else url
+    if not parsed.password:
+        return url
+    # SQLAlchemy's own masking ("***"), spelled like every other secret
+    return parsed.render_as_string(hide_password=True).replace(":***@", f":{MASK}@", 1)
+
+
 class AuthConfig(_Section):
     api_keys: dict[str, str] = Field(
         default_factory=dict,
+        repr=False,
         description="API key -> tenant. Empty: no keys, and only loopback clients are accepted",
     )
     allow_loopback_without_key: bool = Field(
         True, description="with no keys configured, accept unauthenticated clients on 127.0.0.1/::1"
     )
+
+    @field_serializer("api_keys")
+    def _mask_keys(self, keys: dict[str, str]) -> dict[str, str]:
+        # the keys are the secrets; numbered, so that two keys of one tenant still show as two
+        return {f"{MASK}#{n}": tenant for n, tenant in enumerate(keys.values(), 1)}
 
 
 class AssemblerConfig(_Section):
@@ -122,8 +147,8 @@ class KafkaConfig(_Section):
         None, description="SASL mechanism when the protocol is SASL_*"
     )
     sasl_username: str | None = Field(None, description="SASL user")
-    sasl_password: str | None = Field(
-        None, description="SASL password (prefer the env var RAGMON_KAFKA__SASL_PASSWORD)"
+    sasl_password: SecretStr | None = Field(
+        None, description="SASL password (prefer the env var RAGMON_KAFKA__SASL_PASSWORD); never shown"
     )
     ssl_cafile: str | None = Field(None, description="CA bundle for SSL / SASL_SSL")
     request_timeout_s: float = Field(15.0, gt=0, description="broker request timeout")
@@ -217,6 +242,7 @@ class WalConfig(_Section):
 class StoreConfig(_Section):
     url: str | None = Field(
         None,
+        repr=False,
         description="SQLAlchemy URL; default sqlite:///<data-dir>/ragmon.db. PostgreSQL: postgresql+psycopg://...",
     )
     retention_days: float = Field(30.0, gt=0, description="traces older than this are deleted")
@@ -226,6 +252,10 @@ class StoreConfig(_Section):
         "checks) in the non_request_traces table; they are counted either way",
     )
     timeout_s: float = Field(10.0, gt=0, description="connect / busy / statement timeout")
+
+    @field_serializer("url")
+    def _mask_password(self, url: str | None) -> str | None:
+        return None if url is None else masked_url(url)
 
 
 class RegenerationConfig(_Section):
@@ -343,7 +373,9 @@ class ReviewerConfig(_Section):
         pattern=r"^[0-9a-f]{64}$",
         description="hex sha256 of the reviewer's sign-in token (preferred: the token itself is not stored)",
     )
-    token: str | None = Field(None, min_length=16, description="the sign-in token in clear (local trials)")
+    token: SecretStr | None = Field(
+        None, min_length=16, description="the sign-in token in clear (local trials); never shown"
+    )
     tenants: list[str] = Field(default_factory=lambda: ["default"], description="tenants this reviewer sees")
 
     @model_validator(mode="after")
@@ -371,7 +403,7 @@ class ReviewConfig(_Section):
         900.0, gt=0, description="a claimed review item returns to the queue after this long"
     )
     session_ttl_s: float = Field(8 * 3600.0, gt=0, description="a reviewer's sign-in lasts this long")
-    session_secret: str | None = Field(
+    session_secret: SecretStr | None = Field(
         None,
         min_length=32,
         description="key that signs review sessions; unset: random per process (set it for several replicas)",
@@ -552,6 +584,11 @@ class RagmonConfig(_Section):
     @property
     def store_url(self) -> str:
         return self.store.url or f"sqlite:///{self.data_dir / 'ragmon.db'}"
+
+    @property
+    def store_url_masked(self) -> str:
+        """`store_url` as it may be shown or logged (`masked_url`)."""
+        return masked_url(self.store_url)
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -221,7 +221,7 @@ def main(args: argparse.Namespace, config: RagmonConfig) -> int:
         return 2
     print(
         f"ragmon worker {','.join(sorted(set(roles)))}: /metrics on "
-        f"http://{config.worker.host}:{config.worker.port}, store {config.store_url}",
+        f"http://{config.worker.host}:{config.worker.port}, store {config.store_url_masked}",
         flush=True,
     )
     tune_for_service()

@@ -112,7 +112,7 @@ def client_settings(config: KafkaConfig) -> dict[str, Any]:
         settings.update(
             sasl_mechanism=config.sasl_mechanism,
             sasl_plain_username=config.sasl_username,
-            sasl_plain_password=config.sasl_password,
+            sasl_plain_password=config.sasl_password.get_secret_value() if config.sasl_password else None,
         )
     if config.ssl_cafile is not None:
         settings["ssl_cafile"] = config.ssl_cafile

@@ -64,14 +64,17 @@ class ReviewerAuth:
 
     def __init__(self, config: ReviewConfig) -> None:
         self.config = config
-        secret = config.session_secret or secrets.token_urlsafe(32)
+        secret = (
+            config.session_secret.get_secret_value() if config.session_secret else secrets.token_urlsafe(32)
+        )
         self._secret = secret.encode()
         self._digests: dict[str, bytes] = {}
         for name, reviewer in config.reviewers.items():
             if reviewer.token_sha256 is not None:
                 digest = bytes.fromhex(reviewer.token_sha256)
             else:
-                digest = hashlib.sha256((reviewer.token or "").encode()).digest()
+                token = reviewer.token.get_secret_value() if reviewer.token else ""
+                digest = hashlib.sha256(token.encode()).digest()
             self._digests[name] = digest
 
     def reviewer(self, name: str) -> Reviewer | None:

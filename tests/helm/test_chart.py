@@ -531,7 +531,8 @@ def test_every_container_loads_a_valid_ragmon_config(scenario: str, tmp_path: Pa
                 if scenario == "existing_secrets":
                     assert environ["PGUSER"] == "app_user"
                 if role in ("serve", "sinks"):
-                    assert config.kafka.sasl_password == SASL_PASSWORD
+                    assert config.kafka.sasl_password is not None
+                    assert config.kafka.sasl_password.get_secret_value() == SASL_PASSWORD
             else:
                 assert config.store_url == "sqlite:////data/ragmon.db"
             if role == "serve" and distributed:
@@ -544,10 +545,10 @@ def test_every_container_loads_a_valid_ragmon_config(scenario: str, tmp_path: Pa
                 if values.get("auth"):
                     assert API_KEY in keys
                 secret = config.review.session_secret
-                assert secret is not None and len(secret) >= 32
+                assert secret is not None and len(secret.get_secret_value()) >= 32
                 if values.get("review"):
                     assert set(config.review.reviewers) == {"ann"}
-                    assert config.review.session_secret == SESSION_SECRET
+                    assert secret.get_secret_value() == SESSION_SECRET
             if role in ("serve", "judge") and scenario in WITH_JUDGE_KEY:
                 assert config.judge.api_key is not None
                 assert config.judge.api_key.get_secret_value() == JUDGE_KEY
