@@ -246,6 +246,11 @@ class StoreConfig(_Section):
         description="SQLAlchemy URL; default sqlite:///<data-dir>/ragmon.db. PostgreSQL: postgresql+psycopg://...",
     )
     retention_days: float = Field(30.0, gt=0, description="traces older than this are deleted")
+    feedback_wait_s: float = Field(
+        3600.0,
+        gt=0,
+        description="feedback about a trace not stored yet waits this long for it, then counts as an orphan",
+    )
     keep_non_requests: bool = Field(
         False,
         description="also store traces that are not user requests (index building, batch embedding, health "

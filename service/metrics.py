@@ -280,6 +280,13 @@ class Metrics:
             "write-ahead log writes, each one fsync for every request in it",
             registry=r,
         )
+        self.feedback_orphaned = Counter(
+            "ragmon_feedback_orphaned",
+            "feedback events whose trace never arrived within store.feedback_wait_s (kept, never counted "
+            "in ragmon_feedback_total nor reviewed)",
+            ["kind"],
+            registry=r,
+        )
         self.log_events_received = Counter(
             "ragmon_log_events_received",
             "GenAI events (OTLP log records) accepted by a receiver, to be joined to their spans",

@@ -7,6 +7,10 @@ crash between the two, or a sink that failed (the database restarted under
 the judge queue), leaves the row. This sweep takes rows older than
 `min_age_s` (so as not to race the fan-out in flight), reads their records back
 from the store and hands them to the same fan-out; the rows go when it returns.
+Feedback about a trace not stored yet also waits here (`StoreSink` fans it out
+with its trace when that comes); after `store.feedback_wait_s` it is counted as
+an orphan (`ragmon_feedback_orphaned_total`) and waits no more: it stays stored,
+but is never counted under `app="none"` nor turned into a review item.
 
 Every sink after the store is idempotent where it writes (the judge queue and
 the review queue insert by key), and the pipeline orders them so that those
@@ -24,51 +28,80 @@ from datetime import UTC, datetime, timedelta
 from service.consumer import RecordConsumer
 from service.judge.judging import rag_trace_from_record
 from service.lifecycle import cancel_task
+from service.metrics import Metrics
 from service.model import RagTrace
 from service.store.trace_store import Store
 
 __all__ = ["OutboxSweep"]
 
 log = logging.getLogger(__name__)
+_TAKE = 500  # rows a pass takes at a time (Store.take_outbox's limit)
 
 
 class OutboxSweep:
     """Every `every_s`, the fan-out of records whose outbox rows are older than `min_age_s`."""
 
     def __init__(
-        self, store: Store, fanout: RecordConsumer, *, every_s: float = 30.0, min_age_s: float = 30.0
+        self,
+        store: Store,
+        fanout: RecordConsumer,
+        metrics: Metrics,
+        *,
+        feedback_wait_s: float = 3600.0,
+        every_s: float = 30.0,
+        min_age_s: float = 30.0,
     ) -> None:
         self.store = store
         self.fanout = fanout
+        self.metrics = metrics
+        self.feedback_wait_s = feedback_wait_s
         self.every_s = every_s
         self.min_age_s = min_age_s
         self.swept = 0  # records fanned out again, for tests and logs
         self._task: asyncio.Task[None] | None = None
 
-    async def sweep(self, min_age_s: float | None = None) -> int:
+    async def sweep(self, min_age_s: float | None = None, now: datetime | None = None) -> int:
         """One pass; returns the records fanned out again. Raises what the store or a sink raises
-        (the rows then stay, to be taken again)."""
+        (the rows then stay, to be taken again). Feedback whose trace is not stored keeps waiting,
+        until `feedback_wait_s` after it was stored: then it counts as an orphan and its row goes."""
         age = self.min_age_s if min_age_s is None else min_age_s
+        now = now or datetime.now(UTC)
         total = 0
         while True:
-            taken = await asyncio.to_thread(
-                self.store.take_outbox, datetime.now(UTC) - timedelta(seconds=age)
-            )
+            taken = await asyncio.to_thread(self.store.take_outbox, now - timedelta(seconds=age))
             if not taken:
                 return total
-            trace_keys = [(t, r) for t, kind, r in taken if kind == "trace"]
-            event_keys = [(t, r) for t, kind, r in taken if kind == "feedback"]
+            trace_keys = [(t, r) for t, kind, r, _ in taken if kind == "trace"]
+            queued = {(t, r): q for t, kind, r, q in taken if kind == "feedback"}
             traces = await asyncio.to_thread(self._traces, trace_keys)
             if traces:
                 await self.fanout.consume_traces(traces)
-            events = await asyncio.to_thread(self.store.feedback_events, event_keys)
-            if events:
-                await self.fanout.consume_feedback(events)
+            events = await asyncio.to_thread(self.store.feedback_events, list(queued))
+            stored = await asyncio.to_thread(
+                self.store.stored_traces, [(f.tenant, f.trace_id) for f in events]
+            )
+            joined = [f for f in events if (f.tenant, f.trace_id) in stored]
+            if joined:
+                await self.fanout.consume_feedback(joined)
+            wait = timedelta(seconds=self.feedback_wait_s)
+            expired = [
+                f
+                for f in events
+                if (f.tenant, f.trace_id) not in stored and now - queued[(f.tenant, f.event_id)] >= wait
+            ]
+            for event in expired:
+                self.metrics.feedback_orphaned.labels(kind=event.kind).inc()
             # a trace deleted since (retention) has nothing left to fan out: its row goes too
             await asyncio.to_thread(self.store.clear_outbox, "trace", trace_keys)
-            await asyncio.to_thread(self.store.clear_outbox, "feedback", event_keys)
-            total += len(traces) + len(events)
-            self.swept += len(traces) + len(events)
+            known = {(f.tenant, f.event_id) for f in events}
+            done = [(f.tenant, f.event_id) for f in (*joined, *expired)] + [
+                k for k in queued if k not in known
+            ]
+            await asyncio.to_thread(self.store.clear_outbox, "feedback", done)
+            total += len(traces) + len(joined)
+            self.swept += len(traces) + len(joined)
+            if len(taken) < _TAKE:  # the rest was taken just now, or waits for its trace
+                return total
 
     def _traces(self, keys: list[tuple[str, str]]) -> list[RagTrace]:
         found = []

@@ -195,7 +195,9 @@ class Pipeline:
         self.estimator = FaithfulnessEstimator(config.judging, self.judgments, self.metrics)
         fanout = Fanout(downstream)
         self.sinks = StoreSink(self.store, new_traces=fanout, new_feedback=fanout)
-        self.outbox_sweep = OutboxSweep(self.store, fanout)
+        self.outbox_sweep = OutboxSweep(
+            self.store, fanout, self.metrics, feedback_wait_s=config.store.feedback_wait_s
+        )
         self.distributed = config.bus.kind == "kafka"
         # embedded mode's durable acknowledgement; Kafka mode's is the broker's (acks=all)
         self.durable = (

@@ -208,6 +208,7 @@ fanout_outbox = sa.Table(
     sa.Column("kind", sa.Text, primary_key=True),  # trace | feedback
     sa.Column("record_id", sa.Text, primary_key=True),  # trace id or feedback event id
     sa.Column("created_at", UtcDateTime, nullable=False),  # or when a sweep last took it
+    sa.Column("queued_at", UtcDateTime, nullable=False),  # when the record was stored
     sa.Index("ix_fanout_outbox_created_at", "created_at"),
 )
 

@@ -167,6 +167,19 @@ _KEYS_PER_STATEMENT = 500
 Group = TypeVar("Group", str, tuple[str, str])
 
 
+def _feedback_of(row: Any) -> Feedback:
+    return Feedback(
+        event_id=row["event_id"],
+        trace_id=row["trace_id"],
+        tenant=row["tenant"],
+        app=row["app"],
+        kind=row["kind"],
+        reason=row["reason"],
+        text=row["text"],
+        time=to_utc(row["time"]),
+    )
+
+
 def _outbox_rows(tenant: str, kind: str, ids: Sequence[str]) -> tuple[sa.ColumnElement[bool], ...]:
     """The `fanout_outbox` rows of these records of one tenant and kind."""
     return (
@@ -530,7 +543,10 @@ class Store:
     # -- the fan-out outbox (tables.fanout_outbox)
 
     def _outbox_add(self, conn: Connection, kind: str, keys: Iterable[tuple[str, str]], at: datetime) -> None:
-        rows = [{"tenant": t, "kind": kind, "record_id": i, "created_at": at} for t, i in sorted(keys)]
+        rows = [
+            {"tenant": t, "kind": kind, "record_id": i, "created_at": at, "queued_at": at}
+            for t, i in sorted(keys)
+        ]
         conn.execute(self._insert(fanout_outbox), rows)
 
     def outboxed(self, kind: str, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
@@ -550,26 +566,61 @@ class Store:
             for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
                 conn.execute(sa.delete(fanout_outbox).where(*_outbox_rows(tenant, kind, ids)))
 
-    def take_outbox(self, older_than: datetime, limit: int = 500) -> list[tuple[str, str, str]]:
-        """(tenant, kind, record id) of up to `limit` records whose fan-out is older than `older_than`
-        and unfinished; each is stamped now, so another sweep leaves it alone for a while (a sweep
-        that dies leaves it to be taken again later)."""
+    def take_outbox(self, older_than: datetime, limit: int = 500) -> list[tuple[str, str, str, datetime]]:
+        """(tenant, kind, record id, when it was stored) of up to `limit` records whose fan-out is
+        older than `older_than` and unfinished; each is stamped now, so another sweep leaves it alone
+        for a while (a sweep that dies leaves it to be taken again later)."""
         now = datetime.now(UTC)
         with self._write("take from the fan-out outbox") as conn:
             rows = conn.execute(
-                sa.select(fanout_outbox.c.tenant, fanout_outbox.c.kind, fanout_outbox.c.record_id)
+                sa.select(
+                    fanout_outbox.c.tenant,
+                    fanout_outbox.c.kind,
+                    fanout_outbox.c.record_id,
+                    fanout_outbox.c.queued_at,
+                )
                 .where(fanout_outbox.c.created_at < older_than)
                 .order_by(fanout_outbox.c.created_at)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
             ).all()
-            for tenant, kind, record_id in rows:
+            for tenant, kind, record_id, _ in rows:
                 conn.execute(
                     sa.update(fanout_outbox)
                     .where(*_outbox_rows(tenant, kind, [record_id]))
                     .values(created_at=now)
                 )
-        return [(t, k, r) for t, k, r in rows]
+        return [(t, k, r, to_utc(q)) for t, k, r, q in rows]
+
+    def stored_traces(self, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Those of `keys` ((tenant, trace_id)) whose trace is stored."""
+        found: set[tuple[str, str]] = set()
+        with self._read("read stored trace keys") as conn:
+            for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
+                rows = conn.execute(_STORED_TRACE_KEYS, {"for_tenant": tenant, "keys": ids})
+                found.update((row_tenant, trace_id) for row_tenant, trace_id in rows)
+        return found
+
+    def waiting_feedback(self, keys: Iterable[tuple[str, str]]) -> list[Feedback]:
+        """Feedback events about these traces ((tenant, trace_id)) whose fan-out is still to come:
+        they arrived before their trace and wait in the outbox for it."""
+        events: list[Feedback] = []
+        with self._read("read waiting feedback") as conn:
+            for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
+                rows = conn.execute(
+                    sa.select(feedback)
+                    .join(
+                        fanout_outbox,
+                        sa.and_(
+                            fanout_outbox.c.tenant == feedback.c.tenant,
+                            fanout_outbox.c.kind == "feedback",
+                            fanout_outbox.c.record_id == feedback.c.event_id,
+                        ),
+                    )
+                    .where(feedback.c.tenant == tenant, feedback.c.trace_id.in_(ids))
+                ).mappings()
+                events += [_feedback_of(row) for row in rows]
+        return events
 
     def feedback_events(self, keys: Iterable[tuple[str, str]]) -> list[Feedback]:
         """Stored feedback events by (tenant, event id), as records."""
@@ -579,19 +630,7 @@ class Store:
                 rows = conn.execute(
                     sa.select(feedback).where(feedback.c.tenant == tenant, feedback.c.event_id.in_(ids))
                 ).mappings()
-                events += [
-                    Feedback(
-                        event_id=row["event_id"],
-                        trace_id=row["trace_id"],
-                        tenant=row["tenant"],
-                        app=row["app"],
-                        kind=row["kind"],
-                        reason=row["reason"],
-                        text=row["text"],
-                        time=to_utc(row["time"]),
-                    )
-                    for row in rows
-                ]
+                events += [_feedback_of(row) for row in rows]
         return events
 
     def insert_non_requests(self, batch: Sequence[RagTrace]) -> int:
@@ -953,9 +992,20 @@ class StoreSink:
             if trace.trace_id in new_ids:
                 new_ids.discard(trace.trace_id)
                 new.append(trace)
-        await self._fan_out(
+        done = await self._fan_out(
             "trace", new, [(t.tenant, t.trace_id) for t in new], self.new_traces.consume_traces
         )
+        if done and new and self.new_feedback is not None:
+            # feedback that came before its trace joins now, counted and reviewed under the trace's app
+            waiting = await self._in_thread(
+                self.store.waiting_feedback, [(t.tenant, t.trace_id) for t in new]
+            )
+            await self._fan_out(
+                "feedback",
+                waiting,
+                [(f.tenant, f.event_id) for f in waiting],
+                self.new_feedback.consume_feedback,
+            )
 
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
         new_ids = set(await self.store_feedback(batch))
@@ -970,8 +1020,12 @@ class StoreSink:
             if event.event_id in new_ids:
                 new_ids.discard(event.event_id)
                 new.append(event)
+        # feedback whose trace is not stored yet waits in the outbox: the trace's fan-out takes it along
+        # when it comes, the sweep counts it as an orphan if it never does (service/outbox.py)
+        stored = await self._in_thread(self.store.stored_traces, [(f.tenant, f.trace_id) for f in new])
+        joined = [f for f in new if (f.tenant, f.trace_id) in stored]
         await self._fan_out(
-            "feedback", new, [(f.tenant, f.event_id) for f in new], self.new_feedback.consume_feedback
+            "feedback", joined, [(f.tenant, f.event_id) for f in joined], self.new_feedback.consume_feedback
         )
 
     async def _fan_out(
@@ -980,17 +1034,18 @@ class StoreSink:
         records: Sequence[Any],
         keys: list[tuple[str, str]],
         consume: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        """Hand new records on, then forget their outbox rows. The records are stored already, so a
-        failing sink does not fail the delivery: its outbox rows stay, and the sweep
-        (service/outbox.py) runs the fan-out again later."""
+    ) -> bool:
+        """Hand new records on, then forget their outbox rows; False when a sink failed. The records
+        are stored already, so a failing sink does not fail the delivery: its outbox rows stay, and
+        the sweep (service/outbox.py) runs the fan-out again later."""
         if not records:
-            return
+            return True
         try:
             await consume(records)
         except Exception:
             log.exception(
                 "fan-out of %d stored %s records failed; the outbox sweep will retry", len(records), kind
             )
-            return
+            return False
         await self._in_thread(lambda k: self.store.clear_outbox(kind, k), keys)
+        return True

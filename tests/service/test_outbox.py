@@ -44,9 +44,10 @@ def test_new_records_get_an_outbox_row_in_their_transaction(store_url: str) -> N
         # a sweep takes only rows older than its cutoff, and stamps what it took
         assert store.take_outbox(datetime.now(UTC) - timedelta(hours=1)) == []
         taken = store.take_outbox(datetime.now(UTC) + timedelta(seconds=1))
-        assert sorted(taken) == sorted(
+        assert sorted(row[:3] for row in taken) == sorted(
             [("t1", "trace", f"{1:032x}"), ("t2", "trace", f"{2:032x}"), ("t1", "feedback", "e1")]
         )
+        assert all(abs((row[3] - datetime.now(UTC)).total_seconds()) < 60 for row in taken)  # when stored
         assert store.take_outbox(datetime.now(UTC) - timedelta(seconds=5)) == []  # stamped just now
         assert store.feedback_events([("t1", "e1")]) == [event]
         store.clear_outbox("trace", keys)
@@ -99,3 +100,46 @@ def test_a_failed_judge_enqueue_after_the_commit_is_run_again_exactly_once(tmp_p
         assert server.metric("ragmon_traces_total", app="outbox-app") == 10
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT count(*) FROM judge_queue")).scalar() == 10
+
+
+def test_feedback_before_its_trace_waits_joins_under_the_traces_app_and_orphans_expire(
+    tmp_path: Path,
+) -> None:
+    """2,000 thumbs-down for traces that never existed make no review item and no app="none" count; they
+    expire as orphans. Feedback that came first is counted and reviewed with its trace's app when it comes."""
+    settings = {"assembler": {"grace_s": 0.05}, "judging": {"workers": 0}, "store": {"feedback_wait_s": 600}}
+    with live_server(tmp_path, **settings) as server:
+        engine = server.pipeline.store.engine
+        unknown = [
+            {"trace_id": f"{n:032x}", "kind": "down", "event_id": f"ghost-{n}"} for n in range(10_000, 12_000)
+        ]
+        early = {"trace_id": f"{1:032x}", "kind": "down", "event_id": "early-1", "reason": "wrong"}
+        with server.client() as client:
+            for start in range(0, len(unknown), 500):
+                assert client.post("/api/v1/feedback", json=unknown[start : start + 500]).status_code == 200
+            assert client.post("/api/v1/feedback", json=early).status_code == 200
+        server.flush()
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM review_items")).scalar() == 0
+            assert conn.execute(sa.text("SELECT count(*) FROM feedback")).scalar() == 2_001  # all kept
+        assert server.metric("ragmon_feedback_total", app="none", rating="down") == 0
+
+        record = {"trace_id": f"{1:032x}", "app": "late-app", "query": "q", "answer": "a"}
+        with server.client() as client:
+            assert client.post("/api/v1/traces", json={"traces": [record]}).status_code == 200
+        server.flush()
+        assert server.metric("ragmon_feedback_total", app="late-app", rating="down") == 1
+        with engine.connect() as conn:
+            items = conn.execute(sa.text("SELECT trace_id FROM review_items")).scalars().all()
+        assert items == [f"{1:032x}"]
+
+        # within the wait, the sweep leaves them waiting; past it, they are orphans, counted once
+        assert server.call(server.pipeline.outbox_sweep.sweep(min_age_s=0)) == 0
+        assert server.metric("ragmon_feedback_orphaned_total", kind="down") == 0
+        later = datetime.now(UTC) + timedelta(seconds=601)
+        server.call(server.pipeline.outbox_sweep.sweep(min_age_s=0, now=later))
+        assert server.metric("ragmon_feedback_orphaned_total", kind="down") == 2_000
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM fanout_outbox")).scalar() == 0
+            assert conn.execute(sa.text("SELECT count(*) FROM review_items")).scalar() == 1
+        assert server.metric("ragmon_feedback_total", app="none", rating="down") == 0
