@@ -86,6 +86,7 @@ class Worker:
                 self.metrics,
                 spans=self.pipeline,
                 offsets=self.pipeline.span_offsets,
+                dead_letters=self.pipeline.sinks.dead_letter,
             )
         self.leader = leader_lock(self.pipeline.store.engine, DRIFT_LOCK)
         self._drift_started = False

@@ -56,7 +56,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -67,6 +67,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
+from service.bus.bisect import deliver_in_parts
 from service.bus.lag import LagExporter, partition_lags
 from service.bus.span_offsets import SpanOffsets
 from service.config import KafkaConfig
@@ -98,6 +99,10 @@ _SEND_CHUNK = 2000
 
 class RecordSink(TraceConsumer, FeedbackConsumer, Protocol):
     """What a `KafkaReceiver` hands batches to: the same sinks the memory bus feeds."""
+
+
+# Where records refused for good are kept (the store sink's `dead_letter`), as for the memory bus.
+DeadLetters = Callable[[Sequence[RagTrace | Feedback], Exception], Awaitable[None]]
 
 
 def client_settings(config: KafkaConfig) -> dict[str, Any]:
@@ -473,12 +478,15 @@ class KafkaReceiver:
         group: str | None = None,
         spans: SpanIntake | None = None,
         offsets: SpanOffsets | None = None,
+        dead_letters: DeadLetters | None = None,
     ) -> None:
         if (spans is None) != (offsets is None):
             raise ValueError("spans and offsets come together")
         self.config = config
         self.sinks = sinks
         self.metrics = metrics
+        # where a record the sinks refuse for good goes (after the batch was split down to it)
+        self.dead_letters = dead_letters
         self.group = group or config.sinks_group
         self.spans = spans
         self.offsets = offsets
@@ -581,6 +589,27 @@ class KafkaReceiver:
         if feedback:
             await self.sinks.consume_feedback(feedback)
 
+    async def _deliver_in_parts(
+        self, traces: list[RagTrace], feedback: list[Feedback], error: Exception
+    ) -> None:
+        async def dead_letter(records: Sequence[Any], refused: Exception) -> None:
+            if self.dead_letters is not None:
+                await self.dead_letters(records, refused)
+            else:
+                log.error(
+                    "sinks refused %d records for good and no dead-letter store is set: %s",
+                    len(records),
+                    refused,
+                )
+            self.metrics.dead_letters.labels(
+                kind="trace" if isinstance(records[0], RagTrace) else "feedback"
+            ).inc(len(records))
+
+        if traces:
+            await deliver_in_parts(traces, error, self.sinks.consume_traces, dead_letter)
+        if feedback:
+            await deliver_in_parts(feedback, error, self.sinks.consume_feedback, dead_letter)
+
     def _disown_lost(self) -> None:
         lost, self._listener.lost = self._listener.lost, []
         if not lost or self.offsets is None:
@@ -663,9 +692,23 @@ class KafkaReceiver:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
-            except Exception:
+            except Exception as exc:
+                # one bad record must not cost the others: deliver the batch in parts, dead-letter
+                # the records still refused alone (a RetryableError on the way rewinds, as above)
                 self.metrics.sink_failures.labels(sink="kafka", kind="permanent").inc()
-                log.exception("sinks refused a batch of %d records; skipping it", len(first))
+                log.warning(
+                    "sinks refused a batch of %d records (%s); delivering it in parts", len(first), exc
+                )
+                try:
+                    await self._deliver_in_parts(traces, feedback, exc)
+                except RetryableError as retry:
+                    self.metrics.sink_failures.labels(sink="kafka", kind="retryable").inc()
+                    log.warning("sinks refused a part (%s); rewinding, retry in %.1fs", retry, backoff)
+                    await self._thread(self._rewind, first)
+                    await self._commit_spans()
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                    continue
             backoff = _MIN_BACKOFF_S
             moved = self._spans_commits()
             commits: dict[TopicPartition, int] = {**nxt, **moved}

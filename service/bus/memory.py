@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, Literal, TypeVar
 
+from service.bus.bisect import deliver_in_parts
 from service.config import BusConfig
 from service.consumer import FeedbackConsumer, TraceConsumer
 from service.errors import PermanentError, RetryableError
@@ -147,28 +148,11 @@ class _Lane(Generic[T]):
                 exc,
                 exc_info=not isinstance(exc, PermanentError),  # not one of ours: a bug, show where
             )
-            await self._settle(batch, exc)
+            await deliver_in_parts(batch, exc, self.deliver, self._dead_letter, self._delivered)
         else:
             self._delivered(len(batch))
 
-    async def _settle(self, part: list[T], error: Exception) -> None:
-        """Settle a part the subscriber refused with `error`: a single record goes to the dead-letter
-        handler, a longer part is delivered as two halves, each split again if refused."""
-        if len(part) == 1:
-            await self._dead_letter(part, error)
-            return
-        middle = len(part) // 2
-        for half in (part[:middle], part[middle:]):
-            try:
-                await self.deliver(half)
-            except RetryableError:
-                raise
-            except Exception as exc:
-                await self._settle(half, exc)
-            else:
-                self._delivered(len(half))
-
-    async def _dead_letter(self, record: list[T], error: Exception) -> None:
+    async def _dead_letter(self, record: Sequence[T], error: Exception) -> None:
         try:
             await self.dead_letters(record, error)
         except RetryableError:

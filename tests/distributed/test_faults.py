@@ -23,6 +23,7 @@ from sqlalchemy.pool import NullPool
 from service.bus.kafka import KafkaBus
 from service.config import KafkaConfig
 from service.metrics import Metrics
+from service.model import ModelUsage
 from tests.distributed.conftest import (
     Broker,
     IngestProcess,
@@ -386,3 +387,38 @@ def test_judge_worker_killed_mid_judgment_no_item_lost_or_judged_twice(
             f"\njudge worker SIGKILLed: {n} queued, {judged_by_doomed} judged before the kill, "
             f"{n} judged once each, {len(fake.requests())} judge calls"
         )
+
+
+def test_a_poison_record_on_kafka_costs_no_other_record(
+    kafka_bootstrap: str, pg_url: str, tmp_path: Path, workers: Callable[..., WorkerProcess]
+) -> None:
+    """A trace that decodes but that PostgreSQL refuses (a token count past BIGINT) amid 199 good ones
+    of two tenants: the sinks worker splits the batch, stores every good one and dead-letters the one."""
+    settings = _settings(kafka_bootstrap, pg_url, tmp_path, kafka={"max_poll_records": 500})
+    good = traces(200)
+    poison_id = good[100].trace_id
+    mixed = [t.model_copy(update={"tenant": "other"}) if i % 2 else t for i, t in enumerate(good)]
+    bad_usage = ModelUsage(model="gpt-4o-mini", kind="llm", input_tokens=1, output_tokens=0)
+    mixed[100] = mixed[100].model_copy(
+        update={"usage": (bad_usage.model_copy(update={"input_tokens": 10**30}),)}  # past the edge's check
+    )
+
+    async def publish() -> None:
+        bus = KafkaBus(KafkaConfig.model_validate(settings["kafka"]), Metrics())
+        await bus.start()
+        await bus.consume_traces(mixed)
+        assert await bus.drain(30), "the test could not publish its traces"
+        await bus.stop()
+
+    asyncio.run(publish())
+    worker = workers(settings, "sinks")
+    _until(lambda: count_rows(pg_url) == 199, what="the 199 good traces stored")
+    _until(lambda: count_rows(pg_url, "dead_letters") == 1, what="the poison trace dead-lettered")
+    engine = sa.create_engine(pg_url, poolclass=NullPool)
+    with engine.connect() as conn:
+        stored = set(conn.execute(sa.text("SELECT tenant, trace_id FROM traces")).all())
+        dead = conn.execute(sa.text("SELECT tenant, record_id, kind FROM dead_letters")).one()
+    engine.dispose()
+    assert stored == {(t.tenant, t.trace_id) for t in mixed if t.trace_id != poison_id}
+    assert tuple(dead) == (mixed[100].tenant, poison_id, "trace")
+    assert worker.metric("ragmon_dead_letters_total", kind="trace") == 1
