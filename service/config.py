@@ -53,6 +53,11 @@ class ServerConfig(_Section):
     max_body_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="largest accepted request body (after gzip)"
     )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a request body not wholly received this long after its headers is refused (408)",
+    )
     ingest_processes: int | None = Field(
         None,
         ge=0,
@@ -277,6 +282,11 @@ class RegenerationConfig(_Section):
 
 
 class MetricsConfig(_Section):
+    scrape_token: SecretStr | None = Field(
+        None,
+        description="when set, /metrics answers only `Authorization: Bearer <token>` (Prometheus: "
+        "authorization.credentials); unset: open to whoever reaches the port (loopback by default)",
+    )
     max_apps: int = Field(20, gt=0, description="distinct app label values before the rest become 'other'")
     max_models: int = Field(
         20, gt=0, description="distinct model label values before the rest become 'other'"

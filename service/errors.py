@@ -73,6 +73,11 @@ class UnsupportedMediaType(PermanentError):
     reason = "unsupported_media_type"
 
 
+class RequestTimeout(PermanentError):
+    status_code = 408
+    reason = "body_timeout"
+
+
 class Unauthenticated(PermanentError):
     status_code = 401
     reason = "unauthenticated"

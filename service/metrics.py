@@ -68,6 +68,7 @@ REQUEST_REJECT_REASONS = (
     "forbidden",
     "bad_api_key",
     "queue_full",
+    "body_timeout",
     "wal_full",
     "wal_unavailable",
 )

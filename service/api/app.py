@@ -6,6 +6,7 @@ never at import, so a test process can build many apps side by side.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -119,11 +120,29 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
         ok, detail = (False, "starting") if pipeline is None else await pipeline.ready()
         return readiness_response(ok, detail)
 
+    scrape_token = config.metrics.scrape_token
+
     @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(request: Request) -> Response:
+        if scrape_token is not None:
+            given = request.headers.get("authorization", "")
+            expected = f"Bearer {scrape_token.get_secret_value()}"
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                metrics.reject("unauthenticated")
+                return Response(
+                    "metrics need Authorization: Bearer <metrics.scrape_token>\n",
+                    401,
+                    {"WWW-Authenticate": "Bearer"},
+                    media_type="text/plain",
+                )
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # The last added runs first: the key check (headers only) before the body is read against its cap.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes, on_reject=metrics.reject)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=config.server.max_body_bytes,
+        on_reject=metrics.reject,
+        timeout_s=config.server.body_timeout_s,
+    )
     app.add_middleware(TenantMiddleware, resolver=resolver, on_reject=metrics.reject)
     return app

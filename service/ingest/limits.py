@@ -1,8 +1,11 @@
-"""`BodyLimitMiddleware`: refuses request bodies over the configured size, as pure ASGI middleware.
+"""`BodyLimitMiddleware`: refuses request bodies over the configured size or too slow, as pure ASGI
+middleware.
 
 A declared `Content-Length` over the limit is refused before any byte is
 read; a body without one (chunked) is read up to the limit and refused the
-moment it crosses it. The app only ever sees bodies within the limit (the
+moment it crosses it. A body not wholly received `timeout_s` after the
+request's headers is refused with 408 (a slow upload holding a connection
+and its buffer open forever: slowloris). The app only ever sees bodies within the limit (the
 middleware hands it the bytes it buffered). Refusals are 413 in the caller's
 encoding and counted. Decompressed sizes are capped where bodies are
 decompressed (`http_receivers.py`).
@@ -10,24 +13,35 @@ decompressed (`http_receivers.py`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import PayloadTooLarge
+from service.errors import PayloadTooLarge, PermanentError, RequestTimeout
 from service.ingest.responses import error_response
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int, on_reject: Callable[[str], None]) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, on_reject: Callable[[str], None], timeout_s: float = 30.0
+    ) -> None:
         if max_bytes <= 0:
             raise ValueError("max_bytes must be positive")
         self.app = app
         self.max_bytes = max_bytes
         self.on_reject = on_reject
+        self.timeout_s = timeout_s
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, message: str) -> None:
-        exc = PayloadTooLarge(message)
+    async def _refuse(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        message: str,
+        error: type[PermanentError] = PayloadTooLarge,
+    ) -> None:
+        exc = error(message)
         self.on_reject(exc.reason)
         content_type = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
         await error_response(exc, scope["path"], content_type)(scope, receive, send)
@@ -47,8 +61,20 @@ class BodyLimitMiddleware:
                 return
         chunks: list[bytes] = []
         size = 0
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         while True:
-            message = await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                await self._refuse(
+                    scope,
+                    receive,
+                    send,
+                    f"request body not received within {self.timeout_s:g} s ({size} bytes came)",
+                    RequestTimeout,
+                )
+                return
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")

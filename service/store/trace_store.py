@@ -939,6 +939,7 @@ class StoreSink:
         self.new_traces = new_traces
         self.new_feedback = new_feedback
         self._in_flight = 0
+        self._fanning: set[tuple[str, str, str]] = set()  # (kind, tenant, id) being fanned out now
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -1037,15 +1038,29 @@ class StoreSink:
     ) -> bool:
         """Hand new records on, then forget their outbox rows; False when a sink failed. The records
         are stored already, so a failing sink does not fail the delivery: its outbox rows stay, and
-        the sweep (service/outbox.py) runs the fan-out again later."""
-        if not records:
+        the sweep (service/outbox.py) runs the fan-out again later.
+
+        Exactly once: the trace and feedback lanes may both reach one feedback event (it came before
+        its trace), so a record is fanned out only while this sink is not already fanning it out,
+        and only if its outbox row is still there (no lane finished it before)."""
+        mine = [(r, k) for r, k in zip(records, keys, strict=True) if (kind, *k) not in self._fanning]
+        if not mine:
             return True
+        claimed = {(kind, *k) for _, k in mine}
+        self._fanning |= claimed
         try:
-            await consume(records)
-        except Exception:
-            log.exception(
-                "fan-out of %d stored %s records failed; the outbox sweep will retry", len(records), kind
-            )
-            return False
-        await self._in_thread(lambda k: self.store.clear_outbox(kind, k), keys)
-        return True
+            unfinished = await self._in_thread(lambda k: self.store.outboxed(kind, k), [k for _, k in mine])
+            todo = [(r, k) for r, k in mine if (storable_text(k[0]), k[1]) in unfinished]
+            if not todo:
+                return True
+            try:
+                await consume([r for r, _ in todo])
+            except Exception:
+                log.exception(
+                    "fan-out of %d stored %s records failed; the outbox sweep will retry", len(todo), kind
+                )
+                return False
+            await self._in_thread(lambda k: self.store.clear_outbox(kind, k), [k for _, k in todo])
+            return True
+        finally:
+            self._fanning -= claimed

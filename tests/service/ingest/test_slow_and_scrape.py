@@ -1,0 +1,58 @@
+"""Slow uploads are cut off (408) instead of holding connections forever, and `/metrics` can require
+a scrape token; both through a real server."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.live_server import LiveServer, live_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    settings = {"server": {"body_timeout_s": 1.0}, "metrics": {"scrape_token": "scrape-token-0123456789"}}
+    with live_server(tmp_path_factory.mktemp("ragmon"), **settings) as live:
+        yield live
+
+
+def _slow_upload(server: LiveServer) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = socket.create_connection((host, int(port)), timeout=10)
+    conn.sendall(
+        b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+        b"Content-Length: 100000\r\n\r\n" + b"\x00" * 10
+    )
+    return conn
+
+
+def test_slow_uploads_are_answered_408_and_counted(server: LiveServer) -> None:
+    before = server.metric("ragmon_ingest_rejected_total", reason="body_timeout")
+    started = time.monotonic()
+    connections = [_slow_upload(server) for _ in range(20)]
+    answers = []
+    for conn in connections:
+        with conn:
+            answers.append(conn.recv(4096))
+    elapsed = time.monotonic() - started
+    assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers[0][:200]
+    assert elapsed < 15  # cut off near the 1 s deadline, not held open
+    assert server.metric("ragmon_ingest_rejected_total", reason="body_timeout") == before + 20
+
+
+def test_metrics_need_the_scrape_token_when_one_is_set(server: LiveServer) -> None:
+    url = f"{server.url}/metrics"
+    assert httpx.get(url, timeout=10).status_code == 401
+    assert httpx.get(url, headers={"authorization": "Bearer wrong"}, timeout=10).status_code == 401
+    scraped = httpx.get(url, headers={"authorization": "Bearer scrape-token-0123456789"}, timeout=10)
+    assert scraped.status_code == 200 and "ragmon_traces_total" in scraped.text
+
+
+def test_without_a_token_metrics_stay_open(tmp_path: Path) -> None:
+    with live_server(tmp_path) as live:
+        assert httpx.get(f"{live.url}/metrics", timeout=10).status_code == 200
