@@ -591,7 +591,14 @@ class KafkaReceiver:
 
     async def _deliver_in_parts(
         self, traces: list[RagTrace], feedback: list[Feedback], error: Exception
-    ) -> None:
+    ) -> int:
+        """Deliver a refused batch in parts (`bisect.py`); returns the records the sinks took."""
+        taken = 0
+
+        def delivered(n: int) -> None:
+            nonlocal taken
+            taken += n
+
         async def dead_letter(records: Sequence[Any], refused: Exception) -> None:
             if self.dead_letters is not None:
                 await self.dead_letters(records, refused)
@@ -606,9 +613,10 @@ class KafkaReceiver:
             ).inc(len(records))
 
         if traces:
-            await deliver_in_parts(traces, error, self.sinks.consume_traces, dead_letter)
+            await deliver_in_parts(traces, error, self.sinks.consume_traces, dead_letter, delivered)
         if feedback:
-            await deliver_in_parts(feedback, error, self.sinks.consume_feedback, dead_letter)
+            await deliver_in_parts(feedback, error, self.sinks.consume_feedback, dead_letter, delivered)
+        return taken
 
     def _disown_lost(self) -> None:
         lost, self._listener.lost = self._listener.lost, []
@@ -693,6 +701,7 @@ class KafkaReceiver:
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
             except Exception as exc:
+                accepted = False
                 # one bad record must not cost the others: deliver the batch in parts, dead-letter
                 # the records still refused alone (a RetryableError on the way rewinds, as above)
                 self.metrics.sink_failures.labels(sink="kafka", kind="permanent").inc()
@@ -700,7 +709,7 @@ class KafkaReceiver:
                     "sinks refused a batch of %d records (%s); delivering it in parts", len(first), exc
                 )
                 try:
-                    await self._deliver_in_parts(traces, feedback, exc)
+                    accepted = await self._deliver_in_parts(traces, feedback, exc) > 0
                 except RetryableError as retry:
                     self.metrics.sink_failures.labels(sink="kafka", kind="retryable").inc()
                     log.warning("sinks refused a part (%s); rewinding, retry in %.1fs", retry, backoff)
@@ -709,6 +718,8 @@ class KafkaReceiver:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF_S)
                     continue
+            else:
+                accepted = True
             backoff = _MIN_BACKOFF_S
             moved = self._spans_commits()
             commits: dict[TopicPartition, int] = {**nxt, **moved}
@@ -717,7 +728,8 @@ class KafkaReceiver:
                 for tp, records in others.items():
                     self.metrics.kafka_consumed.labels(group=self.group, topic=tp.topic).inc(len(records))
             self.batches += 1
-            self.metrics.sink_last_success.labels(sink="kafka").set(time.time())
+            if accepted:  # a batch that was all poison is no success
+                self.metrics.sink_last_success.labels(sink="kafka").set(time.time())
             await self._thread(self._export_lag)
 
     @property

@@ -4,6 +4,7 @@ segments go, a full disk answers 503 and loses nothing acknowledged."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -12,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from service.ingest.ledger import AckLedger
 from service.ingest.wal import LoggedRequest, WalFull, WalUnavailable, WriteAheadLog
+from tests.live_server import live_server
 
 
 def request(n: int, size: int = 100) -> LoggedRequest:
@@ -156,3 +159,43 @@ def test_the_ledger_holds_until_the_end_and_lets_late_holds_go() -> None:
     assert ledger.watermark(9) == 6
     ledger.late(("t", "c"))
     assert ledger.watermark(9) == 9 and len(ledger) == 0
+
+
+def test_a_full_log_disk_answers_503_through_the_server_and_every_200_is_stored(
+    tiny_disk: Path, tmp_path: Path
+) -> None:
+    """The log's disk fills up under real traffic: requests that could not be logged get 503 with
+    Retry-After (OTLP exporters retry those), every 200 is stored, and nothing else is."""
+
+    def body(first: int) -> dict:
+        records = [
+            {"trace_id": f"{n:032x}", "app": "full-disk", "query": "q" * 2_000, "answer": "a" * 2_000}
+            for n in range(first, first + 10)
+        ]
+        return {"traces": records}
+
+    settings = {"wal": {"dir": str(tiny_disk), "segment_max_age_s": 3600, "checkpoint_s": 3600}}
+    acked: set[str] = set()
+    refused = 0
+    with live_server(tmp_path, **settings) as server:
+        with server.client() as client:
+            for n in range(40):  # ~40 kB a request into 256 kB
+                payload = body(1 + n * 10)
+                response = client.post(
+                    "/api/v1/traces",
+                    content=json.dumps(payload),
+                    headers={"content-type": "application/json"},
+                )
+                if response.status_code == 200:
+                    acked.update(r["trace_id"] for r in payload["traces"])
+                else:
+                    assert response.status_code == 503, response.text
+                    assert response.headers["retry-after"] == "1"
+                    assert response.json()["error"] == "wal_unavailable"
+                    refused += 1
+        server.flush()
+        with server.pipeline.store.engine.connect() as conn:
+            stored = set(conn.execute(sa.text("SELECT trace_id FROM traces")).scalars())
+        assert refused > 0 and acked
+        assert server.metric("ragmon_ingest_rejected_total", reason="wal_unavailable") == refused
+    assert stored == acked
