@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from service.errors import PermanentError, RetryableError
+from service.errors import PayloadTooLarge, PermanentError, RetryableError
 from service.ingest.auth import TenantResolver, key_from_headers
 from service.ingest.otlp import DecodedBatch
 from service.ingest.otlp_logs import DecodedLogs
@@ -58,9 +58,18 @@ _METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 class _OtlpServices:
     """The Export method of each OTLP service: one shared path for auth and errors, one body per signal."""
 
-    def __init__(self, pipeline: IngestTarget, resolver: TenantResolver) -> None:
+    def __init__(self, pipeline: IngestTarget, resolver: TenantResolver, max_bytes: int) -> None:
         self.pipeline = pipeline
         self.resolver = resolver
+        self.max_bytes = max_bytes
+
+    async def _admit(self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        """The caller's tenant, once the message is within the size limit (refusals counted)."""
+        if len(request) > self.max_bytes:
+            exc = PayloadTooLarge(f"message of {len(request)} bytes is over the limit of {self.max_bytes}")
+            self.pipeline.metrics.reject(exc.reason)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message)
+        return await self._tenant(context)
 
     async def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         metadata = [(m.key, m.value) for m in context.invocation_metadata() or () if isinstance(m.value, str)]
@@ -95,7 +104,7 @@ class _OtlpServices:
     async def export_traces(
         self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trace_service_pb2.ExportTraceServiceResponse:
-        tenant = await self._tenant(context)
+        tenant = await self._admit(request, context)
         decoded = await self._run(context, self._traces(request, tenant))
         answer = trace_service_pb2.ExportTraceServiceResponse()
         if decoded.rejected_spans or decoded.error_message:
@@ -118,7 +127,7 @@ class _OtlpServices:
     async def export_logs(
         self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> logs_service_pb2.ExportLogsServiceResponse:
-        tenant = await self._tenant(context)
+        tenant = await self._admit(request, context)
         decoded = await self._run(context, self._logs(request, tenant))
         answer = logs_service_pb2.ExportLogsServiceResponse()
         if decoded.rejected_spans or decoded.error_message:
@@ -140,7 +149,7 @@ class _OtlpServices:
     async def export_metrics(
         self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> metrics_service_pb2.ExportMetricsServiceResponse:
-        await self._tenant(context)
+        await self._admit(request, context)
         await self._run(
             context,
             asyncio.to_thread(check_metrics_body, request, json_body=False, encoding="", limit=len(request)),
@@ -167,9 +176,11 @@ class OtlpGrpcReceiver:
         # grpc sets SO_REUSEPORT by default: a second server on the same port would bind silently
         # and take half the connections; ragmon owns its port or refuses to start
         server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", self.max_bytes), ("grpc.so_reuseport", 0)]
+            # twice the limit: a message up to that reaches the handler, which refuses it counted
+            # (grpc's own refusal of a larger one happens before ragmon sees it, uncounted)
+            options=[("grpc.max_receive_message_length", 2 * self.max_bytes), ("grpc.so_reuseport", 0)]
         )
-        services = _OtlpServices(self.pipeline, self.resolver)
+        services = _OtlpServices(self.pipeline, self.resolver, self.max_bytes)
         exports: list[tuple[str, Callable[..., Awaitable[Message]], type[Message]]] = [
             (_TRACE_SERVICE, services.export_traces, trace_service_pb2.ExportTraceServiceResponse),
             (_LOGS_SERVICE, services.export_logs, logs_service_pb2.ExportLogsServiceResponse),

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
@@ -56,3 +57,27 @@ def test_metrics_need_the_scrape_token_when_one_is_set(server: LiveServer) -> No
 def test_without_a_token_metrics_stay_open(tmp_path: Path) -> None:
     with live_server(tmp_path) as live:
         assert httpx.get(f"{live.url}/metrics", timeout=10).status_code == 200
+
+
+def test_oversized_grpc_messages_are_refused_and_counted(tmp_path: Path) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+        ExportTraceServiceResponse,
+    )
+
+    with live_server(tmp_path, server={"max_body_bytes": 64 * 1024}) as live:
+        request = ExportTraceServiceRequest()
+        span = request.resource_spans.add().scope_spans.add().spans.add()
+        span.trace_id, span.span_id, span.name = b"\x01" * 16, b"\x02" * 8, "x" * 100_000
+        span.start_time_unix_nano, span.end_time_unix_nano = 1, 2
+        with grpc.insecure_channel(live.grpc_target) as channel:
+            export = channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                request_serializer=ExportTraceServiceRequest.SerializeToString,
+                response_deserializer=ExportTraceServiceResponse.FromString,
+            )
+            with pytest.raises(grpc.RpcError) as refused:
+                export(request, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "over the limit of 65536" in (refused.value.details() or "")
+        assert live.metric("ragmon_ingest_rejected_total", reason="too_large") == 1
