@@ -520,6 +520,37 @@ class ProbesConfig(_Section):
         return sorted(value)
 
 
+RedactionKind = Literal["email", "phone", "card", "api_key"]
+_REDACTION_KINDS: list[RedactionKind] = ["email", "phone", "card", "api_key"]
+
+
+class RedactionConfig(_Section):
+    enabled: bool = Field(
+        False, description="redact personal data and secrets from traces and feedback before they are kept"
+    )
+    builtin: list[RedactionKind] = Field(
+        default_factory=lambda: list(_REDACTION_KINDS),
+        description="built-in kinds to redact (service/redaction.py says what each matches)",
+    )
+    patterns: dict[str, str] = Field(
+        default_factory=dict, description="your own kinds: name -> regular expression, redacted like the rest"
+    )
+
+    @field_validator("patterns")
+    @classmethod
+    def _compiles(cls, patterns: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for name, pattern in patterns.items():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"redaction pattern {name!r} is not a valid regular expression: {exc}"
+                ) from None
+        return patterns
+
+
 class PhoenixConfig(_Section):
     """Working alongside Arize Phoenix: a tee of OTLP requests, and judgments written back as annotations."""
 
@@ -588,6 +619,16 @@ class RagmonConfig(_Section):
     review: ReviewConfig = ReviewConfig()
     probes: ProbesConfig = ProbesConfig()
     phoenix: PhoenixConfig = PhoenixConfig()
+    redaction: RedactionConfig = RedactionConfig()
+
+    @model_validator(mode="after")
+    def _redaction_covers_everything_sent(self) -> RagmonConfig:
+        if self.redaction.enabled and self.phoenix.endpoint and self.phoenix.forward:
+            raise ValueError(
+                "redaction cannot reach the Phoenix tee, which forwards OTLP requests as received: "
+                "set phoenix.forward to false, or turn redaction off"
+            )
+        return self
 
     @field_validator("log_level")
     @classmethod

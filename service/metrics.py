@@ -288,6 +288,12 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.redactions = Counter(
+            "ragmon_redactions",
+            "texts replaced by [REDACTED:<kind>] in traces and feedback before they were kept (redaction.*)",
+            ["kind"],
+            registry=r,
+        )
         self.log_events_received = Counter(
             "ragmon_log_events_received",
             "GenAI events (OTLP log records) accepted by a receiver, to be joined to their spans",

@@ -34,6 +34,7 @@ from service.assemble import SpanAssembler
 from service.bus.leader import exclusive
 from service.bus.memory import MemoryBus
 from service.config import RagmonConfig
+from service.consumer import TraceConsumer
 from service.conventions.pricing import PriceTable
 from service.conventions.spans import AnySpan, LogEvent
 from service.drift.monitor import DriftScheduler, DriftWindowSink
@@ -55,6 +56,7 @@ from service.phoenix.annotations import PhoenixAnnotator
 from service.phoenix.forward import PhoenixForwarder
 from service.probes.gauges import restore_probe_gauges
 from service.probes.store import GoldenStore
+from service.redaction import RedactingFilter, Redactor
 from service.regeneration import ReaskDetector
 from service.review.gauges import ReviewGauges
 from service.review.intake import ReviewIntake
@@ -228,8 +230,12 @@ class Pipeline:
             )
         self.reask = ReaskDetector(config.regeneration, next=self.bus)
         keep = self.store if config.store.keep_non_requests else None
+        self.redactor = Redactor(config.redaction, self.metrics) if config.redaction.enabled else None
         self.requests = RequestFilter(
-            self.reask, self.metrics, keep, on_dropped=self.durable.done if self.durable is not None else None
+            self._redacted(self.reask),
+            self.metrics,
+            keep,
+            on_dropped=self.durable.done if self.durable is not None else None,
         )
         # decodes OTLP bodies (for the receivers) and builds traces (for the assembler)
         self.ingest_pool = IngestPool(config.server.ingest_processes, self.prices, self.metrics)
@@ -308,7 +314,7 @@ class Pipeline:
         reask = ReaskDetector(self.config.regeneration, next=self.sinks)
         self.assembler = SpanAssembler(
             self.config.assembler,
-            next=offsets.gate(RequestFilter(reask, self.metrics, keep)),
+            next=offsets.gate(RequestFilter(self._redacted(reask), self.metrics, keep)),
             build=offsets.claiming(self.ingest_pool.build_traces),
             metrics=self.metrics,
         )
@@ -397,8 +403,14 @@ class Pipeline:
         await self.assembler.consume_spans(events)
         self.metrics.log_events_received.labels(receiver=receiver).inc(len(events))
 
+    def _redacted(self, next: TraceConsumer) -> TraceConsumer:
+        """`next`, behind the redaction step when redaction is on."""
+        return RedactingFilter(self.redactor, next) if self.redactor is not None else next
+
     async def accept_traces(self, traces: Sequence[RagTrace]) -> None:
         self.check_room()
+        if self.redactor is not None:  # before the log too: nothing unredacted is kept
+            traces = self.redactor.traces(traces)
         if self.durable is not None and traces:
             body = _TRACES.dump_json(list(traces))
             await self.durable.log(LoggedRequest("traces", "", body, receiver="json"), trace_keys(traces))
@@ -406,6 +418,8 @@ class Pipeline:
 
     async def accept_feedback(self, events: Sequence[Feedback]) -> None:
         self.check_room()
+        if self.redactor is not None:
+            events = self.redactor.feedback(events)
         if self.durable is not None and events:
             body = _FEEDBACK.dump_json(list(events))
             await self.durable.log(

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("phoenix", "report", "demo"),
     ("review", "drift"),
     ("probes", "outbox"),
-    ("judge", "ingest", "non_requests"),
+    ("judge", "ingest", "non_requests", "redaction"),
     ("store", "bus", "assemble", "regeneration"),
     ("metrics", "consumer"),
     ("conventions", "config"),
