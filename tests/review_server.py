@@ -71,9 +71,10 @@ def send(server: LiveServer, tenant: str, records: list[dict[str, Any]]) -> None
 
 
 @contextmanager
-def review_server(tmp_path: Path, **review: Any) -> Iterator[LiveServer]:
-    """A live server whose acme tenant has a faithful and an unfaithful (hostile) judged trace, beta one."""
-    with live_server(tmp_path, **settings(**review)) as server:
+def review_server(tmp_path: Path, extra: dict[str, Any] | None = None, **review: Any) -> Iterator[LiveServer]:
+    """A live server whose acme tenant has a faithful and an unfaithful (hostile) judged trace, beta one;
+    `extra` adds settings sections (merged into the review server's)."""
+    with live_server(tmp_path, **{**settings(**review), **(extra or {})}) as server:
         send(
             server,
             "acme",
