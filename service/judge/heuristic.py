@@ -5,8 +5,10 @@ It is a heuristic, labelled `judge="heuristic"` everywhere, and only as good as
 trace, same verdict) and makes no network call. How it decides:
 
 * claims: the answer split into sentences, and sentences into clauses at
-  semicolons and contrastive conjunctions; a refusal ("I don't know", "not
-  enough information", ...) has no claims;
+  semicolons and contrastive conjunctions; a sentence that only hedges or
+  refuses ("Note: the passage does not mention ...", "I don't know") is no
+  claim, the other sentences still are; citation markers (`[1]`, `[doc-3]`)
+  and an opening "According to <source>:" are not part of a claim;
 * a claim is supported when every number in it occurs in the context, every
   multi-word proper name occurs there as a phrase and every single proper
   name as a word, an absolute quantifier (all, never, ...) is not new, and at
@@ -15,8 +17,15 @@ trace, same verdict) and makes no network call. How it decides:
   name, contradiction for a number the context does not have (fabrication when
   the context has no numbers at all), overgeneralization for a new quantifier,
   fabrication otherwise;
+* context: the chunks' text and their titles (metadata `title`, `source`,
+  `name`, ...), which answers cite;
 * context_sufficient: at least `min_question_coverage` of the question's
-  content words occur in the context.
+  content words occur in the context, instruction and conversational words
+  left out ("what do you think?" has none to cover), or the question asks to
+  transform its context (summarize, rewrite, translate: the context is all it
+  needs), or some are covered and at least half the claims are supported: the context
+  was about the question, so what is unsupported was made up by the
+  generation, not missed by retrieval.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from service.model import RagTrace
 
 __all__ = ["HEURISTIC_VERSION", "HeuristicConfig", "HeuristicJudge", "split_claims"]
 
-HEURISTIC_VERSION = "1"
+HEURISTIC_VERSION = "2"
 
 _STOPWORD_TEXT = """
 a about above after again against all am an and any are as at be because been before being below
@@ -57,6 +66,83 @@ _REFUSAL = re.compile(
     r"|(?:context|passages?|documents?)\s+(?:does|do)\s+not\s+(?:say|mention|contain|provide))",
     re.IGNORECASE,
 )
+# Words of an instruction rather than of a topic: a request to summarize or continue names no topic
+# the context must cover.
+_INSTRUCTION_WORDS = frozenset(
+    {
+        "summarize",
+        "summarise",
+        "summary",
+        "summarization",
+        "rewrite",
+        "paraphrase",
+        "translate",
+        "explain",
+        "describe",
+        "continue",
+        "respond",
+        "reply",
+        "answer",
+        "write",
+        "list",
+        "tldr",
+        "following",
+        "text",
+        "passage",
+        "document",
+        "article",
+        "conversation",
+        "dialogue",
+        "above",
+        "below",
+        "given",
+        "please",
+        "briefly",
+        "short",
+        "sentence",
+        "sentences",
+        "paragraph",
+        "user",
+        "assistant",
+        "say",
+        "next",
+        "think",
+        "tell",
+        "know",
+        "mean",
+        "really",
+        "sure",
+        "okay",
+        "ok",
+        "yeah",
+        "thanks",
+        "thank",
+        "hi",
+        "hello",
+        "well",
+        "like",
+    }
+)
+# A question with one of these asks to transform the context it comes with (a summary, a rewrite):
+# that context is all it needs.
+_TASK_VERBS = frozenset(
+    {
+        "summarize",
+        "summarise",
+        "summary",
+        "tldr",
+        "rewrite",
+        "paraphrase",
+        "rephrase",
+        "translate",
+        "condense",
+    }
+)
+_CITATION = re.compile(r"\s*\[(?:\d+(?:\s*[,-]\s*\d+)*|[A-Za-z][\w.-]{0,40})\]")
+_ACCORDING_TO = re.compile(
+    r"^\s*(?:according\s+to|as\s+(?:stated|described)\s+in|per)\s+[^:,]{1,120}[:,]\s*", re.IGNORECASE
+)
+_TITLE_KEYS = ("title", "source", "name", "file_name", "filename", "doc_title", "heading", "document_title")
 # A sentence ends at . ! ? before a capital, digit or quote, unless the dot closes an initial
 # ("J. R. R.") or a common abbreviation.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"”')\]]*\s+(?=[\"“'(\[]?[A-Z0-9])")
@@ -103,9 +189,9 @@ def _numbers(text: str) -> set[str]:
 
 
 def split_claims(answer: str) -> list[str]:
-    """The answer's claims: sentences, split further into clauses; empty for a refusal."""
-    if _REFUSAL.search(answer):
-        return []
+    """The answer's claims: sentences, split further into clauses, without the sentences that only
+    hedge or refuse, citation markers or an opening "According to <source>:"; empty for a refusal."""
+    answer = _CITATION.sub("", answer)
     sentences: list[str] = []
     start = 0
     for match in _SENTENCE_END.finditer(answer):
@@ -115,7 +201,8 @@ def split_claims(answer: str) -> list[str]:
         sentences.append(answer[start : match.start()])
         start = match.end()
     sentences.append(answer[start:])
-    claims = [part.strip(" ,.") for s in sentences for part in _CLAUSE_SPLIT.split(s)]
+    kept = [_ACCORDING_TO.sub("", s) for s in sentences if not _REFUSAL.search(s)]
+    claims = [part.strip(" ,.:") for s in kept for part in _CLAUSE_SPLIT.split(s)]
     return [c for c in claims if _WORD.search(c)]
 
 
@@ -155,9 +242,9 @@ class HeuristicJudge:
     def verdict(self, question: str, context: Sequence[str], answer: str) -> Verdict:
         """The verdict for one (question, context, answer); the same inputs always give the same verdict."""
         ctx = _Context.of(context)
-        question_words = set(_content(_words(question)))
+        all_question_words = set(_content(_words(question)))
+        question_words = all_question_words - _INSTRUCTION_WORDS
         covered = sum(1 for w in question_words if w in ctx.words)
-        sufficient = bool(context) and covered >= self.config.min_question_coverage * len(question_words)
         claims = split_claims(answer)
         supported: list[int] = []
         unsupported: list[int] = []
@@ -170,6 +257,11 @@ class HeuristicJudge:
             unsupported.append(i)
             if failure_mode == "none":
                 failure_mode = problem
+        sufficient = bool(context) and (
+            not _TASK_VERBS.isdisjoint(all_question_words)
+            or covered >= self.config.min_question_coverage * len(question_words)
+            or (covered > 0 and bool(claims) and len(supported) * 2 >= len(claims))
+        )
         return Verdict(
             claims=claims,
             supported=supported,
@@ -204,6 +296,12 @@ class HeuristicJudge:
         """Judge one trace offline: `failed` only when it has no answer or no chunk text."""
         started, judged_at = time.perf_counter(), datetime.now(UTC)
         texts = [c.content for c in trace.retrieval.context if c.content]
+        titles = [
+            value
+            for c in trace.retrieval.context
+            for key in _TITLE_KEYS
+            if isinstance(value := (c.metadata or {}).get(key), str) and value
+        ]
         reason: FailureReason | None = None
         if not trace.answer or not trace.answer.strip():
             reason = "no_answer"
@@ -221,7 +319,10 @@ class HeuristicJudge:
                 judged_at=judged_at,
             )
         # in a thread: ~20 ms for a long answer, which on the event loop delays ingest requests
-        verdict = await asyncio.to_thread(self.verdict, trace.query or "", texts, trace.answer or "")
+        # titles join the context (an answer cites its source by name) but do not make it non-empty
+        verdict = await asyncio.to_thread(
+            self.verdict, trace.query or "", [*texts, *titles] if texts else texts, trace.answer or ""
+        )
         return Judgment.from_verdict(
             trace,
             verdict,

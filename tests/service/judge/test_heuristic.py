@@ -70,6 +70,63 @@ def test_context_sufficiency_from_question_coverage() -> None:
     assert judge.verdict(QUESTION, [], "Tolkien.").context_sufficient is False
 
 
+def test_a_hedge_sentence_is_no_claim_but_the_other_sentences_still_are() -> None:
+    """A note that the passage is silent on something used to make the whole answer claim-less."""
+    answer = "The Hobbit was published in 1938. Note: the passage does not mention the print run."
+    assert split_claims(answer) == ["The Hobbit was published in 1938"]
+    verdict = HeuristicJudge().verdict(QUESTION, CONTEXT, answer)
+    assert verdict.outcome == "scored" and verdict.unsupported == [0]  # 1938 is not 1937: still caught
+    assert split_claims("The context does not say. I cannot answer that.") == []
+
+
+ARTICLE = [
+    "The city council approved a new cycle lane on Harbour Road on Tuesday. Construction starts in May "
+    "and is expected to take six weeks. Local shop owners raised concerns about parking during the works."
+]
+
+
+def test_a_summary_or_a_dialogue_turn_of_the_full_source_is_a_generation_failure() -> None:
+    """An instruction names no topic the context must cover: unsupported claims are made up."""
+    judge = HeuristicJudge()
+    summary = (
+        "The council approved a cycle lane on Harbour Road. Construction starts in May. "
+        "The lane cost twelve million pounds."
+    )
+    verdict = judge.verdict("Summarize the following article in three sentences.", ARTICLE, summary)
+    assert verdict.context_sufficient is True and verdict.unsupported == [2]
+    turn = judge.verdict(
+        "What do you think about it?", ARTICLE, "Shop owners worried about parking. It opened in 1999."
+    )
+    assert turn.context_sufficient is True and turn.unsupported == [1]
+
+
+async def test_citations_of_a_chunk_title_or_number_are_not_claims_to_check() -> None:
+    """Apps cite the way the demo does: by the chunk's title (in its metadata) or a [n] marker."""
+    chunk = Chunk(
+        id="refunds",
+        rank=0,
+        content="Refunds take 30 days after delivery.",
+        metadata={"title": "Refund policy"},
+    )
+    cited = RagTrace(
+        trace_id="ce" * 16,
+        start_time=datetime(2026, 1, 1, tzinfo=UTC),
+        query="How long do refunds take?",
+        retrieval=Retrieval(chunks=(chunk,)),
+    )
+    for answer in (
+        "According to \u201cRefund policy\u201d: Refunds take 30 days after delivery.",
+        "Refunds take 30 days after delivery [1].",
+        "Refunds take 30 days after delivery [refunds].",
+    ):
+        judgment = await HeuristicJudge().judge(cited.model_copy(update={"answer": answer}))
+        assert judgment.faithfulness == 1.0, (answer, judgment.claims)
+    wrong = await HeuristicJudge().judge(
+        cited.model_copy(update={"answer": "According to Refund policy: 60 days [1]."})
+    )
+    assert wrong.faithfulness == 0.0
+
+
 def trace(answer: str | None, chunks: tuple[str | None, ...], query: str = QUESTION) -> RagTrace:
     return RagTrace(
         trace_id="cd" * 16,
