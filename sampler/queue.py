@@ -285,7 +285,12 @@ class SqlJudgeQueue:
     # -- producing -------------------------------------------------------
 
     def enqueue(self, items: Sequence[JudgeItem]) -> int:
-        """Store `items`; returns how many became new claimable work.
+        """Store `items`; returns how many became new claimable work (see `enqueue_new`)."""
+        return len(self.enqueue_new(items)[0])
+
+    def enqueue_new(self, items: Sequence[JudgeItem]) -> tuple[set[ItemKey], set[ItemKey]]:
+        """Store `items`; returns the keys that became new claimable work, and the keys stored as
+        new rows (also those the budget skipped), so counters count each trace once.
 
         A key already stored adds no new item. Two things may still change
         on it, both so the stored row matches the final sampling design:
@@ -296,7 +301,7 @@ class SqlJudgeQueue:
         """
         batch = _dedupe(items)
         if not batch:
-            return 0
+            return set(), set()
         now = self._now()
         insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
         stmt = (
@@ -306,7 +311,7 @@ class SqlJudgeQueue:
         )
         with self._connect() as conn:
             inserted = {ItemKey(*row) for row in conn.execute(stmt, [_row(i, now) for i in batch])}
-            new = sum(1 for i in batch if i.key in inserted and i.skip_reason is None)
+            new = {i.key for i in batch if i.key in inserted and i.skip_reason is None}
             for item in batch:
                 if item.key in inserted:
                     continue
@@ -323,13 +328,14 @@ class SqlJudgeQueue:
                             attempts=0,
                         )
                     )
-                    new += revived.rowcount
+                    if revived.rowcount:
+                        new.add(item.key)
                 conn.execute(
                     update(judge_queue)
                     .where(where, judge_queue.c.inclusion_probability < item.inclusion_probability)
                     .values(inclusion_probability=item.inclusion_probability, stratum=item.stratum)
                 )
-        return new
+        return new, inserted
 
     # -- consuming -------------------------------------------------------
 

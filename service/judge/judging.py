@@ -133,11 +133,13 @@ class JudgeQueueSink:
     def _enqueue(self, items: Sequence[Any]) -> None:
         if not items:
             return
-        self.queue.enqueue(items)
+        # counted once a trace: a late thumbs-down that raises a queued trace's probability (or a
+        # fan-out run again from the outbox) offers the same key again and is not a second sample
+        new_work, inserted = self.queue.enqueue_new(items)
         for item in items:
-            if item.skip_reason is None:
+            if item.skip_reason is None and item.key in new_work:
                 self.metrics.judge_sampled.labels(stratum=item.stratum).inc()
-            else:
+            elif item.skip_reason is not None and item.key in inserted:
                 self.metrics.judge_skipped.labels(reason=item.skip_reason).inc()
 
     def _select_and_enqueue(self, batch: Sequence[RagTrace]) -> None:

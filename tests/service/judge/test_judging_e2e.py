@@ -236,6 +236,29 @@ def test_late_thumbs_down_enqueues_the_trace(tmp_path: Path) -> None:
         assert server.metric("ragmon_judge_sampled_total", stratum="thumbs_down") == 1
 
 
+def test_a_late_thumbs_down_on_a_sampled_trace_is_not_a_second_sample(tmp_path: Path) -> None:
+    """ragmon_judge_sampled_total counts each queued trace once: a thumbs-down that raises an already
+    queued trace's probability moves its stratum, and used to count it again."""
+    settings = judge_settings(None, workers=0)
+    settings["sampler"] = {"rates": {"base": 0.5, "thumbs_down": 1.0}}
+    with live_server(tmp_path, **settings) as server:
+        records = traces(40)
+        send(server, records)
+        sampled_first = queue_states(server)["pending"]
+        assert 0 < sampled_first < 40
+        with server.client() as client:
+            events = [
+                {"trace_id": r["trace_id"], "kind": "down", "event_id": f"d-{i}"}
+                for i, r in enumerate(records)
+            ]
+            assert client.post("/api/v1/feedback", json=events).status_code == 200
+        server.flush()
+        wait_until(lambda: queue_states(server)["pending"] == 40)
+        counted = sum(server.metric("ragmon_judge_sampled_total", stratum=s) for s in ("base", "thumbs_down"))
+        assert counted == 40  # one a queued trace (it was 40 + the ones sampled before the thumbs-down)
+        assert server.metric("ragmon_judge_sampled_total", stratum="thumbs_down") == 40 - sampled_first
+
+
 def test_late_regenerate_enqueues_the_trace_once(tmp_path: Path) -> None:
     """A regenerate click after the trace was decided puts it in the regeneration stratum: queued once,
     however often the click is sent (the stored record already says regeneration: that must not hide it)."""
