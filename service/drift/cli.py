@@ -107,7 +107,13 @@ def _pin(args: argparse.Namespace, config: RagmonConfig, drift: DriftStore) -> i
     )
     print(json.dumps(outcome.to_json(), indent=2))
     if not outcome.pinned:
-        print("ragmon drift pin: nothing pinned (no traffic in the range, or too little)", file=sys.stderr)
+        print(
+            "ragmon drift pin: nothing pinned (no traffic in the range, or too little). A running ragmon "
+            f"writes its observations every drift.flush_s ({config.drift.flush_s:g} s): traffic newer than "
+            "that may not be in the sample yet. Retry then, or pin through the running service "
+            "(POST /api/v1/drift/references), which flushes first.",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -122,6 +128,22 @@ def _list(args: argparse.Namespace, drift: DriftStore) -> int:
         print("no references pinned yet; pin one with: ragmon drift pin --from T --to T", file=sys.stderr)
     print(json.dumps([r.to_json() for r in references], indent=2))
     return 0
+
+
+def explained(groups: list[dict[str, Any]] | None, limit: int = 3, examples: int = 2) -> list[str]:
+    """What drifted, as lines: each query group that grew, its words, its share now and before, and a
+    few of its queries (the same groups `--json` and the weekly report show)."""
+    lines: list[str] = []
+    for group in (groups or [])[:limit]:
+        terms = ", ".join(group.get("terms") or []) or "(no distinctive words)"
+        lines.append(
+            f"{'new' if group.get('significant') else 'grew'}: {terms}: "
+            f"{100 * group['share_window']:.1f} % of queries now ({group['n_window']}) vs "
+            f"{100 * group['share_reference']:.1f} % before ({group['n_reference']}), "
+            f"p={group['p_value']:.2g}"
+        )
+        lines += [f"  e.g. {example!r}" for example in (group.get("examples") or [])[:examples]]
+    return lines
 
 
 def _run(args: argparse.Namespace, config: RagmonConfig, drift: DriftStore) -> int:
@@ -155,6 +177,8 @@ def _run(args: argparse.Namespace, config: RagmonConfig, drift: DriftStore) -> i
             f"{record.app:20} {result.detector:24} {record.outcome:17} alarm={str(record.alarm).lower():5} "
             f"stat={result.statistic:.4g} p={p_value} n={result.n_reference}/{result.n_window}"
         )
+        for line in explained(record.explanation):
+            print(f"{'':22}{line}")
     for app, model in without:
         print(f"{app:20} no reference for embedding model {model}")
     return 0

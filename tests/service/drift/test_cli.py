@@ -110,6 +110,12 @@ def test_pin_and_run_from_the_command_line(data_dir: Path) -> None:
     assert by_detector["retrieval_top1_score"]["drifted"]
     assert not by_detector["embedding_model_change"]["drifted"]
     assert report["without_reference"] == []
+    # the plain output says what drifted too: the group that grew, its shares now and before, examples
+    plain = ragmon(data_dir, "drift", "run", "--app", "shop")
+    assert plain.returncode == 0, plain.stderr
+    mmd_line = next(i for i, line in enumerate(plain.stdout.splitlines()) if "query_embedding_mmd" in line)
+    below = "\n".join(plain.stdout.splitlines()[mmd_line + 1 : mmd_line + 8])
+    assert "% of queries now" in below and "% before" in below and "e.g." in below and "crypto" in below
 
 
 def in_process(capsys: pytest.CaptureFixture[str], data_dir: Path, *args: str) -> tuple[int, str, str]:
@@ -141,6 +147,14 @@ def test_pin_without_a_range_or_release_fails_with_a_message(
     assert code == 2 and "--from and --to, or --release" in err
     code, _, err = in_process(capsys, data_dir, "drift", "pin", "--from", "yesterday", "--to", "now")
     assert code == 2 and "not a time" in err
+
+
+def test_pinning_an_empty_range_says_when_observations_are_written(
+    data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = in_process(capsys, data_dir, "drift", "pin", "--from", "2099-01-01", "--to", "2099-01-02")
+    assert code == 1 and "nothing pinned" in err
+    assert "drift.flush_s (60 s)" in err and "POST /api/v1/drift/references" in err
 
 
 def test_run_without_references_says_so(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
