@@ -295,12 +295,24 @@ def quality() -> dict[str, Any]:
     b.row("Faithfulness")
     b.series(
         "Faithfulness estimate with 95% interval",
-        "Hajek estimate over the rolling window; alerts fire when the upper bound is under the threshold",
+        "Share of the answers' claims that the context supports (Hajek over the rolling window); "
+        "alerts fire when the upper bound is under the threshold",
         "percentunit",
         [
             (f"max by (app) (ragmon_faithfulness_estimate{est})", "{{app}} estimate"),
             (f"max by (app) (ragmon_faithfulness_estimate_lower{est})", "{{app}} lower"),
             (f"max by (app) (ragmon_faithfulness_estimate_upper{est})", "{{app}} upper"),
+        ],
+    )
+    b.series(
+        "Faithful answers with 95% interval",
+        "Share of answers with no unsupported claim, over the same judged answers: lower than the "
+        "claim-level rate whenever some answers are partly supported",
+        "percentunit",
+        [
+            (f"max by (app) (ragmon_faithful_answers_ratio{est})", "{{app}} estimate"),
+            (f"max by (app) (ragmon_faithful_answers_ratio_lower{est})", "{{app}} lower"),
+            (f"max by (app) (ragmon_faithful_answers_ratio_upper{est})", "{{app}} upper"),
         ],
     )
     b.series(
@@ -327,9 +339,12 @@ def quality() -> dict[str, Any]:
     )
     b.series(
         "Judged sample size",
-        "scored judgments behind the estimate",
+        "scored judgments behind both readings, and answers without claims (in neither)",
         "short",
-        [(f"max by (app) (ragmon_faithfulness_sample_size{est})", "{{app}}")],
+        [
+            (f"max by (app) (ragmon_faithfulness_sample_size{est})", "{{app}} scored"),
+            (f"max by (app) (ragmon_faithfulness_no_claims{est})", "{{app}} no claims"),
+        ],
     )
     b.row("Verdicts and diagnoses")
     for title, metric, label in (

@@ -456,6 +456,31 @@ class Metrics:
             estimate_labels,
             registry=r,
         )
+        self.faithful_answers = Gauge(
+            "ragmon_faithful_answers_ratio",
+            "Hajek estimate of the share of answers with no unsupported claim (answer-level reading; "
+            "ragmon_faithfulness_estimate is the share of supported claims)",
+            estimate_labels,
+            registry=r,
+        )
+        self.faithful_answers_lower = Gauge(
+            "ragmon_faithful_answers_ratio_lower",
+            "lower bound of the 95% interval of the share of faithful answers",
+            estimate_labels,
+            registry=r,
+        )
+        self.faithful_answers_upper = Gauge(
+            "ragmon_faithful_answers_ratio_upper",
+            "upper bound of the 95% interval of the share of faithful answers",
+            estimate_labels,
+            registry=r,
+        )
+        self.faithfulness_no_claims = Gauge(
+            "ragmon_faithfulness_no_claims",
+            "judged answers with no claims in the window: in neither reading's denominator",
+            estimate_labels,
+            registry=r,
+        )
         self.faithfulness_sample_size = Gauge(
             "ragmon_faithfulness_sample_size",
             "scored judgments behind the faithfulness estimate",

@@ -36,7 +36,7 @@ from sampler.queue import QueueRecord
 from service.config import JudgingConfig
 from service.errors import JudgeUnavailable, StoreUnavailable
 from service.judge.judgment import Judge, Judgment
-from service.judge.store import JudgmentStore
+from service.judge.store import JudgmentStore, Reading
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import Chunk, Feedback, QueryEmbedding, RagTrace, Retrieval, Timings
@@ -331,31 +331,45 @@ class FaithfulnessEstimator:
         self.metrics = metrics
         self._task: asyncio.Task[None] | None = None
         self.latest: dict[tuple[str, ...], Any] = {}
+        self.latest_answers: dict[tuple[str, ...], Any] = {}
 
     def compute(
-        self, now: datetime | None = None
+        self, now: datetime | None = None, reading: Reading = "claims"
     ) -> dict[Grouping, dict[tuple[str, ...], FaithfulnessEstimate]]:
-        """Estimates per grouping: {"app": {(app,): est}, "app_release": ..., "app_intent": ...}."""
+        """Estimates per grouping: {"app": {(app,): est}, "app_release": ..., "app_intent": ...}, of the
+        share of supported claims (`claims`) or of answers with no unsupported claim (`answers`)."""
         now = now or datetime.now(UTC)
         start = now - timedelta(seconds=self.config.estimate_window_s)
-        cells = self.judgments.window_cells(start, now, tenant=self.tenant)
+        cells = self.judgments.window_cells(start, now, tenant=self.tenant, reading=reading)
         return {grouping: estimate_cells_by(cells, grouping) for grouping in GROUPINGS}
 
     def export(self) -> None:
-        results = self.compute()
+        """Both readings as gauges: claim-level (`ragmon_faithfulness_estimate`) and answer-level
+        (`ragmon_faithful_answers_ratio`), each with its interval, n and the no-claims count."""
         m = self.metrics
-        for grouping, estimates in results.items():
-            for key, est in estimates.items():
-                app = m.app_label(key[0])
-                release = m.release_label(key[1]) if grouping == "app_release" else "all"
-                intent = m.intent_label(key[1]) if grouping == "app_intent" else "all"
-                labels = {"app": app, "release": release, "intent": intent}
-                if est.estimate is not None and est.lower is not None and est.upper is not None:
-                    m.faithfulness_estimate.labels(**labels).set(est.estimate)
-                    m.faithfulness_lower.labels(**labels).set(est.lower)
-                    m.faithfulness_upper.labels(**labels).set(est.upper)
-                m.faithfulness_sample_size.labels(**labels).set(est.n_judged)
-        self.latest = results.get("app", {})
+        now = datetime.now(UTC)
+        claims, answers = self.compute(now), self.compute(now, reading="answers")
+        gauges = {
+            "claims": (m.faithfulness_estimate, m.faithfulness_lower, m.faithfulness_upper),
+            "answers": (m.faithful_answers, m.faithful_answers_lower, m.faithful_answers_upper),
+        }
+        for reading, results in (("claims", claims), ("answers", answers)):
+            point, lower, upper = gauges[reading]
+            for grouping, estimates in results.items():
+                for key, est in estimates.items():
+                    app = m.app_label(key[0])
+                    release = m.release_label(key[1]) if grouping == "app_release" else "all"
+                    intent = m.intent_label(key[1]) if grouping == "app_intent" else "all"
+                    labels = {"app": app, "release": release, "intent": intent}
+                    if est.estimate is not None and est.lower is not None and est.upper is not None:
+                        point.labels(**labels).set(est.estimate)
+                        lower.labels(**labels).set(est.lower)
+                        upper.labels(**labels).set(est.upper)
+                    if reading == "claims":
+                        m.faithfulness_sample_size.labels(**labels).set(est.n_judged)
+                        m.faithfulness_no_claims.labels(**labels).set(est.n_no_claims)
+        self.latest = claims.get("app", {})
+        self.latest_answers = answers.get("app", {})
 
     async def _run(self) -> None:
         while True:

@@ -113,6 +113,12 @@ _OUTCOMES_OF_TRACES = sa.select(judgments.c.trace_id, judgments.c.outcome, judgm
 )
 
 
+# what a sample's score is: the share of its claims supported, or whether they all were
+Reading = Literal["claims", "answers"]
+# faithfulness is supported / claims, a float: "every claim" is 1.0 up to its rounding
+_ALL_SUPPORTED = 1.0 - 1e-9
+
+
 class JudgmentStore:
     """Judgments and flags on an engine the caller owns (the trace store's)."""
 
@@ -216,9 +222,15 @@ class JudgmentStore:
             ],
         )
 
-    def window_cells(self, start: datetime, end: datetime, *, tenant: str | None = None) -> list[SampleCell]:
+    def window_cells(
+        self, start: datetime, end: datetime, *, tenant: str | None = None, reading: Reading = "claims"
+    ) -> list[SampleCell]:
         """The estimator's samples of traces that started in (start, end], summed by the database;
         one tenant's only when `tenant` is given.
+
+        `reading` says what a scored sample's score is: its share of supported claims (`claims`),
+        or 1 when every claim is supported and 0 otherwise (`answers`: the share of faithful
+        answers, which users read the claim-level rate as).
 
         One judge-queue record is one sample: `skipped` and `failed` records as
         themselves, a `done` one with its judgment's outcome (`scored` with its
@@ -241,7 +253,14 @@ class JudgmentStore:
                     (j.outcome.in_(("scored", "no_claims")), j.outcome),
                     else_=sa.literal("failed"),
                 ).label("outcome"),
-                sa.case((sa.and_(q.state == "done", j.outcome == "scored"), j.faithfulness)).label("score"),
+                sa.case(
+                    (
+                        sa.and_(q.state == "done", j.outcome == "scored"),
+                        j.faithfulness
+                        if reading == "claims"
+                        else sa.case((j.faithfulness >= _ALL_SUPPORTED, 1.0), else_=0.0),
+                    )
+                ).label("score"),
             )
             .select_from(
                 judge_queue.outerjoin(

@@ -36,7 +36,7 @@ from detectors.regeneration_band import binomial_band
 from service.config import JudgingConfig, RagmonConfig
 from service.drift.store import DriftStore, RunRecord
 from service.judge.judging import FaithfulnessEstimator
-from service.judge.store import JudgmentStore
+from service.judge.store import JudgmentStore, Reading
 from service.metrics import Metrics
 from service.report.svg_chart import Series, time_chart
 from service.store.tables import feedback, traces
@@ -114,6 +114,7 @@ class AppReport:
     judge_failed: int
     no_claims: int
     drift_runs: list[RunRecord]
+    faithful_answers: Interval = None  # the answer-level reading: answers with no unsupported claim
     groups: list[dict[str, Any]] = field(default_factory=list)
     groups_note: str = ""
 
@@ -162,8 +163,10 @@ def _trace_rows(store: Store, tenant: str, app: str | None, since: datetime, unt
         return list(conn.execute(query))
 
 
-def _faithfulness(estimator: FaithfulnessEstimator, at: datetime, app: str) -> tuple[Interval, int, int, int]:
-    found = estimator.compute(now=at)["app"].get((app,))
+def _faithfulness(
+    estimator: FaithfulnessEstimator, at: datetime, app: str, reading: Reading = "claims"
+) -> tuple[Interval, int, int, int]:
+    found = estimator.compute(now=at, reading=reading)["app"].get((app,))
     if found is None:
         return None, 0, 0, 0
     interval = (
@@ -253,6 +256,7 @@ def _app_report(
         stages[stage] = (values.size, quantile_interval(values, 0.5), quantile_interval(values, 0.95))
     costs = _column(rows, "cost_usd")
     faith, judged, failed, no_claims = _faithfulness(whole, until, app)
+    answers, _, _, _ = _faithfulness(whole, until, app, reading="answers")
     report = AppReport(
         app=app,
         traces=len(rows),
@@ -268,6 +272,7 @@ def _app_report(
         judge_failed=failed,
         no_claims=no_claims,
         drift_runs=drift.runs(tenant, app=app, since=since, until=until, limit=10_000),
+        faithful_answers=answers,
     )
     _new_groups(config, drift, tenant, report, since, until)
     return report
@@ -337,12 +342,18 @@ def _headline(app: AppReport, alpha: float) -> list[str]:
         f"cost per query: {fmt(app.cost, ' USD')}, over {app.priced} priced traces"
         f" ({app.unpriced} with an unpriced model call)",
         f"regeneration rate: {_pct(app.regeneration)}, {app.regenerations} of {app.traces} traces",
-        "faithfulness: "
+        "faithfulness (share of claims supported): "
         + (
             f"{fmt(app.faithfulness)}, n = {app.judged} judged (Hájek, weighted by inclusion probability;"
-            f" {app.judge_failed} judge failures and {app.no_claims} answers without claims not in it)"
+            f" not in it: {app.judge_failed} judge failures, {app.no_claims} answers without claims)"
             if app.faithfulness is not None
             else f"no judgments in this period ({app.judge_failed} judge failures)"
+        ),
+        "faithful answers (share with no unsupported claim): "
+        + (
+            f"{fmt(app.faithful_answers)}, over the same {app.judged} judged answers"
+            if app.faithful_answers is not None
+            else "no judgments in this period"
         ),
         f"drift: {len(alarms)} alarms in {len(app.drift_runs)} detector runs"
         + (f" ({', '.join(sorted({r.result.detector for r in alarms}))})" if alarms else "")

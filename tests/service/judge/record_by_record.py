@@ -14,9 +14,10 @@ from service.judge.store import JudgmentStore
 
 
 def record_by_record(
-    queue: SqlJudgeQueue, store: JudgmentStore, *, now: datetime, window: timedelta
+    queue: SqlJudgeQueue, store: JudgmentStore, *, now: datetime, window: timedelta, answers: bool = False
 ) -> dict[Grouping, dict[tuple[str, ...], FaithfulnessEstimate]]:
-    """Each record of the window read, its judgment looked up by key, the estimate per grouping."""
+    """Each record of the window read, its judgment looked up by key, the estimate per grouping; with
+    `answers`, a scored sample scores 1 when all its claims are supported, else 0."""
     records = [r for r in queue.records(since=now - window) if r.state in ("done", "failed", "skipped")]
     outcomes = store.outcomes(r.key for r in records if r.state == "done")
     samples = []
@@ -29,6 +30,8 @@ def record_by_record(
             continue  # completed by a worker whose judgment write was lost: not a sample
         outcome, score = found
         if outcome == "scored":
+            if answers and score is not None:
+                score = 1.0 if score >= 1.0 - 1e-9 else 0.0
             samples.append(JudgedSample.from_record(record, "scored", score))
         elif outcome == "no_claims":
             samples.append(JudgedSample.from_record(record, "no_claims"))

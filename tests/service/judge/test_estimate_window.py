@@ -113,6 +113,27 @@ def test_summed_cells_give_the_record_by_record_estimate(store: Store, seed: int
             assert_same(got[key], estimate)
 
 
+@pytest.mark.parametrize("seed", [4, 5])
+def test_the_answer_level_reading_is_the_share_of_wholly_supported_answers(store: Store, seed: int) -> None:
+    """`reading="answers"` scores a judged answer 1 when every claim is supported: the same Hajek
+    estimate, read record by record, of that 0/1 score; lower than the claim-level one when some
+    answers are partly supported."""
+    queue, judged = fill(store, random.Random(seed), 400)
+    expected = record_by_record(queue, judged, now=NOW, window=WINDOW, answers=True)
+    cells = judged.window_cells(NOW - WINDOW, NOW, reading="answers")
+    claims = judged.window_cells(NOW - WINDOW, NOW)
+    for grouping in GROUPINGS:
+        got = estimate_cells_by(cells, grouping)
+        assert got.keys() == expected[grouping].keys()
+        for key in got:
+            assert_same(got[key], expected[grouping][key])
+    everyone = estimate_cells_by(cells, "app")
+    for key, claim_level in estimate_cells_by(claims, "app").items():
+        assert everyone[key].n_judged == claim_level.n_judged  # the same samples, read another way
+        if claim_level.estimate is not None and everyone[key].estimate is not None:
+            assert everyone[key].estimate <= claim_level.estimate + 1e-12
+
+
 def test_equal_scores_fall_back_to_wilson_as_one_by_one(store: Store) -> None:
     queue, judged = fill(store, random.Random(9), 0)
     items = [

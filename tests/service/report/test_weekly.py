@@ -128,6 +128,10 @@ def test_report_with_data_has_plots_numbers_and_is_served(
         assert client.get("/reports/latest.md").text == markdown
 
     assert html.count("<svg") == 5
+    # both readings of faithfulness, each with what is and is not in its denominator
+    assert "faithfulness (share of claims supported): " in markdown
+    assert "faithful answers (share with no unsupported claim): " in markdown
+    assert "answers without claims not in it" not in markdown
     for title in (
         "Query drift over time",
         "Faithfulness estimate",
