@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from service.api import dead_letters as dead_letters_api
+from service.api import docs
 from service.api import drift as drift_api
 from service.api import probes as probes_api
 from service.api import reports as reports_api
@@ -69,9 +70,13 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
         version=VERSION,
         lifespan=lifespan,
         description="Monitor RAG applications in production from their live traces.",
+        # FastAPI's own pages load Swagger UI from a CDN: blank on a machine without internet
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.metrics = metrics
     app.state.config = config
+    app.include_router(docs.router)
 
     @app.exception_handler(RagmonError)
     async def _ragmon_error(request: Request, exc: RagmonError) -> Response:
