@@ -218,14 +218,19 @@ def overview() -> dict[str, Any]:
         [(f"3600 * sum by (app) (app:ragmon_cost_usd:rate1h{{{_APP}}})", "{{app}}")],
     )
     b.series(
-        "Unpriced model calls per second",
-        "calls with no app-sent cost and no price-table entry",
+        "Model calls with no known cost, per second",
+        "unpriced: tokens but no app-sent cost and no price-table entry; unknown usage: no token counts"
+        " at all (their traces are left out of the cost per trace)",
         "reqps",
         [
             (
                 f"sum by (app, model) (rate(ragmon_unpriced_calls_total{{{_APP}}}[$__rate_interval]))",
-                "{{app}} {{model}}",
-            )
+                "unpriced {{app}} {{model}}",
+            ),
+            (
+                f"sum by (app, model) (rate(ragmon_usage_unknown_calls_total{{{_APP}}}[$__rate_interval]))",
+                "unknown usage {{app}} {{model}}",
+            ),
         ],
     )
     b.row("Regeneration and feedback")

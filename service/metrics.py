@@ -209,6 +209,13 @@ class Metrics:
             ["app", "model"],
             registry=r,
         )
+        self.usage_unknown_calls = Counter(
+            "ragmon_usage_unknown_calls",
+            "model usages reported without token counts or a cost: unknown, never priced at 0;"
+            " their traces stay out of ragmon_trace_cost_usd",
+            ["app", "model"],
+            registry=r,
+        )
         self.retrieved_chunks = Histogram(
             "ragmon_retrieved_chunks",
             "chunks returned by retrieval per trace",
@@ -847,6 +854,8 @@ class Metrics:
                     child(self.tokens, app, model, "output").inc(usage.output_tokens)
                 if usage.cost_usd is not None:
                     child(self.cost, app, model).inc(usage.cost_usd)
+                elif usage.cost_source == "unknown_usage":
+                    child(self.usage_unknown_calls, app, model).inc()
                 else:
                     child(self.unpriced_calls, app, model).inc()
             cost = trace.cost_usd

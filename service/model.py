@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 TRACE_ID_PATTERN = r"^[0-9a-f]{32}$"
 
 RegenerationSource = Literal["attribute", "feedback", "reask"]
-CostSource = Literal["app", "price_table", "unpriced"]
+# "unknown_usage": the call reported no token counts and no cost (DSPy's LLM spans), so its cost is
+# unknown, never 0; "unpriced": tokens known, but no app cost and no price-table entry.
+CostSource = Literal["app", "price_table", "unpriced", "unknown_usage"]
 FeedbackKind = Literal["up", "down", "regenerate"]
 # What a trace is (service/conventions/semconv.py decides): a user's request, or work that is not
 # one: embedding calls only (index building, batch embedding), or no RAG stage at all (health checks).
@@ -151,13 +153,24 @@ class RagTrace(_Frozen):
 
     @property
     def cost_usd(self) -> float | None:
-        """Total known cost; None when no model call of the trace could be priced."""
+        """Total known cost; None when no model call could be priced or any call's usage is unknown.
+
+        An unknown usage would understate the total by an unknown amount, so such a trace
+        stays out of cost averages (and is counted as `usage_unknown_models`).
+        """
+        if self.usage_unknown_models:
+            return None
         known = [u.cost_usd for u in self.usage if u.cost_usd is not None]
         return sum(known) if known else None
 
     @property
     def unpriced_models(self) -> tuple[str, ...]:
         return tuple(u.model for u in self.usage if u.cost_source == "unpriced")
+
+    @property
+    def usage_unknown_models(self) -> tuple[str, ...]:
+        """Models called without token counts or a cost: their usage is unknown, not zero."""
+        return tuple(u.model for u in self.usage if u.cost_source == "unknown_usage")
 
     @property
     def input_tokens(self) -> int:

@@ -2,8 +2,10 @@
 
 `span_call` reads one span's call: tokens in and out (a total stands in for
 a missing input count), the app's own cost when it sent one (it wins), else
-the price table's, else "unpriced". `usage_rows` sums calls per model and
-kind; a row is "unpriced" when any of its calls is, so a cost is never
+the price table's, else "unpriced"; an LLM call with a model but no token
+counts and no cost is "unknown_usage" (its tokens read 0 but are unknown, and
+it is never priced at 0). `usage_rows` sums calls per model and kind; a row is
+"unpriced" (or "unknown_usage") when any of its calls is, so a cost is never
 understated. Nesting (which calls count) is the caller's rule.
 """
 
@@ -86,6 +88,8 @@ def span_call(span: Span, kind: UsageKind, prices: PriceTable) -> Call | None:
     elif model is not None and (input_tokens is not None or output_tokens is not None) and split_known:
         cost = prices.cost(model, tokens_in, tokens_out)
         source = "price_table" if cost is not None else "unpriced"
+    elif not has_usage:
+        cost, source = None, "unknown_usage"
     else:
         cost, source = None, "unpriced"
     return Call(model or "unknown", kind, tokens_in, tokens_out, cost, source)
@@ -99,9 +103,12 @@ def usage_rows(calls: Iterable[Call]) -> list[dict[str, Any]]:
     usage: list[dict[str, Any]] = []
     for (model, _), group in grouped.items():
         sources = {c.source for c in group}
+        source: CostSource
+        cost: float | None = None
         if "unpriced" in sources:
-            cost: float | None = None
-            source: CostSource = "unpriced"
+            source = "unpriced"
+        elif "unknown_usage" in sources:
+            source = "unknown_usage"
         else:
             cost = sum(c.cost or 0.0 for c in group)
             source = "app" if sources == {"app"} else "price_table"

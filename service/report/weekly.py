@@ -340,7 +340,7 @@ def _headline(app: AppReport, alpha: float) -> list[str]:
         f"p50 total latency: {fmt(total[1], ' s')}, n = {total[0]}",
         f"p95 total latency: {fmt(total[2], ' s')}, n = {total[0]}",
         f"cost per query: {fmt(app.cost, ' USD')}, over {app.priced} priced traces"
-        f" ({app.unpriced} with an unpriced model call)",
+        f" ({app.unpriced} with an unpriced model call or one without token counts)",
         f"regeneration rate: {_pct(app.regeneration)}, {app.regenerations} of {app.traces} traces",
         "faithfulness (share of claims supported): "
         + (

@@ -331,7 +331,8 @@ def trace_row(trace: RagTrace, *, created_at: datetime) -> dict[str, Any]:
         "input_tokens": trace.input_tokens,
         "output_tokens": trace.output_tokens,
         "cost_usd": _finite(trace.cost_usd),
-        "unpriced": bool(trace.unpriced_models),
+        # The cost column is short of the whole (or None): an unpriced call or an unknown usage.
+        "unpriced": bool(trace.unpriced_models or trace.usage_unknown_models),
         "query": _text(trace.query),
         "answer": _text(trace.answer),
         "top1_score": _finite(trace.retrieval.top1_score),

@@ -34,6 +34,7 @@ ONLY_ON_EVENT = {
     "ragmon_judge_cost_usd_total",  # the heuristic judge costs nothing
     "ragmon_judge_skipped_total",
     "ragmon_empty_retrievals_total",
+    "ragmon_usage_unknown_calls_total",  # the demo sends token counts (see test_e2e.py)
 }
 
 

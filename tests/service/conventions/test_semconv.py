@@ -307,10 +307,30 @@ def test_unknown_model_is_unpriced_never_guessed() -> None:
     assert priced.cost_usd == pytest.approx(105 / 1e6)
 
 
-def test_llm_call_without_token_counts_is_unpriced() -> None:
+def test_llm_call_without_token_counts_is_unknown_usage() -> None:
+    # gpt-4o is in the price table: without token counts it is still not priced (at 0 or at all)
     spans = [span(1, None, 0, 10, {KIND: LLM, SpanAttributes.LLM_MODEL_NAME: "gpt-4o"})]
-    (usage,) = build(spans).usage
-    assert (usage.model, usage.input_tokens, usage.cost_source) == ("gpt-4o", 0, "unpriced")
+    trace = build(spans)
+    (usage,) = trace.usage
+    assert (usage.model, usage.cost_usd, usage.cost_source) == ("gpt-4o", None, "unknown_usage")
+    assert trace.usage_unknown_models == ("gpt-4o",) and trace.unpriced_models == ()
+    assert trace.cost_usd is None
+
+
+def test_unknown_usage_keeps_a_trace_cost_unknown_beside_priced_calls() -> None:
+    embedding = {
+        KIND: EMBEDDING,
+        SpanAttributes.EMBEDDING_MODEL_NAME: "text-embedding-3-small",
+        SpanAttributes.LLM_TOKEN_COUNT_PROMPT: 1000,
+    }
+    llm = {KIND: LLM, SpanAttributes.LLM_MODEL_NAME: "gpt-4o-mini"}
+    trace = build([span(1, None, 0, 10, {KIND: "CHAIN"}), span(2, 1, 1, 2, embedding), span(3, 1, 2, 9, llm)])
+    sources = {u.model: u.cost_source for u in trace.usage}
+    assert sources == {"text-embedding-3-small": "price_table", "gpt-4o-mini": "unknown_usage"}
+    assert trace.cost_usd is None  # the priced embedding alone would understate it
+    calls = [Call("m", "llm", 5, 1, 0.1, "price_table"), Call("m", "llm", 0, 0, None, "unknown_usage")]
+    (row,) = usage_rows(calls)
+    assert (row["cost_usd"], row["cost_source"]) == (None, "unknown_usage")
 
 
 def test_usage_sums_calls_per_model_and_kind() -> None:

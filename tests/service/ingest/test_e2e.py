@@ -47,6 +47,7 @@ def rag_request(
     session: str = "s-1",
     regenerate: bool = False,
     vector: list[float] | None = None,
+    llm_tokens: bool = True,
 ) -> str:
     """One RAG request as an OpenInference-instrumented app records it; returns the trace id (hex)."""
     tracer = provider.get_tracer("test-app")
@@ -75,8 +76,9 @@ def rag_request(
         with tracer.start_as_current_span("generate") as span:
             span.set_attribute(KIND, OpenInferenceSpanKindValues.LLM.value)
             span.set_attribute(SpanAttributes.LLM_MODEL_NAME, "gpt-4o-mini")
-            span.set_attribute(SpanAttributes.LLM_TOKEN_COUNT_PROMPT, 1000)
-            span.set_attribute(SpanAttributes.LLM_TOKEN_COUNT_COMPLETION, 200)
+            if llm_tokens:  # DSPy's LLM spans carry none
+                span.set_attribute(SpanAttributes.LLM_TOKEN_COUNT_PROMPT, 1000)
+                span.set_attribute(SpanAttributes.LLM_TOKEN_COUNT_COMPLETION, 200)
             span.set_attribute(SpanAttributes.OUTPUT_VALUE, "You can pay by card.")
         root.set_attribute(SpanAttributes.OUTPUT_VALUE, "You can pay by card.")
         trace_id = f"{root.get_span_context().trace_id:032x}"
@@ -120,6 +122,22 @@ def test_official_http_exporter_trace_is_stored_and_counted(server: LiveServer) 
     assert server.metric("ragmon_cost_usd_total", app="shop-assistant", model="gpt-4o-mini") > 0
     assert server.metric("ragmon_retrieval_top1_score_count", app="shop-assistant") >= 1
     assert server.metric("ragmon_stage_duration_seconds_count", app="shop-assistant", stage="retrieval") >= 1
+
+
+def test_llm_call_without_token_counts_is_unknown_usage_not_zero_cost(server: LiveServer) -> None:
+    # A DSPy-style LLM span: a priced model, no token counts. Its cost is unknown, not 0 and not
+    # "unpriced"; the trace stays out of the cost-per-trace histogram and is counted as unknown.
+    app = "no-token-app"
+    provider = provider_with(HttpExporter(endpoint=f"{server.url}/v1/traces", timeout=10), app=app)
+    trace_id = rag_request(provider, "Which plans include support?", llm_tokens=False)
+    provider.shutdown()
+    record = wait_for_trace(server, trace_id)
+    assert (record["cost_usd"], record["unpriced"]) == (None, True)  # the embedding alone is priced
+    assert server.metric("ragmon_usage_unknown_calls_total", app=app, model="gpt-4o-mini") == 1
+    assert server.metric("ragmon_unpriced_calls_total", app=app, model="gpt-4o-mini") == 0
+    assert server.metric("ragmon_cost_usd_total", app=app, model="gpt-4o-mini") == 0
+    assert server.metric("ragmon_trace_cost_usd_count", app=app) == 0
+    assert server.metric("ragmon_traces_total", app=app) == 1
 
 
 def test_official_grpc_exporter(server: LiveServer) -> None:
