@@ -181,7 +181,9 @@ def trace_from_wire(record: TraceIn, tenant: str, pipeline: IngestTarget) -> Rag
     for u in record.usage:
         cost: float | None = u.cost_usd
         source: CostSource = "app"
-        if cost is None:
+        if cost is None and not {"input_tokens", "output_tokens"} & u.model_fields_set:
+            source = "unknown_usage"  # no counts sent: unknown, not 0 tokens priced at 0
+        elif cost is None:
             cost = pipeline.prices.cost(u.model, u.input_tokens, u.output_tokens)
             source = "price_table" if cost is not None else "unpriced"
         usage.append(

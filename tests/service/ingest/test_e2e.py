@@ -316,6 +316,7 @@ def test_json_api_partial_batch_and_feedback_before_trace(server: LiveServer) ->
             "usage": [
                 {"model": "gpt-4o-mini", "input_tokens": 500, "output_tokens": 20},
                 {"model": "my-private-llm", "input_tokens": 10, "output_tokens": 10},
+                {"model": "gpt-4o", "kind": "llm"},  # no counts: unknown usage, not 0 tokens at 0 USD
             ],
         }
         bad_type = {"trace_id": "1af7651916cd43dd8448eb211c80319c", "timings": {"total_s": "slow"}}
@@ -344,6 +345,9 @@ def test_json_api_partial_batch_and_feedback_before_trace(server: LiveServer) ->
         == 1
     )
     assert server.metric("ragmon_unpriced_calls_total", app="json-api-app", model="my-private-llm") == 1
+    assert server.metric("ragmon_usage_unknown_calls_total", app="json-api-app", model="gpt-4o") == 1
+    assert server.metric("ragmon_cost_usd_total", app="json-api-app", model="gpt-4o") == 0
+    assert record["cost_usd"] is None
 
 
 def test_bad_json_api_bodies(server: LiveServer) -> None:
