@@ -115,6 +115,11 @@ JUDGE_CALIBRATION_GAUGES = {
     "ragmon_judge_false_rejection_ratio": "share of judge-unfaithful traces the reviewer called faithful",
     "ragmon_judge_calibration_pairs": "judge/reviewer pairs behind the calibration gauges (unsure left out)",
 }
+# Each calibration estimate also as its 95 % interval bounds (Wilson for the ratios; kappa's asymptotic).
+for _name, _doc in list(JUDGE_CALIBRATION_GAUGES.items()):
+    if _name != "ragmon_judge_calibration_pairs":
+        JUDGE_CALIBRATION_GAUGES[f"{_name}_lower"] = f"lower bound of the 95 % interval: {_doc}"
+        JUDGE_CALIBRATION_GAUGES[f"{_name}_upper"] = f"upper bound of the 95 % interval: {_doc}"
 
 
 class _StateCollector(Collector):

@@ -104,13 +104,20 @@ class ReviewGauges:
     def _calibration(self, gauge: str) -> LabelledValues:
         values: list[tuple[Sequence[str], float]] = []
         for c in self._calibrations():
-            value = {
-                "ragmon_judge_agreement_ratio": c.agreement.value,
+            rates = {
+                "ragmon_judge_agreement_ratio": c.agreement,
+                "ragmon_judge_false_approval_ratio": c.false_approval,
+                "ragmon_judge_false_rejection_ratio": c.false_rejection,
+            }
+            by_gauge: dict[str, float | None] = {
                 "ragmon_judge_kappa": c.kappa,
-                "ragmon_judge_false_approval_ratio": c.false_approval.value,
-                "ragmon_judge_false_rejection_ratio": c.false_rejection.value,
+                "ragmon_judge_kappa_lower": c.kappa_lower,
+                "ragmon_judge_kappa_upper": c.kappa_upper,
                 "ragmon_judge_calibration_pairs": float(c.pairs),
-            }[gauge]
+            }
+            for name, rate in rates.items():
+                by_gauge |= {name: rate.value, f"{name}_lower": rate.lower, f"{name}_upper": rate.upper}
+            value = by_gauge[gauge]
             if value is not None:
                 values.append(((c.judge_version, c.sample), value))
         return values

@@ -166,6 +166,16 @@ def test_blind_items_hide_the_judge_until_labelled_and_labels_move_calibration_a
         assert 'ragmon_review_items{queue="blind",state="done"} 2.0' in scrape
         assert f'ragmon_judge_agreement_ratio{{judge_version="{version}",sample="blind"}} 0.5' in scrape
         assert f'ragmon_judge_false_approval_ratio{{judge_version="{version}",sample="blind"}} 1.0' in scrape
+        # the intervals the page shows, as gauges too (Wilson, 1 of 2 agree)
+        labels = {"judge_version": version, "sample": "blind"}
+        lower = server.metric("ragmon_judge_agreement_ratio_lower", **labels)
+        upper = server.metric("ragmon_judge_agreement_ratio_upper", **labels)
+        assert (lower, upper) == (
+            pytest.approx(calibration["agreement"]["lower"]),
+            pytest.approx(calibration["agreement"]["upper"]),
+        )
+        assert 0 < lower < 0.5 < upper < 1
+        assert server.metric("ragmon_judge_false_approval_ratio_lower", **labels) < 1.0
         assert 'ragmon_review_reviewer_items{reviewer="alice",state="done"} 2.0' in scrape
         assert 'ragmon_review_oldest_open_age_seconds{queue="flagged"}' in scrape
 
