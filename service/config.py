@@ -578,8 +578,12 @@ class PhoenixConfig(_Section):
     annotate_batch: int = Field(100, gt=0, le=1000, description="annotations written per Phoenix request")
     timeout_s: float = Field(10.0, gt=0, description="whole request to Phoenix, per call")
     connect_timeout_s: float = Field(2.0, gt=0, description="TCP connect timeout per call to Phoenix")
-    max_attempts: int = Field(
-        8, gt=0, description="tries per request or annotation before it is dropped (counted)"
+    max_attempts: int = Field(8, gt=0, description="tries per annotation before it is dropped (counted)")
+    forward_retry_s: float = Field(
+        600.0,
+        gt=0,
+        description="how long the tee retries one request while Phoenix is away (the buffer bounds what"
+        " waits meanwhile); then it is dropped as retries_exhausted (counted)",
     )
     backoff_base_s: float = Field(0.5, gt=0, description="first retry delay (jittered, doubling)")
     backoff_max_s: float = Field(30.0, gt=0, description="longest retry delay")

@@ -682,7 +682,7 @@ class Metrics:
         )
         self.phoenix_forward_failures = Counter(
             "ragmon_phoenix_forward_failures",
-            "tee attempts that failed (retried until max_attempts), by reason",
+            "tee attempts that failed (retried for up to forward_retry_s), by reason",
             ["reason"],
             registry=r,
         )

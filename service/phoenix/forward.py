@@ -15,9 +15,12 @@ Guarantees:
   accepts only protobuf, so an OTLP/JSON body is re-encoded as protobuf (same
   spans, same ids) off the ingest path; the gRPC receiver offers the request
   message serialized.
-* Each request is tried up to `phoenix.max_attempts` times with jittered
-  exponential backoff (honouring `Retry-After`) while Phoenix times out, is
-  unreachable or answers 408/429/5xx; then it is dropped (`retries_exhausted`).
+* Each request is retried with jittered exponential backoff (honouring
+  `Retry-After`) while Phoenix times out, is unreachable or answers
+  408/429/5xx, for up to `phoenix.forward_retry_s` (a time budget, not an
+  attempt count: a Phoenix restart of a minute must not cost the requests
+  sent in its first second); then it is dropped (`retries_exhausted`). What
+  waits meanwhile is bounded by the buffer, whose overflow is the other drop.
   Any other 4xx drops it at once (`rejected`). Every failed try is counted in
   `ragmon_phoenix_forward_failures_total{reason}`.
 * `stop()` gives the buffer `phoenix.drain_s` to drain, then counts what is
@@ -206,6 +209,7 @@ class PhoenixForwarder:
         elif request.content_encoding not in ("", "identity"):
             headers["content-encoding"] = request.content_encoding
         failures = 0
+        give_up_at = time.monotonic() + self.config.forward_retry_s
         while True:
             asked: float | None = None
             try:
@@ -225,10 +229,11 @@ class PhoenixForwarder:
                 self._drop("rejected")
                 return
             failures += 1
-            if failures >= self.config.max_attempts:
+            delay = backoff_s(self.config, failures, asked, self._rng)
+            if time.monotonic() + delay > give_up_at:
                 self._drop("retries_exhausted")
                 return
-            await asyncio.sleep(backoff_s(self.config, failures, asked, self._rng))
+            await asyncio.sleep(delay)
 
     async def _sender(self) -> None:
         while True:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import gzip
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +147,7 @@ def test_phoenix_down_during_a_burst_loses_nothing_in_ragmon(
         "forward_concurrency": 2,
         "timeout_s": 0.3,
         "connect_timeout_s": 0.3,
-        "max_attempts": 2,
+        "forward_retry_s": 0.5,
         "backoff_base_s": 0.05,
         "backoff_max_s": 0.1,
     }
@@ -172,9 +175,73 @@ def test_phoenix_down_during_a_burst_loses_nothing_in_ragmon(
         assert dropped["retries_exhausted"] > 0
         assert sum(dropped.values()) == burst
         assert server.metric("ragmon_phoenix_forward_requests_total") == 0
-        # Every dropped request failed max_attempts (2) times. Mostly for the expected reason, but on a
-        # loaded machine a connect to the refusing port can also time out, so the bound is on the sum.
+        # Every dropped request failed at least twice in its 0.5 s (a try times out after 0.3 s). Mostly
+        # for the expected reason, but on a loaded machine a connect to the refusing port can also time
+        # out, so the bound is on the sum.
         reason = "timeout" if down == "stalled" else "connection_error"
         failures = {r: server.metric("ragmon_phoenix_forward_failures_total", reason=r) for r in TRANSPORT}
         assert sum(failures.values()) >= 2 * dropped["retries_exhausted"]
         assert failures[reason] >= dropped["retries_exhausted"]
+
+
+@contextmanager
+def restarting_phoenix(down_s: float) -> Iterator[tuple[str, list[int]]]:
+    """An OTLP endpoint that answers 503 for its first `down_s` seconds (a Phoenix restarting), then 200.
+
+    Yields its URL and the status of every answer it gave.
+    """
+    answers: list[int] = []
+    up_at = time.monotonic() + down_s
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            status = 503 if time.monotonic() < up_at else 200
+            answers.append(status)
+            self.send_response(status)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", answers
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_phoenix_restart_longer_than_the_retries_loses_no_forwarded_request(tmp_path: Path) -> None:
+    # The issue's case, shortened: Phoenix away for longer than eight jittered tries take (~0.6 s
+    # here), while the buffer has room. Retrying on a time budget delivers every request.
+    app = RagApp("restart")
+    sent = 12
+    with restarting_phoenix(down_s=2.5) as (endpoint, answers):
+        settings = {
+            "endpoint": endpoint,
+            "annotate": False,
+            "forward_concurrency": 2,
+            "backoff_base_s": 0.05,
+            "backoff_max_s": 0.2,
+            "forward_retry_s": 60,
+        }
+        with live_server(tmp_path, assembler={"grace_s": 0.05}, phoenix=settings) as server:
+            with server.client() as client:
+                for n in range(sent):
+                    trace = app.rag(f"question {n}?", "Refunds take 30 days.", "Refunds take 30 days.")
+                    body = app.request([trace]).SerializeToString()
+                    assert client.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+            drain_tee(server)
+            dropped = {
+                r: server.metric("ragmon_phoenix_forward_dropped_total", reason=r) for r in DROP_REASONS
+            }
+            assert dropped == dict.fromkeys(DROP_REASONS, 0.0)
+            assert server.metric("ragmon_phoenix_forward_requests_total") == sent
+            assert answers.count(200) == sent and answers.count(503) >= 2 * 2  # both senders retried
+            assert server.metric(
+                "ragmon_phoenix_forward_failures_total", reason="server_error"
+            ) == answers.count(503)
