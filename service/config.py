@@ -579,6 +579,12 @@ class PhoenixConfig(_Section):
     timeout_s: float = Field(10.0, gt=0, description="whole request to Phoenix, per call")
     connect_timeout_s: float = Field(2.0, gt=0, description="TCP connect timeout per call to Phoenix")
     max_attempts: int = Field(8, gt=0, description="tries per annotation before it is dropped (counted)")
+    annotate_delay_s: float = Field(
+        2.0,
+        ge=0,
+        description="first try of an annotation this long after it is queued: Phoenix stores spans"
+        " asynchronously, and a root span not there yet is looked up again quietly",
+    )
     forward_retry_s: float = Field(
         600.0,
         gt=0,

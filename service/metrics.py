@@ -705,7 +705,8 @@ class Metrics:
         )
         self.phoenix_annotation_failures = Counter(
             "ragmon_phoenix_annotation_failures",
-            "annotation attempts that failed (retried until max_attempts), by reason",
+            "calls to Phoenix for annotations that failed (retried until max_attempts), by reason;"
+            " a root span not inserted yet is no failure",
             ["reason"],
             registry=r,
         )

@@ -23,10 +23,14 @@ retry never duplicates one. Off the judge's hot path: the hooks only queue
 (never wait, never raise); the buffer is bounded (`phoenix.annotate_buffer`)
 and what does not fit is dropped and counted
 (`ragmon_phoenix_annotations_dropped_total{reason="buffer_full"}`). A root
-span Phoenix does not have yet (its insert lags) is looked up again with
-backoff, up to `phoenix.max_attempts` times (`root_span_missing` after
-that); Phoenix down or answering 408/429/5xx is retried the same way
-(`retries_exhausted`); other 4xx drop the batch (`rejected`).
+span Phoenix does not have yet (its insert lags behind the tee) is first
+looked up `phoenix.annotate_delay_s` after the annotation was queued, then
+again quietly with backoff, up to `phoenix.max_attempts` times: only the
+final miss is counted (dropped, `root_span_missing`), so the failure counter
+means Phoenix failed, not that it was still inserting. Phoenix down or
+answering 408/429/5xx is retried the same way and counted per try in
+`ragmon_phoenix_annotation_failures_total` (`retries_exhausted` when out of
+tries); other 4xx drop the batch (`rejected`).
 """
 
 from __future__ import annotations
@@ -222,7 +226,7 @@ class PhoenixAnnotator:
         if self.pending >= self.config.annotate_buffer:
             self.metrics.phoenix_annotations_dropped.labels(reason="buffer_full").inc()
             return False
-        self._buffer.append(annotation)
+        self._buffer.append(replace(annotation, not_before=time.monotonic() + self.config.annotate_delay_s))
         self._ready.set()
         return True
 
@@ -311,8 +315,7 @@ class PhoenixAnnotator:
         for item in ready:
             self.metrics.phoenix_annotations.labels(kind=item.kind).inc()
         not_there = [a for a in batch if a.trace_id not in roots]
-        if not_there:
-            self.metrics.phoenix_annotation_failures.labels(reason="not_found").inc(len(not_there))
+        if not_there:  # most often not inserted yet: no failure, only the final miss is counted (a drop)
             self._again(not_there, "root_span_missing")
 
     async def _run(self) -> None:

@@ -129,6 +129,11 @@ def test_judgments_and_reviews_land_on_root_spans_once(phoenix: PhoenixServer, t
         assert "Mondays are made up" in human["result"]["explanation"]
         assert server.metric("ragmon_phoenix_annotations_total", kind="human") == 1
         assert server.metric("ragmon_phoenix_annotations_total", kind="llm") == 4  # 2 written, 2 upserted
+        # judged within moments of ingest, before Phoenix had stored the spans: no failure counted
+        assert server.metric("ragmon_phoenix_annotation_failures_total", reason="not_found") == 0
+        reasons = ("buffer_full", "retries_exhausted", "rejected", "root_span_missing", "shutdown")
+        dropped = {r: server.metric("ragmon_phoenix_annotations_dropped_total", reason=r) for r in reasons}
+        assert sum(dropped.values()) == 0, dropped
 
 
 @pytest.mark.slow
@@ -171,7 +176,8 @@ def test_a_trace_phoenix_never_received_is_dropped_and_counted(
         server.call(server.pipeline.phoenix_annotations.after_judgment(ghost))
         drain(server)
         assert server.metric("ragmon_phoenix_annotations_dropped_total", reason="root_span_missing") == 1
-        assert server.metric("ragmon_phoenix_annotation_failures_total", reason="not_found") == 3
+        # the lookups that missed were retried quietly: one final miss, counted as the drop only
+        assert server.metric("ragmon_phoenix_annotation_failures_total", reason="not_found") == 0
 
 
 def _has_span(url: str, project: str, span_id: str) -> bool:
