@@ -33,8 +33,13 @@ async def get_trace(
     if record is None:
         raise HTTPException(404, f"no trace {trace_id} for this tenant")
     judgments, flags = await asyncio.to_thread(pipeline.judgments.for_trace, tenant, record["trace_id"])
-    record["judgments"] = judgments
-    record["review_flags"] = flags
+    blind = await asyncio.to_thread(pipeline.reviews.find, tenant, "blind", record["trace_id"])
+    hidden = blind is not None and blind.judge_hidden
+    # A blind review item's label must not be anchored by the judge: the reviewer who could read it
+    # here would see through the blind sample, so judgments and flags wait until it is labelled.
+    record["judge_hidden"] = hidden
+    record["judgments"] = [] if hidden else judgments
+    record["review_flags"] = [] if hidden else flags
     record["sampling"] = await asyncio.to_thread(sampling_view, pipeline, record)
     return record
 

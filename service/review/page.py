@@ -244,7 +244,7 @@ FiltersDep = Annotated[ItemFilters, Depends(_filters)]
 
 def _listed(item: ReviewItem) -> dict[str, Any]:
     data = item.to_json()
-    if item.queue == "blind" and item.state != "done":
+    if item.judge_hidden:
         # what the judge thought stays hidden until the blind label is in
         data["diagnosis"] = None
         data["reasons"] = [{"reason": "blind_sample", "detail": None}]
@@ -319,7 +319,7 @@ def _detail(pipeline: Any, item: ReviewItem, filters: ItemFilters, tenants: Sequ
     trace = pipeline.store.get_trace(item.tenant, item.trace_id)
     judged, _flags = pipeline.judgments.for_trace(item.tenant, item.trace_id)
     review = pipeline.reviews.review_of(item.id)
-    hidden = item.queue == "blind" and item.state != "done"
+    hidden = item.judge_hidden
     answer = (trace or {}).get("answer") or ""
     context = (trace or {}).get("context") or {}
     neighbours = [i.id for i in pipeline.reviews.list_items(tenants, filters, limit=1000)]

@@ -140,6 +140,11 @@ class ReviewItem:
     done_at: datetime | None
     reasons: tuple[tuple[str, str | None], ...] = ()  # (reason, detail), most severe first
 
+    @property
+    def judge_hidden(self) -> bool:
+        """A blind item not labelled yet: every API a reviewer reaches hides the judge's verdict on it."""
+        return self.queue == "blind" and self.state != "done"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,

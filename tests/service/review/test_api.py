@@ -133,6 +133,16 @@ def test_blind_items_hide_the_judge_until_labelled_and_labels_move_calibration_a
             assert all(i["diagnosis"] is None for i in blind)
             before = client.get("/api/v1/review/calibration").json()["calibration"]
             assert before == []
+            with server.client(headers={"x-api-key": API_KEYS["acme"]}) as app_client:
+                # the trace API, which a reviewer holding the app's key reaches, hides the judge too
+                for item in blind:
+                    trace = app_client.get(f"/api/v1/traces/{item['trace_id']}").json()
+                    assert (trace["judge_hidden"], trace["judgments"], trace["review_flags"]) == (
+                        True,
+                        [],
+                        [],
+                    )
+                    assert server.pipeline.judgments.for_trace("acme", item["trace_id"])[0], "not judged"
             for item in blind:
                 detail = client.get(f"/api/v1/review/items/{item['id']}").json()
                 assert detail["judge_hidden"] is True and detail["judgment"] is None
@@ -153,6 +163,10 @@ def test_blind_items_hide_the_judge_until_labelled_and_labels_move_calibration_a
                 shown = client.get(f"/api/v1/review/items/{item['id']}").json()
                 assert shown["judge_hidden"] is False and shown["judgment"] is not None
                 assert shown["review"]["verdict"] == "unfaithful"
+            with server.client(headers={"x-api-key": API_KEYS["acme"]}) as app_client:
+                for item in blind:
+                    trace = app_client.get(f"/api/v1/traces/{item['trace_id']}").json()
+                    assert trace["judge_hidden"] is False and len(trace["judgments"]) == 1
             [calibration] = client.get("/api/v1/review/calibration").json()["calibration"]
             assert calibration["sample"] == "blind" and calibration["pairs"] == 2
             assert calibration["false_approval"]["count"] == 1 and calibration["false_approval"]["total"] == 1
