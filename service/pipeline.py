@@ -60,6 +60,7 @@ from service.redaction import RedactingFilter, Redactor
 from service.regeneration import ReaskDetector
 from service.review.gauges import ReviewGauges
 from service.review.intake import ReviewIntake
+from service.review.records import ReviewRecord
 from service.review.store import ReviewStore
 from service.store.trace_store import Store, StoreSink
 
@@ -338,7 +339,29 @@ class Pipeline:
 
     async def _after_judgment(self, judgment: Judgment) -> None:
         await self.review_intake.after_judgment(judgment)
-        await self.phoenix_annotations.after_judgment(judgment)
+        if not await self._blind_pending(judgment):
+            await self.phoenix_annotations.after_judgment(judgment)
+
+    async def _blind_pending(self, judgment: Judgment) -> bool:
+        """A judgment of a blind review item not labelled yet: its Phoenix annotation waits for the label.
+
+        A reviewer who can read the Phoenix project would otherwise see the judge's verdict first.
+        """
+        if not self.phoenix_annotations.enabled or judgment.outcome == "failed":
+            return False
+        if not self.review_intake.in_blind_sample(judgment.tenant, judgment.trace_id):
+            return False
+        item = await asyncio.to_thread(self.reviews.find, judgment.tenant, "blind", judgment.trace_id)
+        return item is None or item.judge_hidden
+
+    async def after_review(self, record: ReviewRecord) -> None:
+        """A reviewer's label: counted, annotated in Phoenix, and a blind item's held judgment released."""
+        self.review_gauges.reviewed(record.queue, record.review.verdict)
+        self.phoenix_annotations.reviewed(record)
+        if record.queue == "blind" and self.phoenix_annotations.enabled:
+            judged, _ = await asyncio.to_thread(self.judgments.for_trace, record.tenant, record.trace_id)
+            if judged:
+                self.phoenix_annotations.judged(Judgment.model_validate(judged[-1]))
 
     def _queue_stats(self) -> Any:
         # one query per scrape, not one per gauge

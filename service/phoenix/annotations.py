@@ -12,7 +12,9 @@ looked up by trace id in `phoenix.project`):
   (supported / claims), an explanation listing the unsupported claims, the
   diagnosis and the judge's rationale, metadata with the judge and counts,
   identifier = the judge version. An answer without claims is labelled
-  `no_claims` with no score; a failed judgment is not written.
+  `no_claims` with no score; a failed judgment is not written. The judgment
+  of a blind review item is held until it is labelled (the pipeline decides:
+  `Pipeline.after_review`), so Phoenix cannot show a blind reviewer the verdict.
 * a reviewer's label: name `faithfulness`, annotator kind `HUMAN`, label =
   the verdict (`faithful`, `unfaithful`, `unsure`), score 1/0 (none when
   unsure), the note as explanation, identifier `review/<reviewer>`.

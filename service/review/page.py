@@ -458,8 +458,7 @@ async def submit(item_id: int, body: ReviewBody, request: Request, reviewer: Rev
         return _refused(exc)
     if record is None:
         return _error(404, "not_found", "no such review item")
-    pipeline.review_gauges.reviewed(record.queue, body.verdict)
-    pipeline.phoenix_annotations.reviewed(record)
+    await pipeline.after_review(record)
     return _json({"item_id": record.item_id, "verdict": body.verdict, "reviewer": record.reviewer}, 201)
 
 

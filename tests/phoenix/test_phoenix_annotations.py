@@ -52,6 +52,8 @@ def stored_judgment(server: LiveServer, trace_id: str) -> Judgment:
 
 @pytest.mark.slow
 def test_judgments_and_reviews_land_on_root_spans_once(phoenix: PhoenixServer, tmp_path: Path) -> None:
+    # Both traces are in the blind sample (blind_rate 1): the judge's annotation waits for the label,
+    # so a reviewer reading the Phoenix project cannot see the verdict first.
     project = f"annotate-{uuid.uuid4().hex[:8]}"
     app = RagApp(project)
     phoenix_settings = {
@@ -72,16 +74,38 @@ def test_judgments_and_reviews_land_on_root_spans_once(phoenix: PhoenixServer, t
         wait_until(lambda: all(reviews.find("acme", "blind", t.trace_id) is not None for t in sent))
         drain(server)
         roots = [t.root_span_id for t in sent]
-        wait_until(lambda: len(on_spans(phoenix.url, project, roots)) == 2)
+        wait_until(lambda: all(_has_span(phoenix.url, project, root) for root in roots))
+        assert on_spans(phoenix.url, project, roots) == [], "a blind item's judgment was annotated early"
+        assert server.metric("ragmon_phoenix_annotations_total", kind="llm") == 0
+
+        # the reviewer labels both: the HUMAN annotation and the held LLM one are written
+        client, csrf = signed_in(server, "alice")
+        try:
+            headers = {"x-csrf-token": csrf}
+            for trace, verdict in ((faithful, "faithful"), (unfaithful, "unfaithful")):
+                item = reviews.find("acme", "blind", trace.trace_id)
+                assert item is not None
+                claim = client.post(f"/api/v1/review/items/{item.id}/claim", headers=headers)
+                assert claim.status_code == 200
+                review = {
+                    "verdict": verdict,
+                    "note": "Mondays are made up" if verdict == "unfaithful" else "",
+                }
+                if verdict == "unfaithful":
+                    review["failure_mode"] = "fabrication"
+                response = client.post(f"/api/v1/review/items/{item.id}/review", json=review, headers=headers)
+                assert response.status_code == 201, response.text
+        finally:
+            client.close()
+        drain(server)
+        wait_until(lambda: len(on_spans(phoenix.url, project, roots)) == 4)
 
         version = server.pipeline.judge.version
+        llm = [a for a in on_spans(phoenix.url, project, roots) if a["annotator_kind"] == "LLM"]
         for trace in sent:
             judgment = stored_judgment(server, trace.trace_id)
-            (found,) = [
-                a for a in on_spans(phoenix.url, project, roots) if a["span_id"] == trace.root_span_id
-            ]
+            (found,) = [a for a in llm if a["span_id"] == trace.root_span_id]
             assert found["name"] == "faithfulness"
-            assert found["annotator_kind"] == "LLM"
             assert found["identifier"] == version
             result = found["result"]
             assert result["label"] == ("unfaithful" if judgment.unsupported else "faithful")
@@ -95,29 +119,15 @@ def test_judgments_and_reviews_land_on_root_spans_once(phoenix: PhoenixServer, t
         )
 
         # a redelivered judgment (same judge version) updates, never duplicates
-        before = {a["span_id"]: a["id"] for a in on_spans(phoenix.url, project, roots)}
+        before = {(a["span_id"], a["annotator_kind"]): a["id"] for a in on_spans(phoenix.url, project, roots)}
         for trace in sent:
             server.call(
                 server.pipeline.phoenix_annotations.after_judgment(stored_judgment(server, trace.trace_id))
             )
         drain(server)
         after = on_spans(phoenix.url, project, roots)
-        assert {a["span_id"]: a["id"] for a in after} == before
+        assert {(a["span_id"], a["annotator_kind"]): a["id"] for a in after} == before
 
-        # a reviewer's label becomes a HUMAN annotation next to the judge's
-        client, csrf = signed_in(server, "alice")
-        try:
-            item = reviews.find("acme", "blind", unfaithful.trace_id)
-            assert item is not None
-            headers = {"x-csrf-token": csrf}
-            assert client.post(f"/api/v1/review/items/{item.id}/claim", headers=headers).status_code == 200
-            review = {"verdict": "unfaithful", "failure_mode": "fabrication", "note": "Mondays are made up"}
-            response = client.post(f"/api/v1/review/items/{item.id}/review", json=review, headers=headers)
-            assert response.status_code == 201, response.text
-        finally:
-            client.close()
-        drain(server)
-        wait_until(lambda: len(on_spans(phoenix.url, project, [unfaithful.root_span_id])) == 2)
         (human,) = [
             a
             for a in on_spans(phoenix.url, project, [unfaithful.root_span_id])
@@ -127,9 +137,9 @@ def test_judgments_and_reviews_land_on_root_spans_once(phoenix: PhoenixServer, t
         assert human["result"]["label"] == "unfaithful"
         assert human["result"]["score"] == 0.0
         assert "Mondays are made up" in human["result"]["explanation"]
-        assert server.metric("ragmon_phoenix_annotations_total", kind="human") == 1
-        assert server.metric("ragmon_phoenix_annotations_total", kind="llm") == 4  # 2 written, 2 upserted
-        # judged within moments of ingest, before Phoenix had stored the spans: no failure counted
+        assert server.metric("ragmon_phoenix_annotations_total", kind="human") == 2
+        assert server.metric("ragmon_phoenix_annotations_total", kind="llm") == 4  # 2 released, 2 upserted
+        # no lookup was counted as a failure, nothing was dropped
         assert server.metric("ragmon_phoenix_annotation_failures_total", reason="not_found") == 0
         reasons = ("buffer_full", "retries_exhausted", "rejected", "root_span_missing", "shutdown")
         dropped = {r: server.metric("ragmon_phoenix_annotations_dropped_total", reason=r) for r in reasons}
