@@ -34,7 +34,8 @@ Where each field comes from, first source first (the README has the same, per li
   answer             root span's answer; the latest-ending LLM span's (output messages, also from
                      `gen_ai.choice` / `...operation.details` log events, `output.value`,
                      `traceloop.entity.output`)
-  documents          of the outermost retriever span that has any: OpenInference
+  documents          of the outermost retriever span that has any (ids and scores it lacks from
+                     a retriever span nested in it, by content, else by position): OpenInference
                      `retrieval.documents`; GenAI `gen_ai.retrieval.documents`; vector-DB result
                      events; payload documents (`output.value`, `traceloop.entity.output`,
                      `gen_ai.task.output`: LangChain `{"documents": [...]}`)
@@ -357,6 +358,41 @@ def _named_by_trace(chunks: list[ChunkFields], spans: Sequence[Span]) -> list[Ch
     ]
 
 
+def _merged(outer: list[ChunkFields], inner: list[list[ChunkFields]]) -> list[ChunkFields]:
+    """The outer retriever's documents, each with the id and score a nested retriever span gave it.
+
+    DSPy's `Retrieve.forward` span carries only the passages, the `ColBERTv2.__call__` span inside
+    it their ids and scores. A document is matched by content, else by position when the nested
+    list is as long; what the outer span has itself wins.
+    """
+    if not inner:
+        return outer
+    by_content: dict[str, ChunkFields] = {}
+    for docs in inner:
+        for doc in docs:
+            if doc["content"] is not None:
+                by_content.setdefault(doc["content"], doc)
+    same_length = next((docs for docs in inner if len(docs) == len(outer)), None)
+    merged: list[ChunkFields] = []
+    for position, doc in enumerate(outer):
+        match = by_content.get(doc["content"] or "") if doc["content"] is not None else None
+        if match is None and same_length is not None:
+            match = same_length[position]
+        if match is None:
+            merged.append(doc)
+            continue
+        has_id = not doc["id"].startswith(CONTENT_ID_PREFIX)
+        merged.append(
+            {
+                "id": doc["id"] if has_id or match["id"].startswith(CONTENT_ID_PREFIX) else match["id"],
+                "score": doc["score"] if doc["score"] is not None else match["score"],
+                "content": doc["content"] if doc["content"] is not None else match["content"],
+                "metadata": doc["metadata"] if doc["metadata"] is not None else match["metadata"],
+            }
+        )
+    return merged
+
+
 def _ancestors(span: Span, by_id: dict[str, Span]) -> list[Span]:
     """The parent chain of `span`, nearest first; stops at a missing parent or a cycle."""
     seen = {span.span_id}
@@ -533,7 +569,15 @@ def build_trace(
     meta_k = meta.get("k", meta.get("top_k"))
     if k is None and isinstance(meta_k, int) and not isinstance(meta_k, bool) and 0 <= meta_k <= 10**12:
         k = meta_k
-    chunks = _dedupe(doc for s in used for doc in found[s.span_id])
+    nested = {
+        s.span_id: [
+            found[d.span_id]
+            for d in retrievers
+            if found[d.span_id] and any(a.span_id == s.span_id for a in ancestors[d.span_id])
+        ]
+        for s in used
+    }
+    chunks = _dedupe(doc for s in used for doc in _merged(found[s.span_id], nested[s.span_id]))
     if any(doc["id"].startswith(CONTENT_ID_PREFIX) for doc in chunks):
         chunks = _dedupe(_named_by_trace(chunks, by_start))
     retrieval = {

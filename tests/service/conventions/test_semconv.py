@@ -969,3 +969,51 @@ def test_hostile_json_strings_stay_text_instead_of_failing_the_trace() -> None:
     deep = "[" * 100_000 + "]" * 100_000
     assert parse_json(deep) == deep  # deeper than the parser recurses: kept as text
     assert json_object("{" * 100_000 + "}" * 100_000) is None
+
+
+def _passages(*items: tuple[str | None, float | None, str]) -> dict[str, Any]:
+    attributes: dict[str, Any] = {KIND: RETRIEVER}
+    for i, (doc_id, score, content) in enumerate(items):
+        prefix = f"{SpanAttributes.RETRIEVAL_DOCUMENTS}.{i}."
+        attributes[prefix + DocumentAttributes.DOCUMENT_CONTENT] = content
+        if doc_id is not None:
+            attributes[prefix + DocumentAttributes.DOCUMENT_ID] = doc_id
+        if score is not None:
+            attributes[prefix + DocumentAttributes.DOCUMENT_SCORE] = score
+    return attributes
+
+
+def test_nested_retriever_spans_merge_ids_and_scores_into_the_outer_documents() -> None:
+    # openinference-instrumentation-dspy: `Retrieve.forward` (content only) around
+    # `ColBERTv2.__call__` (ids, scores and the same passages)
+    inner = _passages(("7161", 21.5, "Refunds take 30 days."), ("88", 19.0, "Shipping is free over $50."))
+    outer = _passages((None, None, "Refunds take 30 days."), (None, None, "Shipping is free over $50."))
+    spans = [
+        span(1, None, 0, 100, {KIND: CHAIN, SpanAttributes.INPUT_VALUE: "refund window?"}),
+        span(2, 1, 1, 20, outer, name="Retrieve.forward"),
+        span(3, 2, 2, 19, inner, name="ColBERTv2.__call__"),
+    ]
+    trace = build(spans)
+    assert [(c.id, c.score, c.rank) for c in trace.retrieval.chunks] == [("7161", 21.5, 0), ("88", 19.0, 1)]
+    assert trace.retrieval.retriever == "Retrieve.forward"
+
+
+def test_nested_retriever_documents_match_by_position_when_contents_differ() -> None:
+    # the outer span trimmed the passages (a long_text vs text field): same count, so by position
+    inner = _passages(("a", 0.9, "Refunds take 30 days. | policy"), ("b", 0.5, "Shipping | faq"))
+    outer = _passages((None, None, "Refunds take 30 days."), (None, None, "Shipping"))
+    spans = [span(1, None, 0, 100, {KIND: CHAIN}), span(2, 1, 1, 20, outer), span(3, 2, 2, 19, inner)]
+    chunks = build(spans).retrieval.chunks
+    assert [(c.id, c.score, c.content) for c in chunks] == [
+        ("a", 0.9, "Refunds take 30 days."),
+        ("b", 0.5, "Shipping"),
+    ]
+
+
+def test_an_outer_retriever_keeps_its_own_ids_and_scores() -> None:
+    inner = _passages(("inner-1", 0.1, "Refunds take 30 days."))
+    outer = _passages(("outer-1", 0.8, "Refunds take 30 days."), (None, None, "unmatched passage"))
+    spans = [span(1, None, 0, 100, {KIND: CHAIN}), span(2, 1, 1, 20, outer), span(3, 2, 2, 19, inner)]
+    chunks = build(spans).retrieval.chunks
+    assert (chunks[0].id, chunks[0].score) == ("outer-1", 0.8)
+    assert chunks[1].id.startswith("sha256:") and chunks[1].score is None  # no match: as the span had it
