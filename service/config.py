@@ -559,7 +559,10 @@ class PhoenixConfig(_Section):
     )
     api_key: SecretStr | None = Field(None, description="Phoenix API key (a Bearer token); never logged")
     project: str = Field(
-        "default", min_length=1, description="Phoenix project whose root spans get ragmon's annotations"
+        "default",
+        min_length=1,
+        description="Phoenix project where a trace's root span is looked for first (then the others:"
+        " Phoenix files a trace under the project its spans name)",
     )
     forward: bool = Field(True, description="forward each accepted OTLP request to Phoenix unchanged (a tee)")
     annotate: bool = Field(

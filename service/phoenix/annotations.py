@@ -5,7 +5,8 @@
                                                                    └──▶ POST span_annotations (upsert)
 
 What lands in Phoenix, on the trace's root span (the span without a parent,
-looked up by trace id in `phoenix.project`):
+looked up by trace id in `phoenix.project`, then in Phoenix's other projects, since
+Phoenix files a trace under the project its spans name):
 
 * a judgment: name `faithfulness`, annotator kind `LLM`, label `faithful`
   (no unsupported claim) or `unfaithful`, score = ragmon's faithfulness
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 ANNOTATION_NAME = "faithfulness"
 _MAX_EXPLANATION_CHARS = 8000
 _ROOT_CACHE = 10_000
+_PROJECTS_TTL_S = 60.0  # how long the list of Phoenix projects is reused for lookups outside phoenix.project
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +208,7 @@ class PhoenixAnnotator:
         self._in_flight = 0
         self._ready = asyncio.Event()
         self._roots: OrderedDict[str, str] = OrderedDict()
+        self._projects: tuple[float, list[str]] = (-_PROJECTS_TTL_S - 1, [])
         self._task: asyncio.Task[None] | None = None
         self._client: AsyncClient | None = None
         self._http: httpx.AsyncClient | None = None
@@ -260,28 +263,59 @@ class PhoenixAnnotator:
         return batch, earliest
 
     async def _root_spans(self, trace_ids: Sequence[str]) -> dict[str, str]:
-        """trace id → root span id for those Phoenix has, from the cache and one spans query."""
+        """trace id → root span id for those Phoenix has, from the cache and spans queries.
+
+        Phoenix files a trace under the project its spans name (`openinference.project.name`,
+        else `default`), so `phoenix.project` is looked in first and the other projects after,
+        for the traces still missing.
+        """
         if self._client is None:
             raise RuntimeError("annotator not started")
         found = {t: self._roots[t] for t in trace_ids if t in self._roots}
         missing = sorted({t for t in trace_ids if t not in found})
         if missing:
+            await self._roots_in(self.config.project, missing, found)
+        missing = [t for t in missing if t not in found]
+        if missing:
+            for project in await self._other_projects():
+                await self._roots_in(project, missing, found)
+                missing = [t for t in missing if t not in found]
+                if not missing:
+                    break
+        while len(self._roots) > _ROOT_CACHE:
+            self._roots.popitem(last=False)
+        return found
+
+    async def _roots_in(self, project: str, trace_ids: Sequence[str], found: dict[str, str]) -> None:
+        assert self._client is not None
+        try:
             spans = await self._client.spans.get_spans(
-                project_identifier=self.config.project,
-                trace_ids=missing,
+                project_identifier=project,
+                trace_ids=trace_ids,
                 parent_id="null",
-                limit=4 * len(missing),
+                limit=4 * len(trace_ids),
                 timeout=int(self.config.timeout_s) or 1,
             )
-            # a trace with several parentless spans: its earliest is the root
-            for span in sorted(spans, key=lambda s: s["start_time"]):
-                trace_id = span["context"]["trace_id"]
-                if trace_id not in found:
-                    found[trace_id] = span["context"]["span_id"]
-                    self._roots[trace_id] = found[trace_id]
-            while len(self._roots) > _ROOT_CACHE:
-                self._roots.popitem(last=False)
-        return found
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code == 404:
+                return  # no such project (yet): Phoenix creates one with its first span
+            raise
+        # a trace with several parentless spans: its earliest is the root
+        for span in sorted(spans, key=lambda s: s["start_time"]):
+            trace_id = span["context"]["trace_id"]
+            if trace_id not in found:
+                found[trace_id] = span["context"]["span_id"]
+                self._roots[trace_id] = found[trace_id]
+
+    async def _other_projects(self) -> list[str]:
+        """Names of Phoenix's projects but `phoenix.project`, listed at most once a minute."""
+        assert self._client is not None
+        at, names = self._projects
+        if time.monotonic() - at > _PROJECTS_TTL_S:
+            listed = await self._client.projects.list()
+            names = [p["name"] for p in listed if p["name"] != self.config.project]
+            self._projects = (time.monotonic(), names)
+        return names
 
     def _again(self, items: Sequence[Annotation], drop_reason: str) -> None:
         """Put items back with backoff, or drop those out of attempts."""

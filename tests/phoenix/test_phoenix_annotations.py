@@ -195,3 +195,31 @@ def _has_span(url: str, project: str, span_id: str) -> bool:
         return bool(Client(base_url=url).spans.get_spans(project_identifier=project, span_ids=[span_id]))
     except Exception:
         return False
+
+
+@pytest.mark.slow
+def test_a_trace_naming_its_own_project_is_annotated_there(phoenix: PhoenixServer, tmp_path: Path) -> None:
+    # phoenix.project names another project: Phoenix filed the trace under the one its spans name
+    own = f"own-{uuid.uuid4().hex[:8]}"
+    app = RagApp(own)
+    phoenix_settings = {
+        "endpoint": phoenix.url,
+        "project": f"configured-{uuid.uuid4().hex[:8]}",
+        "max_attempts": 4,
+        "backoff_base_s": 0.2,
+        "backoff_max_s": 0.5,
+    }
+    with live_server(tmp_path, **settings(blind_rate=0.0), phoenix=phoenix_settings) as server:
+        trace = app.rag("How long do refunds take?", "Refunds take 30 days.", CHUNK)
+        with server.client() as client:
+            body = app.request([trace]).SerializeToString()
+            assert client.post("/v1/traces", content=body, headers=PROTOBUF).status_code == 200
+        server.flush()
+        wait_until(lambda: bool(server.pipeline.judgments.for_trace("acme", trace.trace_id)[0]))
+        drain(server)
+        wait_until(lambda: len(on_spans(phoenix.url, own, [trace.root_span_id])) == 1)
+        (found,) = on_spans(phoenix.url, own, [trace.root_span_id])
+        assert found["annotator_kind"] == "LLM" and found["identifier"] == server.pipeline.judge.version
+        assert server.metric("ragmon_phoenix_annotations_dropped_total", reason="root_span_missing") == 0
+        assert server.metric("ragmon_phoenix_annotations_total", kind="llm") == 1
+        assert server.metric("ragmon_phoenix_annotation_failures_total", reason="not_found") == 0
