@@ -868,44 +868,48 @@ class Store:
         """
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-        deleted = 0
-        while True:
-            with self._write("delete old traces") as conn:
-                keys = [
-                    (k[0], k[1])
-                    for k in conn.execute(
-                        sa.select(traces.c.tenant, traces.c.trace_id)
-                        .where(traces.c.start_time < cutoff)
-                        .limit(chunk_size)
-                    )
-                ]
-                if keys:
-                    for table in (trace_contexts, feedback, traces):
-                        conn.execute(sa.delete(table).where(_keys_in(table.c.tenant, table.c.trace_id, keys)))
-            deleted += len(keys)
-            if len(keys) < chunk_size:
-                break
+        deleted = self._delete_in_chunks(
+            "delete old traces",
+            traces,
+            "trace_id",
+            traces.c.start_time < cutoff,
+            (trace_contexts, feedback, traces),
+            chunk_size,
+        )
         with self._write("delete old non-request traces") as conn:
             conn.execute(sa.delete(non_request_traces).where(non_request_traces.c.start_time < cutoff))
         with self._write("delete old dead letters") as conn:
             conn.execute(sa.delete(dead_letters).where(dead_letters.c.created_at < cutoff))
+        self._delete_in_chunks(
+            "delete old feedback", feedback, "event_id", feedback.c.time < cutoff, (feedback,), chunk_size
+        )
+        return deleted
+
+    def _delete_in_chunks(
+        self,
+        what: str,
+        keys_of: sa.Table,
+        key: str,
+        where: sa.ColumnElement[bool],
+        tables: Sequence[sa.Table],
+        chunk_size: int,
+    ) -> int:
+        """Delete, one transaction per chunk of `keys_of` rows matching `where`, the rows of `tables` with
+        those (tenant, `key`) keys; return how many keys went."""
+        deleted = 0
         while True:
-            with self._write("delete old feedback") as conn:
+            with self._write(what) as conn:
                 keys = [
                     (k[0], k[1])
                     for k in conn.execute(
-                        sa.select(feedback.c.tenant, feedback.c.event_id)
-                        .where(feedback.c.time < cutoff)
-                        .limit(chunk_size)
+                        sa.select(keys_of.c.tenant, keys_of.c[key]).where(where).limit(chunk_size)
                     )
                 ]
-                if keys:
-                    conn.execute(
-                        sa.delete(feedback).where(_keys_in(feedback.c.tenant, feedback.c.event_id, keys))
-                    )
+                for table in tables if keys else ():
+                    conn.execute(sa.delete(table).where(_keys_in(table.c.tenant, table.c[key], keys)))
+            deleted += len(keys)
             if len(keys) < chunk_size:
-                break
-        return deleted
+                return deleted
 
 
 class StoreSink:
