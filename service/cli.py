@@ -327,10 +327,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         server.should_exit = True
         stopped.wait(SHUTDOWN_WAIT_S)
         return code
-    print("\nragmon keeps running; press Ctrl-C to stop.", file=sys.stderr)
     # uvicorn runs in a thread here and cannot take signals: SIGTERM (`kill`, `timeout`, a
-    # container stop) gets the same orderly stop as Ctrl-C, ingest workers and all
+    # container stop) gets the same orderly stop as Ctrl-C, ingest workers and all. Installed
+    # before the line below says so: a SIGTERM sent on reading it found the default action.
     signal.signal(signal.SIGTERM, _interrupt)
+    print("\nragmon keeps running; press Ctrl-C to stop.", file=sys.stderr)
     # An Event, not thread.join(): Python 3.11's join, interrupted by the KeyboardInterrupt,
     # marks the still-running thread as stopped (threading.py, bpo-45274), so the next join
     # returned at once and the interpreter shut down under the server's own shutdown.
