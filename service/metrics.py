@@ -107,19 +107,23 @@ LabelledValues = Iterable[tuple[Sequence[str], float]]
 REVIEW_QUEUES = ("flagged", "blind")
 REVIEW_STATES = ("open", "claimed", "done")
 REVIEW_VERDICTS = ("faithful", "unfaithful", "unsure")
-# Calibration gauges, labelled {judge_version, sample}; judge versions are capped by config.
-JUDGE_CALIBRATION_GAUGES = {
+# Calibration gauges, labelled {judge_version, sample}; judge versions are capped by config. Each
+# estimate also as its 95 % interval bounds (Wilson for the ratios; kappa's asymptotic one).
+_JUDGE_CALIBRATION_ESTIMATES = {
     "ragmon_judge_agreement_ratio": "share of reviewed traces where judge and reviewer agree",
     "ragmon_judge_kappa": "Cohen's kappa between judge and reviewer verdicts",
     "ragmon_judge_false_approval_ratio": "share of judge-faithful traces the reviewer called unfaithful",
     "ragmon_judge_false_rejection_ratio": "share of judge-unfaithful traces the reviewer called faithful",
+}
+JUDGE_CALIBRATION_GAUGES = {
+    **_JUDGE_CALIBRATION_ESTIMATES,
+    **{
+        f"{name}_{bound}": f"{bound} bound of the 95 % interval: {doc}"
+        for name, doc in _JUDGE_CALIBRATION_ESTIMATES.items()
+        for bound in ("lower", "upper")
+    },
     "ragmon_judge_calibration_pairs": "judge/reviewer pairs behind the calibration gauges (unsure left out)",
 }
-# Each calibration estimate also as its 95 % interval bounds (Wilson for the ratios; kappa's asymptotic).
-for _name, _doc in list(JUDGE_CALIBRATION_GAUGES.items()):
-    if _name != "ragmon_judge_calibration_pairs":
-        JUDGE_CALIBRATION_GAUGES[f"{_name}_lower"] = f"lower bound of the 95 % interval: {_doc}"
-        JUDGE_CALIBRATION_GAUGES[f"{_name}_upper"] = f"upper bound of the 95 % interval: {_doc}"
 
 
 class _StateCollector(Collector):

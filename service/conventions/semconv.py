@@ -375,7 +375,7 @@ def _merged(outer: list[ChunkFields], inner: list[list[ChunkFields]]) -> list[Ch
     same_length = next((docs for docs in inner if len(docs) == len(outer)), None)
     merged: list[ChunkFields] = []
     for position, doc in enumerate(outer):
-        match = by_content.get(doc["content"] or "") if doc["content"] is not None else None
+        match = None if doc["content"] is None else by_content.get(doc["content"])
         if match is None and same_length is not None:
             match = same_length[position]
         if match is None:

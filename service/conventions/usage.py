@@ -23,7 +23,7 @@ from service.conventions.pricing import PriceTable
 from service.conventions.spans import Span
 from service.model import CostSource
 
-__all__ = ["Call", "UsageKind", "span_call", "usage_rows"]
+__all__ = ["Call", "UsageKind", "call_cost", "span_call", "usage_rows"]
 
 UsageKind = Literal["llm", "embedding", "reranker"]
 _GENERIC_MODEL_KEYS = (
@@ -80,19 +80,34 @@ def span_call(span: Span, kind: UsageKind, prices: PriceTable) -> Call | None:
     model = first_text(a, *_MODEL_KEYS[kind])
     if not has_usage and (kind != "llm" or model is None):
         return None
-    tokens_in, tokens_out = input_tokens or 0, output_tokens or 0
-    cost: float | None
-    source: CostSource
+    cost, source = call_cost(model, input_tokens, output_tokens, app_cost, prices, split_known=split_known)
+    return Call(model or "unknown", kind, input_tokens or 0, output_tokens or 0, cost, source)
+
+
+def call_cost(
+    model: str | None,
+    input_tokens: int | None,
+    output_tokens: int | None,
+    app_cost: float | None,
+    prices: PriceTable,
+    *,
+    split_known: bool = True,
+) -> tuple[float | None, CostSource]:
+    """One call's cost and where it came from, for spans and the JSON API alike.
+
+    The app's own cost wins; else the price table's for the tokens reported (None token counts:
+    not reported); a call that reported neither tokens nor a cost is "unknown_usage", never
+    priced at 0; the rest (no model, no price, only a total of tokens) is "unpriced".
+    """
     if app_cost is not None and app_cost >= 0:
-        cost, source = float(app_cost), "app"
-    elif model is not None and (input_tokens is not None or output_tokens is not None) and split_known:
-        cost = prices.cost(model, tokens_in, tokens_out)
-        source = "price_table" if cost is not None else "unpriced"
-    elif not has_usage:
-        cost, source = None, "unknown_usage"
-    else:
-        cost, source = None, "unpriced"
-    return Call(model or "unknown", kind, tokens_in, tokens_out, cost, source)
+        return float(app_cost), "app"
+    tokens_known = input_tokens is not None or output_tokens is not None
+    if model is not None and tokens_known and split_known:
+        cost = prices.cost(model, input_tokens or 0, output_tokens or 0)
+        return cost, "price_table" if cost is not None else "unpriced"
+    if not tokens_known and app_cost is None:
+        return None, "unknown_usage"
+    return None, "unpriced"
 
 
 def usage_rows(calls: Iterable[Call]) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from pydantic import ValidationError
 
+from service.conventions.usage import call_cost
 from service.errors import UnsupportedMediaType
 from service.ingest.auth import TenantDep
 from service.ingest.otlp import DecodedBatch
@@ -46,7 +47,6 @@ from service.ingest.wire import (
 )
 from service.model import (
     Chunk,
-    CostSource,
     Feedback,
     ModelUsage,
     QueryEmbedding,
@@ -179,13 +179,14 @@ def trace_from_wire(record: TraceIn, tenant: str, pipeline: IngestTarget) -> Rag
         )
     usage = []
     for u in record.usage:
-        cost: float | None = u.cost_usd
-        source: CostSource = "app"
-        if cost is None and not {"input_tokens", "output_tokens"} & u.model_fields_set:
-            source = "unknown_usage"  # no counts sent: unknown, not 0 tokens priced at 0
-        elif cost is None:
-            cost = pipeline.prices.cost(u.model, u.input_tokens, u.output_tokens)
-            source = "price_table" if cost is not None else "unpriced"
+        sent = u.model_fields_set  # a count not sent is unknown, not 0
+        cost, source = call_cost(
+            u.model,
+            u.input_tokens if "input_tokens" in sent else None,
+            u.output_tokens if "output_tokens" in sent else None,
+            u.cost_usd,
+            pipeline.prices,
+        )
         usage.append(
             ModelUsage(
                 model=u.model,
