@@ -8,9 +8,13 @@ describe it with the window queries closest to its centre and the words that
 are most over-used in it. Nothing is generated: every word shown comes from
 the queries themselves, and no LLM is involved.
 
-Guarantees: deterministic given `seed`; clustering runs on at most
-`max_points` points (seeded subsample) and every point is then assigned to its
-nearest centre, so the cost is bounded whatever the window size. Groups are
+Guarantees: deterministic given `seed` and the same set of vectors, in any
+order (rows are put in a canonical order first, since traces arrive in
+whatever order the exporters flush them); k-means runs from `restarts` seeded
+starts and keeps the tightest clustering, so one unlucky start does not split
+a new topic; clustering runs on at most `max_points` points (seeded
+subsample) and every point is then assigned to its nearest centre, so the
+cost is bounded whatever the window size. Groups are
 sorted by adjusted p-value (most surely over-represented first), then by how
 much their share grew; `significant` marks an adjusted p-value at or below
 `alpha`.
@@ -78,6 +82,19 @@ def _nearest(points: npt.NDArray[np.float64], centres: npt.NDArray[np.float64]) 
     return labels
 
 
+def _tightest_kmeans(
+    sample: npt.NDArray[np.float64], k: int, restarts: int, rng: np.random.Generator
+) -> npt.NDArray[np.float64]:
+    runs: list[tuple[float, npt.NDArray[np.float64]]] = []
+    for _ in range(restarts):
+        with warnings.catch_warnings():
+            # An empty cluster only means fewer groups; it is not a problem worth a warning.
+            warnings.simplefilter("ignore", UserWarning)
+            centres, labels = kmeans2(sample, k, minit="++", rng=rng)
+        runs.append((float(np.sum((sample - centres[labels]) ** 2)), centres))
+    return min(runs, key=lambda run: run[0])[1]
+
+
 def _terms(texts: Sequence[str], background: Counter[str], n_background: int, limit: int) -> tuple[str, ...]:
     counts: Counter[str] = Counter()
     for text in texts:
@@ -115,6 +132,7 @@ def explain_query_drift(
     terms: int = 5,
     alpha: float = 0.05,
     max_points: int = 4000,
+    restarts: int = 4,
     seed: int = 0,
 ) -> list[QueryGroup]:
     """The groups of window queries whose share grew against the reference, most significant first.
@@ -134,22 +152,22 @@ def explain_query_drift(
         raise ValueError(f"{len(window_texts)} texts for {window_points.shape[0]} window vectors")
     if groups < 2:
         raise ValueError(f"groups must be at least 2, got {groups}")
+    if restarts < 1:
+        raise ValueError(f"restarts must be at least 1, got {restarts}")
     n_ref, n_win = reference_points.shape[0], window_points.shape[0]
     if n_ref == 0 or n_win == 0:
         return []
     pooled = np.concatenate([reference_points, window_points])
     rng = np.random.default_rng(seed)
+    canonical = pooled[np.lexsort(pooled.T[::-1])]
     sample = (
-        pooled
-        if pooled.shape[0] <= max_points
-        else pooled[rng.choice(pooled.shape[0], max_points, replace=False)]
+        canonical
+        if canonical.shape[0] <= max_points
+        else canonical[rng.choice(canonical.shape[0], max_points, replace=False)]
     )
     # Fine clusters keep a small new topic from being merged into a large old one; at least ~20 points each.
     k = max(2, min(groups, sample.shape[0] // 20))
-    with warnings.catch_warnings():
-        # An empty cluster only means fewer groups; it is not a problem worth a warning.
-        warnings.simplefilter("ignore", UserWarning)
-        centres, _ = kmeans2(sample, k, minit="++", rng=rng)
+    centres = _tightest_kmeans(sample, k, restarts, rng)
     labels = _nearest(pooled, centres)
     reference_counts = np.bincount(labels[:n_ref], minlength=k)
     window_counts = np.bincount(labels[n_ref:], minlength=k)
