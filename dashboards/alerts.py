@@ -28,6 +28,8 @@ __all__ = [
 
 Severity = Literal["critical", "warning", "info"]
 RELEASE_JOIN = "app_release:ragmon_release_traces:count_topk1_rate15m"
+# An app in a description: "shop", or "shop (tenant acme)" with metrics.tenant_label.
+_APP_NAME = "{{ $labels.app }}{{ with $labels.tenant }} (tenant {{ . }}){{ end }}"
 # Appended to a description: ", release X" when the alert carries one.
 _RELEASE = "{{ with $labels.release }}, release {{ . }}{{ end }}"
 _QUANTILES = {"0.5": "p50", "0.95": "p95", "0.99": "p99"}
@@ -68,7 +70,12 @@ def _seconds(value: float) -> str:
 
 def _with_release(expr: str) -> str:
     """`expr` (per-app series) with the app's current release as a label, or unchanged when it has none."""
-    return f"(\n  {expr}\n) * on (app) group_left (release) {RELEASE_JOIN}\nor on (app)\n(\n  {expr}\n)"
+    # `tenant` joins too: with metrics.tenant_label two tenants may run apps of the same name (and
+    # without it the label is absent on both sides, so the join is the same as on app alone)
+    return (
+        f"(\n  {expr}\n) * on (tenant, app) group_left (release) {RELEASE_JOIN}\n"
+        f"or on (tenant, app)\n(\n  {expr}\n)"
+    )
 
 
 def _quantiles(level: str, metric: str, window: str, quantiles: Sequence[str]) -> list[Recording]:
@@ -96,7 +103,8 @@ def _recordings() -> list[RuleGroup]:
         # Exactly one series per app (value 1): the release that served most traces lately.
         Recording(
             RELEASE_JOIN,
-            "count by (app, release) (topk by (app) (1, app_release:ragmon_release_traces:rate15m))",
+            "count by (tenant, app, release)"
+            " (topk by (tenant, app) (1, app_release:ragmon_release_traces:rate15m))",
         ),
         *_quantiles("app_stage", "ragmon_stage_duration_seconds", "5m", ["0.5", "0.95", "0.99"]),
         *_quantiles("app", "ragmon_ttft_seconds", "5m", ["0.5", "0.95", "0.99"]),
@@ -166,7 +174,8 @@ def _latency_cost(t: Thresholds) -> list[Alert]:
             _with_release(f'{p95},stage="total"}} > {slo["total"]:g}'),
             "critical",
             "RAG answers are slower than the latency SLO",
-            "p95 end-to-end latency of {{ $labels.app }}"
+            "p95 end-to-end latency of "
+            + _APP_NAME
             + _RELEASE
             + " is {{ $value | humanizeDuration }} over the last 5m; the SLO is "
             + _seconds(slo["total"])
@@ -177,7 +186,8 @@ def _latency_cost(t: Thresholds) -> list[Alert]:
             _with_release(f"({stage_expr})".replace("\n", "\n  ")),
             "warning",
             "A RAG stage is slower than its latency SLO",
-            "p95 {{ $labels.stage }} latency of {{ $labels.app }}"
+            "p95 {{ $labels.stage }} latency of "
+            + _APP_NAME
             + _RELEASE
             + " is {{ $value | humanizeDuration }} over the last 5m; SLOs: "
             + ", ".join(f"{s} {_seconds(slo[s])}" for s in stages)
@@ -191,7 +201,8 @@ def _latency_cost(t: Thresholds) -> list[Alert]:
             ),
             "warning",
             "Time to first token is over its SLO",
-            "p95 time to first token of {{ $labels.app }}"
+            "p95 time to first token of "
+            + _APP_NAME
             + _RELEASE
             + " is {{ $value | humanizeDuration }} over the last 5m; the SLO is "
             + _seconds(t.latency.ttft_p95_seconds)
@@ -205,7 +216,8 @@ def _latency_cost(t: Thresholds) -> list[Alert]:
             ),
             "warning",
             "Cost per query is over budget",
-            "Over the last hour the {{ $labels.quantile }} quantile of cost per query of {{ $labels.app }}"
+            "Over the last hour the {{ $labels.quantile }} quantile of cost per query of "
+            + _APP_NAME
             + _RELEASE
             + ' is ${{ printf "%.4f" $value }}; budgets: p50 $'
             + f"{t.cost.query_p50_usd:g}, p99 ${t.cost.query_p99_usd:g}.",
@@ -232,7 +244,9 @@ def _quality(t: Thresholds) -> list[Alert]:
             ),
             "warning",
             "The regeneration rate left its control band",
-            "Users of {{ $labels.app }} (intent {{ $labels.intent }})"
+            "Users of "
+            + _APP_NAME
+            + " (intent {{ $labels.intent }})"
             + _RELEASE
             + " regenerate {{ $value | humanizePercentage }} of answers,"
             " outside the control band for this window.",
@@ -243,7 +257,7 @@ def _quality(t: Thresholds) -> list[Alert]:
             f" < {t.faithfulness.upper_bound_min:g}",
             "critical",
             "Answers are unfaithful to their sources",
-            "Faithfulness of {{ $labels.app }}, release {{ $labels.release }}: even the upper bound"
+            "Faithfulness of " + _APP_NAME + ", release {{ $labels.release }}: even the upper bound"
             " of its 95% interval is {{ $value | humanizePercentage }}, under "
             + f"{t.faithfulness.upper_bound_min:.0%}.",
         ),
@@ -261,7 +275,8 @@ def _drift(t: Thresholds) -> list[Alert]:
             _with_release(detected(d.query_detectors)),
             "warning",
             "User queries drifted from the reference",
-            "Detector {{ $labels.detector }} finds the queries of {{ $labels.app }}"
+            "Detector {{ $labels.detector }} finds the queries of "
+            + _APP_NAME
             + _RELEASE
             + " drifted from the pinned reference window.",
         ),
@@ -270,19 +285,20 @@ def _drift(t: Thresholds) -> list[Alert]:
             _with_release(detected(d.retrieval_detectors)),
             "warning",
             "Retrieval results drifted from the reference",
-            "Detector {{ $labels.detector }} finds the retrieval results of {{ $labels.app }}"
+            "Detector {{ $labels.detector }} finds the retrieval results of "
+            + _APP_NAME
             + _RELEASE
             + " drifted from the pinned reference window.",
         ),
         Alert(
             "RagmonEmbeddingModelChanged",
             _with_release(
-                f"({detected(d.model_change_detectors)}\n  or on (app) sum without (instance) "
+                f"({detected(d.model_change_detectors)}\n  or on (tenant, app) sum without (instance) "
                 f"(increase(ragmon_embedding_model_changes_total[{d.model_change_window}])) > 0)"
             ),
             "info",
             "A new query-embedding model appeared",
-            "{{ $labels.app }}" + _RELEASE + " sends query embeddings from a new model or dimension; "
+            _APP_NAME + _RELEASE + " sends query embeddings from a new model or dimension; "
             "embedding drift tests against the old reference mean little until it is re-pinned.",
         ),
     ]

@@ -1,7 +1,7 @@
 """The Grafana dashboards (overview, quality, drift), built as code with the pinned grafana-foundation-sdk.
 
 Each builder returns a provisioning-ready dashboard as plain JSON data: a
-Prometheus data-source picker and an `app` variable on top, rows of panels
+Prometheus data-source picker, a `tenant` and an `app` variable on top, rows of panels
 whose ids are unique and whose grid positions are set. Queries read the
 recorded series of `rules.yml` where one exists, so dashboards and alerts
 compute the same numbers.
@@ -23,7 +23,8 @@ from dashboards.thresholds import load_thresholds
 __all__ = ["DASHBOARDS", "drift", "overview", "quality"]
 
 _DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
-_APP = 'app=~"$app"'
+# `tenant` is empty (and matched by the "All" value) unless metrics.tenant_label is on
+_APP = 'tenant=~"$tenant",app=~"$app"'
 _Query = tuple[str, str]  # (PromQL, legend)
 
 
@@ -42,6 +43,18 @@ class _Board:
             .timezone("browser")
             .editable()
             .with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+            .with_variable(
+                db.QueryVariable("tenant")
+                .label("Tenant")
+                .description("set when ragmon runs with metrics.tenant_label; empty otherwise")
+                .datasource(_DS)
+                .query("label_values(ragmon_traces_total, tenant)")
+                .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+                .multi(True)
+                .include_all(True)
+                .all_value(".*")
+                .sort(VariableSort.ALPHABETICAL_ASC)
+            )
             .with_variable(
                 db.QueryVariable("app")
                 .label("App")
@@ -107,7 +120,7 @@ class _Board:
 
 
 def _q(quantile_metric: str, q: str, extra: str = "") -> str:
-    return f'max by (app{extra}) ({quantile_metric}{{quantile="{q}",{_APP}}})'
+    return f'max by (tenant, app{extra}) ({quantile_metric}{{quantile="{q}",{_APP}}})'
 
 
 def overview() -> dict[str, Any]:
@@ -143,7 +156,7 @@ def overview() -> dict[str, Any]:
         "Traces per second by app",
         "",
         "reqps",
-        [(f"sum by (app) (app:ragmon_traces:rate5m{{{_APP}}})", "{{app}}")],
+        [(f"sum by (tenant, app) (app:ragmon_traces:rate5m{{{_APP}}})", "{{app}}")],
     )
     b.series(
         "Traces per second by release",
@@ -151,7 +164,7 @@ def overview() -> dict[str, Any]:
         "reqps",
         [
             (
-                f"sum by (app, release) (app_release:ragmon_release_traces:rate15m{{{_APP}}})",
+                f"sum by (tenant, app, release) (app_release:ragmon_release_traces:rate15m{{{_APP}}})",
                 "{{app}} {{release}}",
             )
         ],
@@ -168,7 +181,7 @@ def overview() -> dict[str, Any]:
         "stage=total",
         "s",
         [
-            (f'max by (app) ({stage}{{quantile="{q}",stage="total",{_APP}}})', f"{{{{app}}}} {label}")
+            (f'max by (tenant, app) ({stage}{{quantile="{q}",stage="total",{_APP}}})', f"{{{{app}}}} {label}")
             for q, label in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
         ],
     )
@@ -187,8 +200,8 @@ def overview() -> dict[str, Any]:
         "none",
         [
             (
-                f"sum by (app) (rate(ragmon_retrieved_chunks_sum{{{_APP}}}[$__rate_interval]))"
-                f" / sum by (app) (rate(ragmon_retrieved_chunks_count{{{_APP}}}[$__rate_interval]))",
+                f"sum by (tenant, app) (rate(ragmon_retrieved_chunks_sum{{{_APP}}}[$__rate_interval]))"
+                f" / sum by (tenant, app) (rate(ragmon_retrieved_chunks_count{{{_APP}}}[$__rate_interval]))",
                 "{{app}}",
             )
         ],
@@ -200,7 +213,7 @@ def overview() -> dict[str, Any]:
         "short",
         [
             (
-                f"sum by (app, model, kind) (rate(ragmon_tokens_total{{{_APP}}}[$__rate_interval]))",
+                f"sum by (tenant, app, model, kind) (rate(ragmon_tokens_total{{{_APP}}}[$__rate_interval]))",
                 "{{app}} {{model}} {{kind}}",
             )
         ],
@@ -215,7 +228,7 @@ def overview() -> dict[str, Any]:
         "Spend per hour",
         "app model calls (judge spend is on the quality dashboard)",
         "currencyUSD",
-        [(f"3600 * sum by (app) (app:ragmon_cost_usd:rate1h{{{_APP}}})", "{{app}}")],
+        [(f"3600 * sum by (tenant, app) (app:ragmon_cost_usd:rate1h{{{_APP}}})", "{{app}}")],
     )
     b.series(
         "Model calls with no known cost, per second",
@@ -224,11 +237,13 @@ def overview() -> dict[str, Any]:
         "reqps",
         [
             (
-                f"sum by (app, model) (rate(ragmon_unpriced_calls_total{{{_APP}}}[$__rate_interval]))",
+                "sum by (tenant, app, model)"
+                f" (rate(ragmon_unpriced_calls_total{{{_APP}}}[$__rate_interval]))",
                 "unpriced {{app}} {{model}}",
             ),
             (
-                f"sum by (app, model) (rate(ragmon_usage_unknown_calls_total{{{_APP}}}[$__rate_interval]))",
+                "sum by (tenant, app, model)"
+                f" (rate(ragmon_usage_unknown_calls_total{{{_APP}}}[$__rate_interval]))",
                 "unknown usage {{app}} {{model}}",
             ),
         ],
@@ -246,7 +261,8 @@ def overview() -> dict[str, Any]:
         "short",
         [
             (
-                f"60 * sum by (app, rating) (rate(ragmon_feedback_total{{{_APP}}}[$__rate_interval]))",
+                "60 * sum by (tenant, app, rating)"
+                f" (rate(ragmon_feedback_total{{{_APP}}}[$__rate_interval]))",
                 "{{app}} {{rating}}",
             )
         ],
@@ -304,9 +320,9 @@ def quality() -> dict[str, Any]:
         "alerts fire when the upper bound is under the threshold",
         "percentunit",
         [
-            (f"max by (app) (ragmon_faithfulness_estimate{est})", "{{app}} estimate"),
-            (f"max by (app) (ragmon_faithfulness_estimate_lower{est})", "{{app}} lower"),
-            (f"max by (app) (ragmon_faithfulness_estimate_upper{est})", "{{app}} upper"),
+            (f"max by (tenant, app) (ragmon_faithfulness_estimate{est})", "{{app}} estimate"),
+            (f"max by (tenant, app) (ragmon_faithfulness_estimate_lower{est})", "{{app}} lower"),
+            (f"max by (tenant, app) (ragmon_faithfulness_estimate_upper{est})", "{{app}} upper"),
         ],
     )
     b.series(
@@ -315,9 +331,9 @@ def quality() -> dict[str, Any]:
         "claim-level rate whenever some answers are partly supported",
         "percentunit",
         [
-            (f"max by (app) (ragmon_faithful_answers_ratio{est})", "{{app}} estimate"),
-            (f"max by (app) (ragmon_faithful_answers_ratio_lower{est})", "{{app}} lower"),
-            (f"max by (app) (ragmon_faithful_answers_ratio_upper{est})", "{{app}} upper"),
+            (f"max by (tenant, app) (ragmon_faithful_answers_ratio{est})", "{{app}} estimate"),
+            (f"max by (tenant, app) (ragmon_faithful_answers_ratio_lower{est})", "{{app}} lower"),
+            (f"max by (tenant, app) (ragmon_faithful_answers_ratio_upper{est})", "{{app}} upper"),
         ],
     )
     b.series(
@@ -326,7 +342,8 @@ def quality() -> dict[str, Any]:
         "percentunit",
         [
             (
-                f'max by (app, release) (ragmon_faithfulness_estimate{{intent="all",release!="all",{_APP}}})',
+                "max by (tenant, app, release)"
+                f' (ragmon_faithfulness_estimate{{intent="all",release!="all",{_APP}}})',
                 "{{app}} {{release}}",
             )
         ],
@@ -337,7 +354,8 @@ def quality() -> dict[str, Any]:
         "percentunit",
         [
             (
-                f'max by (app, intent) (ragmon_faithfulness_estimate{{release="all",intent!="all",{_APP}}})',
+                "max by (tenant, app, intent)"
+                f' (ragmon_faithfulness_estimate{{release="all",intent!="all",{_APP}}})',
                 "{{app}} {{intent}}",
             )
         ],
@@ -347,8 +365,8 @@ def quality() -> dict[str, Any]:
         "scored judgments behind both readings, and answers without claims (in neither)",
         "short",
         [
-            (f"max by (app) (ragmon_faithfulness_sample_size{est})", "{{app}} scored"),
-            (f"max by (app) (ragmon_faithfulness_no_claims{est})", "{{app}} no claims"),
+            (f"max by (tenant, app) (ragmon_faithfulness_sample_size{est})", "{{app}} scored"),
+            (f"max by (tenant, app) (ragmon_faithfulness_no_claims{est})", "{{app}} no claims"),
         ],
     )
     b.row("Verdicts and diagnoses")
@@ -363,7 +381,7 @@ def quality() -> dict[str, Any]:
             "short",
             [
                 (
-                    f"60 * sum by (app, {label}) (rate({metric}{{{_APP}}}[$__rate_interval]))",
+                    f"60 * sum by (tenant, app, {label}) (rate({metric}{{{_APP}}}[$__rate_interval]))",
                     f"{{{{app}}}} {{{{{label}}}}}",
                 )
             ],
@@ -463,28 +481,28 @@ def drift() -> dict[str, Any]:
         "Drift detected",
         "1 when the latest run (after hysteresis) says drift",
         "none",
-        [(f"max by (app, detector) (ragmon_drift_detected{sel})", "{{app}} {{detector}}")],
+        [(f"max by (tenant, app, detector) (ragmon_drift_detected{sel})", "{{app}} {{detector}}")],
     )
     b.series(
         "Test statistic",
         "MMD², KS D, ... of the latest window",
         "none",
-        [(f"max by (app, detector) (ragmon_drift_score{sel})", "{{app}} {{detector}}")],
+        [(f"max by (tenant, app, detector) (ragmon_drift_score{sel})", "{{app}} {{detector}}")],
     )
     b.series(
         "p-value and alpha",
         "drift when the p-value falls under alpha",
         "none",
         [
-            (f"max by (app, detector) (ragmon_drift_p_value{sel})", "{{app}} {{detector}} p"),
-            (f"max by (app, detector) (ragmon_drift_alpha{sel})", "{{app}} {{detector}} alpha"),
+            (f"max by (tenant, app, detector) (ragmon_drift_p_value{sel})", "{{app}} {{detector}} p"),
+            (f"max by (tenant, app, detector) (ragmon_drift_alpha{sel})", "{{app}} {{detector}} alpha"),
         ],
     )
     b.series(
         "Window size",
         "observations in the latest window",
         "short",
-        [(f"max by (app, detector) (ragmon_drift_window_size{sel})", "{{app}} {{detector}}")],
+        [(f"max by (tenant, app, detector) (ragmon_drift_window_size{sel})", "{{app}} {{detector}}")],
     )
     b.row("Runs")
     b.series(
@@ -508,7 +526,7 @@ def drift() -> dict[str, Any]:
         "Embedding model changes (1h)",
         "a new query-embedding model name or dimension",
         "short",
-        [(f"sum by (app) (increase(ragmon_embedding_model_changes_total{sel}[1h]))", "{{app}}")],
+        [(f"sum by (tenant, app) (increase(ragmon_embedding_model_changes_total{sel}[1h]))", "{{app}}")],
     )
     b.row("Retrieval and regeneration")
     b.series(
@@ -517,7 +535,7 @@ def drift() -> dict[str, Any]:
         "none",
         [
             (
-                "histogram_quantile(0.5, sum by (app, le)"
+                "histogram_quantile(0.5, sum by (tenant, app, le)"
                 f" (rate(ragmon_retrieval_top1_score_bucket{sel}[$__rate_interval])))",
                 "{{app}}",
             )
@@ -529,8 +547,8 @@ def drift() -> dict[str, Any]:
         "percentunit",
         [
             (
-                f"sum by (app) (rate(ragmon_empty_retrievals_total{sel}[$__rate_interval]))"
-                f" / sum by (app) (rate(ragmon_traces_total{sel}[$__rate_interval]))",
+                f"sum by (tenant, app) (rate(ragmon_empty_retrievals_total{sel}[$__rate_interval]))"
+                f" / sum by (tenant, app) (rate(ragmon_traces_total{sel}[$__rate_interval]))",
                 "{{app}}",
             )
         ],
@@ -540,9 +558,18 @@ def drift() -> dict[str, Any]:
         "the alert fires outside the band",
         "percentunit",
         [
-            (f"max by (app, intent) (ragmon_regeneration_rate_ratio{sel})", "{{app}} {{intent}} rate"),
-            (f"max by (app, intent) (ragmon_regeneration_band_lower_ratio{sel})", "{{app}} {{intent}} lower"),
-            (f"max by (app, intent) (ragmon_regeneration_band_upper_ratio{sel})", "{{app}} {{intent}} upper"),
+            (
+                f"max by (tenant, app, intent) (ragmon_regeneration_rate_ratio{sel})",
+                "{{app}} {{intent}} rate",
+            ),
+            (
+                f"max by (tenant, app, intent) (ragmon_regeneration_band_lower_ratio{sel})",
+                "{{app}} {{intent}} lower",
+            ),
+            (
+                f"max by (tenant, app, intent) (ragmon_regeneration_band_upper_ratio{sel})",
+                "{{app}} {{intent}} upper",
+            ),
         ],
         width=24,
     )

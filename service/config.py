@@ -287,6 +287,14 @@ class MetricsConfig(_Section):
         description="when set, /metrics answers only `Authorization: Bearer <token>` (Prometheus: "
         "authorization.credentials); unset: open to whoever reaches the port (loopback by default)",
     )
+    tenant_label: bool = Field(
+        False,
+        description="put a `tenant` label before `app` on every per-app metric, so equal app names of two "
+        "tenants are not summed; off for one-tenant installs (the series keep their current labels)",
+    )
+    max_tenants: int = Field(
+        20, gt=0, description="distinct tenant label values before the rest become 'other' (tenant_label)"
+    )
     max_apps: int = Field(20, gt=0, description="distinct app label values before the rest become 'other'")
     max_models: int = Field(
         20, gt=0, description="distinct model label values before the rest become 'other'"

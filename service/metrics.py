@@ -6,6 +6,11 @@ Naming follows Prometheus practice: `ragmon_` prefix, base units as suffixes
 and `intent` are capped by configuration and overflow into `other`. No label
 ever carries a user, session, trace or query.
 
+Per-app metrics are labelled by `scope_labels`: `app`, or `tenant` and `app`
+when `metrics.tenant_label` is on (capped by `metrics.max_tenants`), so two
+tenants' equal app names stay two series. Call sites pass `scope(tenant, app)`
+and never name the scope labels themselves.
+
 Each `Metrics` owns its own `CollectorRegistry`, so several apps can live in
 one process (tests) without `Duplicated timeseries` errors. Values that are
 state rather than events (queue depth, open traces) are read at scrape time
@@ -176,94 +181,105 @@ class Metrics:
         self.model_label = BoundedLabel(config.max_models)
         self.intent_label = BoundedLabel(config.max_intents, config.intents)
         self.release_label = BoundedLabel(config.max_releases)
+        self.tenant_label = BoundedLabel(config.max_tenants) if config.tenant_label else None
+        self.scope_labels: tuple[str, ...] = ("tenant", "app") if config.tenant_label else ("app",)
         # (metric, label values) -> child, for the per-trace counters; see `_child`
         self._children: dict[tuple[Counter | Histogram, tuple[str, ...]], Any] = {}
         r = self.registry
 
-        self.traces = Counter("ragmon_traces", "RAG traces received and stored, by app", ["app"], registry=r)
+        self.traces = Counter(
+            "ragmon_traces", "RAG traces received and stored, by app", [*self.scope_labels], registry=r
+        )
         self.partial_traces = Counter(
             "ragmon_partial_traces",
             "traces assembled without their root span (timeout or buffer full); see ragmon_assembled_traces",
-            ["app"],
+            [*self.scope_labels],
             registry=r,
         )
         self.stage_duration = Histogram(
             "ragmon_stage_duration_seconds",
             "duration of each RAG stage per trace (sum over the stage's spans)",
-            ["app", "stage"],
+            [*self.scope_labels, "stage"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.ttft = Histogram(
             "ragmon_ttft_seconds",
             "time to first token of the answer",
-            ["app"],
+            [*self.scope_labels],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.tokens = Counter(
-            "ragmon_tokens", "LLM tokens, by model and kind", ["app", "model", "kind"], registry=r
+            "ragmon_tokens",
+            "LLM tokens, by model and kind",
+            [*self.scope_labels, "model", "kind"],
+            registry=r,
         )
-        self.cost = Counter("ragmon_cost_usd", "spend in USD, by model", ["app", "model"], registry=r)
+        self.cost = Counter(
+            "ragmon_cost_usd", "spend in USD, by model", [*self.scope_labels, "model"], registry=r
+        )
         self.trace_cost = Histogram(
             "ragmon_trace_cost_usd",
             "cost of one trace in USD (priced calls only)",
-            ["app"],
+            [*self.scope_labels],
             buckets=COST_BUCKETS,
             registry=r,
         )
         self.unpriced_calls = Counter(
             "ragmon_unpriced_calls",
             "model usages with no app-sent cost and no price-table entry (never guessed)",
-            ["app", "model"],
+            [*self.scope_labels, "model"],
             registry=r,
         )
         self.usage_unknown_calls = Counter(
             "ragmon_usage_unknown_calls",
             "model usages reported without token counts or a cost: unknown, never priced at 0;"
             " their traces stay out of ragmon_trace_cost_usd",
-            ["app", "model"],
+            [*self.scope_labels, "model"],
             registry=r,
         )
         self.retrieved_chunks = Histogram(
             "ragmon_retrieved_chunks",
             "chunks returned by retrieval per trace",
-            ["app"],
+            [*self.scope_labels],
             buckets=CHUNK_COUNT_BUCKETS,
             registry=r,
         )
         self.top1_score = Histogram(
             "ragmon_retrieval_top1_score",
             "score of the top-ranked retrieved chunk",
-            ["app"],
+            [*self.scope_labels],
             buckets=SCORE_BUCKETS,
             registry=r,
         )
         self.empty_retrievals = Counter(
             "ragmon_empty_retrievals",
             "traces with a retrieval step that returned no chunk",
-            ["app"],
+            [*self.scope_labels],
             registry=r,
         )
         self.regenerations = Counter(
             "ragmon_regenerations",
             "answers the user asked to regenerate (attribute, regenerate feedback, or a detected re-ask)",
-            ["app", "intent", "source"],
+            [*self.scope_labels, "intent", "source"],
             registry=r,
         )
         self.requests_by_intent = Counter(
             "ragmon_intent_traces",
             "traces by app and intent (denominator of the regeneration rate)",
-            ["app", "intent"],
+            [*self.scope_labels, "intent"],
             registry=r,
         )
         self.release_traces = Counter(
             "ragmon_release_traces",
             "traces by app and release (service.version); alerts join it to name the release they fire under",
-            ["app", "release"],
+            [*self.scope_labels, "release"],
             registry=r,
         )
-        self.feedback = Counter("ragmon_feedback", "user ratings received", ["app", "rating"], registry=r)
+        self.feedback = Counter(
+            "ragmon_feedback", "user ratings received", [*self.scope_labels, "rating"], registry=r
+        )
         self.ingest_rejected = Counter(
             "ragmon_ingest_rejected",
             "spans, traces, feedback or requests refused at ingest, by reason",
@@ -277,13 +293,13 @@ class Metrics:
             "ragmon_non_request_traces",
             "traces that are not user requests, by kind (embedding: index building or batch embedding; "
             "other: no RAG stage); left out of every request metric, drift and sampling",
-            ["app", "kind"],
+            [*self.scope_labels, "kind"],
             registry=r,
         )
         self.non_request_cost = Counter(
             "ragmon_non_request_cost_usd",
             "USD spent by traces that are not user requests (priced calls only), by kind",
-            ["app", "kind"],
+            [*self.scope_labels, "kind"],
             registry=r,
         )
         self.wal_replayed = Counter(
@@ -376,7 +392,7 @@ class Metrics:
         self.state = _StateCollector()
         r.register(self.state)
         for stage in STAGES:
-            self.stage_duration.labels(app=NONE, stage=stage)
+            self.stage_duration.labels(**self.scope_kw(None, None), stage=stage)
         for reason in REQUEST_REJECT_REASONS + tuple(RejectReason):
             self.ingest_rejected.labels(reason=reason)
 
@@ -412,13 +428,13 @@ class Metrics:
         self.judge_verdicts = Counter(
             "ragmon_judge_verdicts",
             "judgments by verdict: faithful, unfaithful, no_claims, failed",
-            ["app", "verdict", "judge"],
+            [*self.scope_labels, "verdict", "judge"],
             registry=r,
         )
         self.judge_diagnoses = Counter(
             "ragmon_judge_diagnoses",
             "judged traces by diagnosis (ok, retrieval_failure, generation_failure, ...)",
-            ["app", "diagnosis"],
+            [*self.scope_labels, "diagnosis"],
             registry=r,
         )
         self.judge_cost = Counter("ragmon_judge_cost_usd", "judge spend in USD", ["judge"], registry=r)
@@ -450,9 +466,12 @@ class Metrics:
             self.judge_cost.labels(judge=judge)
             self.judge_completed.labels(judge=judge)
         self.review_flags = Counter(
-            "ragmon_review_flags", "traces flagged for review, by reason", ["app", "reason"], registry=r
+            "ragmon_review_flags",
+            "traces flagged for review, by reason",
+            [*self.scope_labels, "reason"],
+            registry=r,
         )
-        estimate_labels = ["app", "release", "intent"]
+        estimate_labels = [*self.scope_labels, "release", "intent"]
         self.faithfulness_estimate = Gauge(
             "ragmon_faithfulness_estimate",
             "Hajek (inverse-probability weighted) faithfulness over the rolling window; release/intent 'all' "
@@ -548,7 +567,7 @@ class Metrics:
     def _declare_drift_metrics(self) -> None:
         """Drift results (one series per app and detector; detector names are a closed set in code)."""
         r = self.registry
-        labels = ["app", "detector"]
+        labels = [*self.scope_labels, "detector"]
         self.drift_score = Gauge(
             "ragmon_drift_score",
             "the detector's test statistic on the latest window (e.g. MMD^2, KS D)",
@@ -579,7 +598,7 @@ class Metrics:
         self.drift_runs = Counter(
             "ragmon_drift_runs",
             "drift detector runs, by outcome (ok, drift, insufficient_data, error)",
-            ["app", "detector", "outcome"],
+            [*self.scope_labels, "detector", "outcome"],
             registry=r,
         )
         self.drift_last_run = Gauge(
@@ -599,25 +618,25 @@ class Metrics:
         self.embedding_model_changes = Counter(
             "ragmon_embedding_model_changes",
             "a new query-embedding model name or vector dimension appeared in traces",
-            ["app"],
+            [*self.scope_labels],
             registry=r,
         )
         self.regeneration_rate = Gauge(
             "ragmon_regeneration_rate_ratio",
             "regeneration rate of the latest window",
-            ["app", "intent"],
+            [*self.scope_labels, "intent"],
             registry=r,
         )
         self.regeneration_band_lower = Gauge(
             "ragmon_regeneration_band_lower_ratio",
             "lower control limit of the regeneration rate for this window",
-            ["app", "intent"],
+            [*self.scope_labels, "intent"],
             registry=r,
         )
         self.regeneration_band_upper = Gauge(
             "ragmon_regeneration_band_upper_ratio",
             "upper control limit of the regeneration rate for this window",
-            ["app", "intent"],
+            [*self.scope_labels, "intent"],
             registry=r,
         )
 
@@ -820,6 +839,16 @@ class Metrics:
         # label tuples each gauge holds per golden label, so a new run can drop the series it no longer has
         self.probe_series: dict[str, dict[str, set[tuple[str, ...]]]] = {}
 
+    def scope(self, tenant: str | None, app: str | None) -> tuple[str, ...]:
+        """The bounded values of `scope_labels` for one tenant's app, in declaration order."""
+        if self.tenant_label is None:
+            return (self.app_label(app),)
+        return (self.tenant_label(tenant), self.app_label(app))
+
+    def scope_kw(self, tenant: str | None, app: str | None) -> dict[str, str]:
+        """`scope` as keyword label values, for `metric.labels(**...)`."""
+        return dict(zip(self.scope_labels, self.scope(tenant, app), strict=True))
+
     def _child(self, metric: Counter | Histogram, *values: str) -> Any:
         """`metric.labels(*values)` (values in declaration order), remembered.
 
@@ -837,13 +866,13 @@ class Metrics:
         """Count a batch of NEW traces (the caller guarantees each trace id is counted once)."""
         child = self._child
         for trace in batch:
-            app = self.app_label(trace.app)
-            child(self.traces, app).inc()
+            app = self.scope(trace.tenant, trace.app)
+            child(self.traces, *app).inc()
             intent = self.intent_label(trace.intent)
-            child(self.requests_by_intent, app, intent).inc()
-            child(self.release_traces, app, self.release_label(trace.release)).inc()
+            child(self.requests_by_intent, *app, intent).inc()
+            child(self.release_traces, *app, self.release_label(trace.release)).inc()
             if trace.partial:
-                child(self.partial_traces, app).inc()
+                child(self.partial_traces, *app).inc()
             t = trace.timings
             for stage, value in (
                 ("total", t.total_s),
@@ -853,42 +882,42 @@ class Metrics:
                 ("generation", t.generation_s),
             ):
                 if value is not None:
-                    child(self.stage_duration, app, stage).observe(value)
+                    child(self.stage_duration, *app, stage).observe(value)
             if t.ttft_s is not None:
-                child(self.ttft, app).observe(t.ttft_s)
+                child(self.ttft, *app).observe(t.ttft_s)
             for usage in trace.usage:
                 model = self.model_label(usage.model)
                 if usage.input_tokens:
-                    child(self.tokens, app, model, "input").inc(usage.input_tokens)
+                    child(self.tokens, *app, model, "input").inc(usage.input_tokens)
                 if usage.output_tokens:
-                    child(self.tokens, app, model, "output").inc(usage.output_tokens)
+                    child(self.tokens, *app, model, "output").inc(usage.output_tokens)
                 if usage.cost_usd is not None:
-                    child(self.cost, app, model).inc(usage.cost_usd)
+                    child(self.cost, *app, model).inc(usage.cost_usd)
                 elif usage.cost_source == "unknown_usage":
-                    child(self.usage_unknown_calls, app, model).inc()
+                    child(self.usage_unknown_calls, *app, model).inc()
                 else:
-                    child(self.unpriced_calls, app, model).inc()
+                    child(self.unpriced_calls, *app, model).inc()
             cost = trace.cost_usd
             if cost is not None:
-                child(self.trace_cost, app).observe(cost)
+                child(self.trace_cost, *app).observe(cost)
             if trace.retrieval.retriever is not None or trace.retrieval.chunks:
-                child(self.retrieved_chunks, app).observe(len(trace.retrieval.chunks))
+                child(self.retrieved_chunks, *app).observe(len(trace.retrieval.chunks))
                 if not trace.retrieval.chunks:
-                    child(self.empty_retrievals, app).inc()
+                    child(self.empty_retrievals, *app).inc()
             top1 = trace.retrieval.top1_score
             if top1 is not None:
-                child(self.top1_score, app).observe(top1)
+                child(self.top1_score, *app).observe(top1)
             if trace.is_regeneration:
-                child(self.regenerations, app, intent, trace.regeneration_source or "attribute").inc()
+                child(self.regenerations, *app, intent, trace.regeneration_source or "attribute").inc()
 
     def count_non_requests(self, batch: Sequence[RagTrace]) -> None:
         """Count traces that are not user requests (each once, as `count_traces` counts requests)."""
         for trace in batch:
-            app = self.app_label(trace.app)
-            self._child(self.non_request_traces, app, trace.kind).inc()
+            app = self.scope(trace.tenant, trace.app)
+            self._child(self.non_request_traces, *app, trace.kind).inc()
             cost = trace.cost_usd
             if cost is not None:
-                self._child(self.non_request_cost, app, trace.kind).inc(cost)
+                self._child(self.non_request_cost, *app, trace.kind).inc(cost)
 
     def count_feedback(
         self, batch: Sequence[Feedback], traces: Mapping[str, tuple[str | None, str | None]]
@@ -896,12 +925,12 @@ class Metrics:
         """Count NEW feedback events; `traces` maps trace id -> (app, intent) of traces already known."""
         for event in batch:
             known_app, known_intent = traces.get(event.trace_id, (None, None))
-            app = self.app_label(event.app or known_app)
+            app = self.scope_kw(event.tenant, event.app or known_app)
             if event.kind == "regenerate":
                 intent = self.intent_label(known_intent)
-                self.regenerations.labels(app=app, intent=intent, source="feedback").inc()
+                self.regenerations.labels(**app, intent=intent, source="feedback").inc()
             else:
-                self.feedback.labels(app=app, rating=event.kind).inc()
+                self.feedback.labels(**app, rating=event.kind).inc()
 
     def reject(self, reason: str, count: int = 1) -> None:
         if count > 0:

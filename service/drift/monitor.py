@@ -194,7 +194,9 @@ class DriftWindowSink:
         known.add(model)
         if model != self.builtin_key and app_models:
             # The built-in embedder is ragmon's own; only a change of the app's model is an event.
-            self.metrics.embedding_model_changes.labels(app=self.metrics.app_label(trace.app)).inc()
+            self.metrics.embedding_model_changes.labels(
+                **self.metrics.scope_kw(trace.tenant, trace.app)
+            ).inc()
             dims = {m.rpartition("@")[2] for m in app_models}
             self._events.append(
                 RunRecord(
@@ -628,30 +630,30 @@ class DriftScheduler:
 
     def _count(self, record: RunRecord) -> None:
         m = self.metrics
-        app = m.app_label(record.app)
-        m.drift_runs.labels(app=app, detector=record.result.detector, outcome=record.outcome).inc()
+        scope = m.scope_kw(record.tenant, record.app)
+        m.drift_runs.labels(**scope, detector=record.result.detector, outcome=record.outcome).inc()
         m.drift_last_run.labels(detector=record.result.detector).set(record.ran_at.timestamp())
 
     def _export(self, records: Sequence[RunRecord]) -> None:
         """Count every run; set each (app, detector) gauge from its largest window in this run."""
         m = self.metrics
-        best: dict[tuple[str, str], RunRecord] = {}
+        best: dict[tuple[tuple[str, ...], str], RunRecord] = {}
         for record in records:
             self._count(record)
             result = record.result
             if result.detector == REGENERATION:
-                labels = {"app": m.app_label(record.app), "intent": m.intent_label(record.intent)}
+                labels = {**m.scope_kw(record.tenant, record.app), "intent": m.intent_label(record.intent)}
                 m.regeneration_rate.labels(**labels).set(result.statistic)
                 m.regeneration_band_lower.labels(**labels).set(float(str(result.details.get("lower", 0.0))))
                 m.regeneration_band_upper.labels(**labels).set(float(str(result.details.get("upper", 1.0))))
                 continue
-            key = (m.app_label(record.app), result.detector)
+            key = (m.scope(record.tenant, record.app), result.detector)
             held = best.get(key)
             if held is None or _rank(record) > _rank(held):
                 best[key] = record
-        for (app, detector), record in best.items():
+        for (scope, detector), record in best.items():
             result = record.result
-            labels = {"app": app, "detector": detector}
+            labels = {**dict(zip(m.scope_labels, scope, strict=True)), "detector": detector}
             m.drift_score.labels(**labels).set(result.statistic)
             m.drift_p_value.labels(**labels).set(math.nan if result.p_value is None else result.p_value)
             m.drift_threshold.labels(**labels).set(math.nan if result.alpha is None else result.alpha)

@@ -261,7 +261,9 @@ class JudgeWorker:
         if new:
             self._count(judgment, record)
         for flag in new_flags:
-            self.metrics.review_flags.labels(app=self.metrics.app_label(flag.app), reason=flag.reason).inc()
+            self.metrics.review_flags.labels(
+                **self.metrics.scope_kw(flag.tenant, flag.app), reason=flag.reason
+            ).inc()
         if self.after_judgment is not None:
             # before completing: if the hook fails, the redelivered item runs it again (it is idempotent)
             await self.after_judgment(judgment)
@@ -269,7 +271,7 @@ class JudgeWorker:
 
     def _count(self, judgment: Judgment, record: QueueRecord) -> None:
         m = self.metrics
-        app = m.app_label(judgment.app)
+        scope = m.scope_kw(judgment.tenant, judgment.app)
         if judgment.outcome == "failed":
             verdict = "failed"
             m.judge_failures.labels(reason=judgment.failure_reason or "unknown").inc()
@@ -277,9 +279,9 @@ class JudgeWorker:
             verdict = "no_claims"
         else:
             verdict = "unfaithful" if judgment.unsupported else "faithful"
-        m.judge_verdicts.labels(app=app, verdict=verdict, judge=judgment.judge).inc()
+        m.judge_verdicts.labels(**scope, verdict=verdict, judge=judgment.judge).inc()
         if judgment.diagnosis is not None:
-            m.judge_diagnoses.labels(app=app, diagnosis=judgment.diagnosis).inc()
+            m.judge_diagnoses.labels(**scope, diagnosis=judgment.diagnosis).inc()
         m.judge_requests.labels(judge=judgment.judge).inc(len(judgment.calls))
         m.judge_tokens.labels(judge=judgment.judge, kind="input").inc(judgment.prompt_tokens)
         m.judge_tokens.labels(judge=judgment.judge, kind="output").inc(judgment.completion_tokens)
@@ -319,8 +321,8 @@ class JudgeWorker:
 class FaithfulnessEstimator:
     """Recomputes the Hájek faithfulness estimates over the rolling window and exports them as gauges.
 
-    Over every tenant's judged traces (the gauges carry no tenant), or one tenant's when `tenant` is
-    given (the weekly report)."""
+    Over every tenant's judged traces, one tenant at a time when the metrics carry a tenant label
+    (`metrics.tenant_label`), or one tenant's only when `tenant` is given (the weekly report)."""
 
     def __init__(
         self, config: JudgingConfig, judgments: JudgmentStore, metrics: Metrics, *, tenant: str | None = None
@@ -330,25 +332,34 @@ class FaithfulnessEstimator:
         self.judgments = judgments
         self.metrics = metrics
         self._task: asyncio.Task[None] | None = None
-        self.latest: dict[tuple[str, ...], Any] = {}
-        self.latest_answers: dict[tuple[str, ...], Any] = {}
 
     def compute(
-        self, now: datetime | None = None, reading: Reading = "claims"
+        self, now: datetime | None = None, reading: Reading = "claims", *, tenant: str | None = None
     ) -> dict[Grouping, dict[tuple[str, ...], FaithfulnessEstimate]]:
         """Estimates per grouping: {"app": {(app,): est}, "app_release": ..., "app_intent": ...}, of the
-        share of supported claims (`claims`) or of answers with no unsupported claim (`answers`)."""
+        share of supported claims (`claims`) or of answers with no unsupported claim (`answers`);
+        `tenant` narrows an estimator made for every tenant to one."""
         now = now or datetime.now(UTC)
         start = now - timedelta(seconds=self.config.estimate_window_s)
-        cells = self.judgments.window_cells(start, now, tenant=self.tenant, reading=reading)
+        cells = self.judgments.window_cells(start, now, tenant=tenant or self.tenant, reading=reading)
         return {grouping: estimate_cells_by(cells, grouping) for grouping in GROUPINGS}
 
     def export(self) -> None:
         """Both readings as gauges: claim-level (`ragmon_faithfulness_estimate`) and answer-level
-        (`ragmon_faithful_answers_ratio`), each with its interval, n and the no-claims count."""
-        m = self.metrics
+        (`ragmon_faithful_answers_ratio`), each with its interval, n and the no-claims count; one set
+        per tenant when the metrics carry a tenant label, else over every tenant."""
         now = datetime.now(UTC)
-        claims, answers = self.compute(now), self.compute(now, reading="answers")
+        if self.metrics.tenant_label is None or self.tenant is not None:
+            self._export(now, self.tenant)
+            return
+        start = now - timedelta(seconds=self.config.estimate_window_s)
+        for tenant in self.judgments.window_tenants(start, now):
+            self._export(now, tenant)
+
+    def _export(self, now: datetime, tenant: str | None) -> None:
+        m = self.metrics
+        claims = self.compute(now, tenant=tenant)
+        answers = self.compute(now, reading="answers", tenant=tenant)
         gauges = {
             "claims": (m.faithfulness_estimate, m.faithfulness_lower, m.faithfulness_upper),
             "answers": (m.faithful_answers, m.faithful_answers_lower, m.faithful_answers_upper),
@@ -357,10 +368,9 @@ class FaithfulnessEstimator:
             point, lower, upper = gauges[reading]
             for grouping, estimates in results.items():
                 for key, est in estimates.items():
-                    app = m.app_label(key[0])
                     release = m.release_label(key[1]) if grouping == "app_release" else "all"
                     intent = m.intent_label(key[1]) if grouping == "app_intent" else "all"
-                    labels = {"app": app, "release": release, "intent": intent}
+                    labels = {**m.scope_kw(tenant, key[0]), "release": release, "intent": intent}
                     if est.estimate is not None and est.lower is not None and est.upper is not None:
                         point.labels(**labels).set(est.estimate)
                         lower.labels(**labels).set(est.lower)
@@ -368,8 +378,6 @@ class FaithfulnessEstimator:
                     if reading == "claims":
                         m.faithfulness_sample_size.labels(**labels).set(est.n_judged)
                         m.faithfulness_no_claims.labels(**labels).set(est.n_no_claims)
-        self.latest = claims.get("app", {})
-        self.latest_answers = answers.get("app", {})
 
     async def _run(self) -> None:
         while True:
