@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -265,16 +266,35 @@ SHUTDOWN_WAIT_S = 30.0
 """How long `ragmon demo` waits for its server's orderly stop (flushing traces, ending workers)."""
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    # once: a second SIGTERM (`timeout make demo` signals make and the demo both) must not cut the
-    # orderly stop short, and then interpreter shutdown; a second Ctrl-C still does
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt
+class _StopRequest:
+    """SIGTERM and Ctrl-C for the demo: an interrupt while traffic is sent, else a flag it waits on.
+
+    A KeyboardInterrupt raised by a handler lands at whatever line the main thread is on; under load
+    that was once between the "keeps running" line and the try block meant to catch it, and the
+    demo exited with its server and ingest workers still running (the interpreter then hung joining
+    them). So it is raised only while the traffic runs, inside the block that stops the server, and
+    after that a signal only sets `requested`. A second Ctrl-C still raises, to cut a stop that
+    takes too long; a second SIGTERM (`timeout make demo` signals make and the demo both) is the
+    same request again.
+    """
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.interrupting = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        again = self.requested.is_set()
+        self.requested.set()
+        if self.interrupting or (again and signum == signal.SIGINT):
+            raise KeyboardInterrupt
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self)
+        signal.signal(signal.SIGINT, self)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     """Start an embedded ragmon (unless --target names one), send demo traffic, show what ragmon saw."""
-    import threading
     import time
 
     import uvicorn
@@ -315,32 +335,37 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             print("ragmon demo: the server did not start (is the port taken? try --port)", file=sys.stderr)
             return 2
         time.sleep(0.05)
+    # uvicorn runs in a thread here and cannot take signals: SIGTERM (`kill`, `timeout`, a
+    # container stop) and Ctrl-C ask for the same orderly stop, ingest workers and all, from here on
+    stop = _StopRequest()
+    stop.install()
+    try:
+        return _demo_until_stopped(args, config, stop)
+    finally:
+        server.should_exit = True
+        if not stopped.wait(SHUTDOWN_WAIT_S):
+            print(f"ragmon demo: ragmon did not stop within {SHUTDOWN_WAIT_S:g} s", file=sys.stderr)
+
+
+def _demo_until_stopped(args: argparse.Namespace, config: RagmonConfig, stop: _StopRequest) -> int:
+    """Send the demo traffic, print what ragmon saw, and (without --exit) wait for a stop request."""
+    from service.demo import run as demo
+
     url = f"http://{config.server.host}:{config.server.port}"
     args.target = url
     print(f"ragmon is running at {url} (data in {config.data_dir}); sending demo traffic...", file=sys.stderr)
+    stop.interrupting = True
     code = demo.main(args)
     # generous: on a loaded machine the ingest processes can take many seconds to start building
     if not _wait_until_settled(url, timeout_s=config.assembler.timeout_s + 90):
         print("ragmon demo: ragmon is still busy; the numbers below may be incomplete", file=sys.stderr)
+    stop.interrupting = False
     print("\n".join(["", "what ragmon saw:", *_summary_lines(url)]))
-    if args.exit:
-        server.should_exit = True
-        stopped.wait(SHUTDOWN_WAIT_S)
+    if args.exit or stop.requested.is_set():
         return code
-    # uvicorn runs in a thread here and cannot take signals: SIGTERM (`kill`, `timeout`, a
-    # container stop) gets the same orderly stop as Ctrl-C, ingest workers and all. Installed
-    # before the line below says so: a SIGTERM sent on reading it found the default action.
-    signal.signal(signal.SIGTERM, _interrupt)
     print("\nragmon keeps running; press Ctrl-C to stop.", file=sys.stderr)
-    # An Event, not thread.join(): Python 3.11's join, interrupted by the KeyboardInterrupt,
-    # marks the still-running thread as stopped (threading.py, bpo-45274), so the next join
-    # returned at once and the interpreter shut down under the server's own shutdown.
-    try:
-        while not stopped.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        server.should_exit = True
-        stopped.wait(SHUTDOWN_WAIT_S)
+    while not stop.requested.wait(0.5):  # a timeout keeps the wait short of any lock a handler takes
+        pass
     return code
 
 

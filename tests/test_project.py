@@ -110,6 +110,32 @@ def test_ingest_workers_end_when_the_server_is_killed(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
+def test_sigterm_while_the_demo_sends_traffic_stops_ragmon_too(tmp_path: Path) -> None:
+    """The interrupt used to leave the demo at once, past the server's stop: the process then hung at
+    exit joining its ingest workers, which nobody had stopped."""
+    demo, _ = _serve_or_demo(tmp_path, "demo", "--requests", "100000", "--rate", "20", "--seed", "1")
+    assert demo.stderr is not None
+    watchdog = threading.Timer(180, demo.kill)
+    watchdog.start()
+    try:
+        for line in demo.stderr:
+            if "sending demo traffic" in line:
+                break
+        workers = descendants(demo.pid)
+        time.sleep(2.0)  # well into the traffic
+        demo.send_signal(signal.SIGTERM)
+        _, rest = demo.communicate(timeout=90)
+    finally:
+        watchdog.cancel()
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate(timeout=30)
+    assert demo.returncode == 130, rest
+    assert not any(sign in rest for sign in ("Traceback", "leaked", "did not stop", "ERROR")), rest
+    assert wait_gone(workers, timeout_s=20) == set()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
 @pytest.mark.parametrize("signals", [1, 2], ids=["once", "twice"])
 def test_sigterm_stops_the_running_demo_cleanly(tmp_path: Path, signals: int) -> None:
     """Twice: `timeout make demo` signals make and the demo both; the second must not cut the stop short."""
