@@ -64,6 +64,7 @@ CLIENTS = [
     ),
     Client("phoenix_openai", "phoenix_openai"),
     Client("haystack", "haystack"),
+    Client("dspy", "dspy"),
 ]
 BY_NAME = {c.name: c for c in CLIENTS}
 

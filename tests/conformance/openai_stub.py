@@ -2,18 +2,28 @@
 
 Endpoints: `POST /v1/chat/completions` (plain JSON and `stream=true` SSE, with the usage chunk
 that `stream_options.include_usage` asks for), `POST /v1/embeddings` (float or base64),
-`GET /v1/models`, and `GET /_stub/calls`, the log of every model call served, with the answer
-and the token counts reported, so a client's manifest can say what the monitor must have seen.
+`GET /v1/models`, a ColBERTv2 search server (`POST /colbertv2/index` with the corpus, then
+`GET /colbertv2?query=..&k=..`, answering `{"topk": [{"pid", "text", "rank", "score", "prob"}]}`
+as DSPy's `dspy.ColBERTv2` client reads it), and `GET /_stub/calls`, the log of every model and
+search call served, with the answer, the token counts reported and the passages returned, so a
+client's manifest can say what the monitor must have seen.
 
 Everything is a pure function of the request, so two runs of a client produce the same traces:
 
 * the answer is `Answer: <first sentence of the context> (ref <hash>)`, where the context is the
   text after the last `Context:` of the last user (else system) message, and the hash is of all
   messages, which keeps answers to different prompts apart;
+* a prompt written by DSPy's ChatAdapter (its user message ends "Respond with the corresponding
+  output fields, starting with the field `[[ ## a ## ]]`...") is answered in that format, each
+  output field under its `[[ ## name ## ]]` marker, then `[[ ## completed ## ]]`; the `answer`
+  field (else the last one) is that answer, from the first passage of the `[[ ## context ## ]]`
+  input field;
 * prompt tokens are the words of all messages plus 3 per message, completion tokens the words of
-  the answer, embedding tokens the words of the input;
+  the reply (`content` in the call log; `answer` is the same text except for a DSPy reply);
+  embedding tokens the words of the input;
 * an embedding is a hashed bag of words in `DIM` dimensions, unit length, so a question ranks
-  the documents it shares words with first and cosine scores are reproducible.
+  the documents it shares words with first and cosine scores are reproducible; the ColBERTv2
+  search ranks the indexed passages by that cosine (its `score`).
 
 Run it in a thread (`Stub`, tests) or as a process: `python tests/conformance/openai_stub.py --port N`.
 """
@@ -97,6 +107,54 @@ def answer_for(messages: list[dict[str, Any]]) -> str:
     return f"Answer: {first_sentence(context)} (ref {ref})"
 
 
+_DSPY_OUTPUTS = re.compile(r"Respond with the corresponding output fields, starting with the field (.*)")
+_DSPY_MARKER = re.compile(r"\[\[ ## (\w+) ## \]\]")
+_DSPY_PASSAGE = re.compile(r"^\[\d+\] «")
+
+
+def dspy_output_fields(messages: list[dict[str, Any]]) -> list[str] | None:
+    """The output fields a DSPy ChatAdapter prompt asks for, in order; None for any other prompt."""
+    users = [message_text(m) for m in messages if m.get("role") == "user"]
+    match = _DSPY_OUTPUTS.search(users[-1]) if users else None
+    if match is None:
+        return None
+    return [name for name in _DSPY_MARKER.findall(match.group(1)) if name != "completed"]
+
+
+def dspy_field(text: str, name: str) -> str:
+    """The value of input field `name` in a ChatAdapter user message (up to the next marker)."""
+    parts = re.split(r"^\[\[ ## (\w+) ## \]\]$", text, flags=re.MULTILINE)
+    for field, value in zip(parts[1::2], parts[2::2], strict=True):
+        if field == name:
+            return value.strip()
+    return ""
+
+
+def first_passage(value: str) -> str:
+    """The first passage of a ChatAdapter `list[str]` field: a JSON list, or `[1] «text»` lines."""
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return _DSPY_PASSAGE.sub("", value)
+    if isinstance(parsed, list) and parsed:
+        return str(parsed[0])
+    return value
+
+
+def dspy_reply(messages: list[dict[str, Any]], fields: list[str]) -> tuple[str, str]:
+    """(the whole reply, the answer field's text) for a ChatAdapter prompt asking for `fields`."""
+    user = [message_text(m) for m in messages if m.get("role") == "user"][-1]
+    context = first_passage(dspy_field(user, "context") or dspy_field(user, "question"))
+    ref = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:6]
+    answer = f"Answer: {first_sentence(context)} (ref {ref})"
+    answer_field = "answer" if "answer" in fields else fields[-1]
+    values = {
+        name: answer if name == answer_field else f"The context says so (ref {ref})." for name in fields
+    }
+    reply = "".join(f"[[ ## {name} ## ]]\n{value}\n\n" for name, value in values.items())
+    return reply + "[[ ## completed ## ]]", answer
+
+
 def prompt_tokens(messages: list[dict[str, Any]]) -> int:
     return sum(len(message_text(m).split()) + 3 for m in messages)
 
@@ -116,8 +174,12 @@ def create_app() -> FastAPI:
         body = await request.json()
         messages = body.get("messages") or []
         model = str(body.get("model") or "gpt-4o-mini")
-        answer = answer_for(messages)
-        usage = {"prompt_tokens": prompt_tokens(messages), "completion_tokens": len(answer.split())}
+        fields = dspy_output_fields(messages)
+        if fields:
+            content, answer = dspy_reply(messages, fields)
+        else:
+            content = answer = answer_for(messages)
+        usage = {"prompt_tokens": prompt_tokens(messages), "completion_tokens": len(content.split())}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         stream = bool(body.get("stream"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -131,6 +193,7 @@ def create_app() -> FastAPI:
                 "usage_reported": include_usage or not stream,
                 "messages": messages,
                 "answer": answer,
+                "content": content,
                 **usage,
             }
         )
@@ -147,7 +210,7 @@ def create_app() -> FastAPI:
                             "index": 0,
                             "finish_reason": "stop",
                             "logprobs": None,
-                            "message": {"role": "assistant", "content": answer, "refusal": None},
+                            "message": {"role": "assistant", "content": content, "refusal": None},
                         }
                     ],
                     "usage": usage,
@@ -175,7 +238,7 @@ def create_app() -> FastAPI:
             # times the first chunk and one that times the first content agree.
             await asyncio.sleep(FIRST_TOKEN_DELAY_S)
             yield chunk({"role": "assistant", "content": ""})
-            pieces = re.findall(r"\S+\s*", answer)
+            pieces = re.findall(r"\S+\s*", content)
             for i, piece in enumerate(pieces):
                 if i:
                     await asyncio.sleep(CHUNK_DELAY_S)
@@ -230,6 +293,33 @@ def create_app() -> FastAPI:
             "object": "list",
             "data": [{"id": n, "object": "model", "created": CREATED, "owned_by": "stub"} for n in names],
         }
+
+    corpus: list[tuple[str, str]] = []
+
+    @app.post("/colbertv2/index")
+    async def colbert_index(request: Request) -> dict[str, int]:
+        """Replaces the searched corpus: `{"passages": [{"pid": ..., "text": ...}]}`."""
+        body = await request.json()
+        with lock:
+            corpus[:] = [(str(p["pid"]), str(p["text"])) for p in body["passages"]]
+            return {"indexed": len(corpus)}
+
+    @app.get("/colbertv2")
+    async def colbert_search(query: str, k: int = 10) -> dict[str, Any]:
+        vector = embed(query)
+        with lock:
+            scored = [
+                (sum(a * b for a, b in zip(vector, embed(text), strict=True)), pid, text)
+                for pid, text in corpus
+            ]
+        scored.sort(key=lambda item: (-item[0], item[1]))
+        total = sum(math.exp(score) for score, _, _ in scored[:k]) or 1.0
+        topk = [
+            {"text": text, "pid": pid, "rank": rank, "score": score, "prob": math.exp(score) / total}
+            for rank, (score, pid, text) in enumerate(scored[:k], start=1)
+        ]
+        log({"endpoint": "colbert", "query": query, "k": k, "topk": topk})
+        return {"topk": topk}
 
     @app.get("/_stub/calls")
     async def get_calls(since: int = 0) -> list[dict[str, Any]]:

@@ -144,6 +144,13 @@ class Run:
         self._setup_mark = self.roots.mark()
         self._calls_seen = len(stub_calls())
 
+    def searches(self) -> list[dict[str, Any]]:
+        """The stub's ColBERTv2 searches in the question under way: the passages it served.
+
+        A retriever that returns passages without their ids and scores (DSPy's `Retrieve`) leaves
+        the app nothing else to say which documents it got."""
+        return [c for c in stub_calls(self._calls_seen) if c["endpoint"] == "colbert"]
+
     @contextmanager
     def question(self, question: Question) -> Iterator[Record]:
         mark = self.roots.mark()
