@@ -3,13 +3,17 @@ dialogue, long-form), split into a tuning half and a test half by source group.
 
 Sources (none of them FaithBench, BEGIN or LFQA-Verification, which are kept for acceptance):
 
-| source | kind | repository (path) | rows | label faithful when |
-|---|---|---|---|---|
-| `halueval_qa` | QA | `../shared/data/faithfulness/halueval_qa_dev.jsonl` (HaluEval, MIT) | 600 (300 questions) | the gold answer (by construction) |
-| `qags` | summarization | W4ngatang/qags (`data/mturk_{cnndm,xsum}.jsonl`) | 474 | every summary sentence has a majority "yes" of 3 annotators |
-| `summedits` | summarization | salesforce/factualNLG (`data/summedits/*.json`), 8 domains | 480 (60 a domain) | label 1 (annotated consistent) |
-| `q2_dialogue` | dialogue | orhonovich/q-squared (`third_party/data/*.csv`, Wizard of Wikipedia) | 600 | the `*_consistent` files |
-| `wice` | long-form | ryokamoi/wice (`data/entailment_retrieval/claim/{dev,test}.jsonl`) | 707 | `supported` (partially or not supported: unfaithful) |
+* `halueval_qa` (QA): `../shared/data/faithfulness/halueval_qa_dev.jsonl` (HaluEval, MIT), 600 rows
+  (300 questions, each with its gold answer, faithful by construction, and a generated hallucination);
+* `qags` (summarization): W4ngatang/qags `data/mturk_{cnndm,xsum}.jsonl`, 474 model summaries,
+  faithful when every sentence has a majority "yes" of its 3 annotators;
+* `summedits` (summarization): salesforce/factualNLG `data/summedits/*.json`, 480 rows (60 from each
+  of 8 domains, half consistent where the domain has them), label 1 = annotated consistent;
+* `q2_dialogue` (dialogue): orhonovich/q-squared `third_party/data/*.csv` (Wizard of Wikipedia
+  turns), 600 responses, faithful = the `*_consistent` files;
+* `wice` (long-form): ryokamoi/wice `data/entailment_retrieval/claim/{dev,test}.jsonl`, 707
+  Wikipedia sentences against the web page they cite, faithful = `supported` (partially or not
+  supported: unfaithful).
 
 Each row: `{id, source, kind, group, split, question, contexts, answer, label_faithful}`. `group`
 keeps what belongs together on one side of the split (a question's two answers, a document's
@@ -53,7 +57,16 @@ def split_of(source: str, group: str) -> str:
     return "tune" if digest[0] % 2 == 0 else "test"
 
 
-def row(source: str, kind: str, group: str, rid: str, question: str, contexts: list[str], answer: str, faithful: bool) -> Row:
+def row(
+    source: str,
+    kind: str,
+    group: str,
+    rid: str,
+    question: str,
+    contexts: list[str],
+    answer: str,
+    faithful: bool,
+) -> Row:
     return {
         "id": f"{source}-{rid}",
         "source": source,
@@ -78,24 +91,37 @@ def halueval_qa(shared: Path, questions: int = 300, seed: int = 24) -> Iterator[
     for qid in chosen:
         for r in by_question[qid]:
             yield row(
-                "halueval_qa", "qa", qid, r["id"].removeprefix("halueval-qa-dev-"), r["question"],
-                r["contexts"], r["answer"], bool(r["label_faithful"]),
+                "halueval_qa",
+                "qa",
+                qid,
+                r["id"].removeprefix("halueval-qa-dev-"),
+                r["question"],
+                r["contexts"],
+                r["answer"],
+                bool(r["label_faithful"]),
             )
 
 
 def qags(read: Reader) -> Iterator[Row]:
     for part in ("cnndm", "xsum"):
         text = read("W4ngatang/qags", f"data/mturk_{part}.jsonl").decode("utf-8")
-        for i, line in enumerate(l for l in text.splitlines() if l.strip()):
+        for i, line in enumerate(x for x in text.splitlines() if x.strip()):
             item = json.loads(line)
             sentences = item["summary_sentences"]
             faithful = all(
-                sum(r["response"] == "yes" for r in s["responses"]) * 2 > len(s["responses"]) for s in sentences
+                sum(r["response"] == "yes" for r in s["responses"]) * 2 > len(s["responses"])
+                for s in sentences
             )
             summary = " ".join(s["sentence"].strip() for s in sentences)
             yield row(
-                "qags", "summarization", f"{part}-{i}", f"{part}-{i}", "Summarize the article.",
-                [item["article"]], summary, faithful,
+                "qags",
+                "summarization",
+                f"{part}-{i}",
+                f"{part}-{i}",
+                "Summarize the article.",
+                [item["article"]],
+                summary,
+                faithful,
             )
 
 
@@ -114,8 +140,14 @@ def summedits(read: Reader, per_domain: int = 60, seed: int = 24) -> Iterator[Ro
         for x in picked:
             doc = hashlib.sha256(x["doc"].encode()).hexdigest()[:12]
             yield row(
-                "summedits", "summarization", f"{domain}-{doc}", x["id"], "Summarize the document.",
-                [x["doc"]], x["summary"], int(x["label"]) == 1,
+                "summedits",
+                "summarization",
+                f"{domain}-{doc}",
+                x["id"],
+                "Summarize the document.",
+                [x["doc"]],
+                x["summary"],
+                int(x["label"]) == 1,
             )
 
 
@@ -126,8 +158,14 @@ def q2_dialogue(read: Reader) -> Iterator[Row]:
             for r in csv.DictReader(io.StringIO(text)):
                 turn = f"{r['episode_idx']}-{r['round']}"
                 yield row(
-                    "q2_dialogue", "dialogue", turn, f"{system}-{turn}", r["message"] or r["topic"],
-                    [r["knowledge"]], r["response"], faithful,
+                    "q2_dialogue",
+                    "dialogue",
+                    turn,
+                    f"{system}-{turn}",
+                    r["message"] or r["topic"],
+                    [r["knowledge"]],
+                    r["response"],
+                    faithful,
                 )
 
 
@@ -146,8 +184,14 @@ def wice(read: Reader) -> Iterator[Row]:
             evidence = x["evidence"] if isinstance(x["evidence"], list) else ast.literal_eval(x["evidence"])
             question = f"{meta['claim_title']}: {meta['claim_section']}".strip(" :")
             yield row(
-                "wice", "long_form", meta["id"], meta["id"], question, _chunks([str(s) for s in evidence]),
-                x["claim"], x["label"] == "supported",
+                "wice",
+                "long_form",
+                meta["id"],
+                meta["id"],
+                question,
+                _chunks([str(s) for s in evidence]),
+                x["claim"],
+                x["label"] == "supported",
             )
 
 
@@ -179,10 +223,14 @@ def build(read: Reader, shared: Path) -> list[Row]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--mirror", type=Path, default=Path("/work/.mirror"), help="dir of fetched git snapshots")
+    where.add_argument(
+        "--mirror", type=Path, default=Path("/work/.mirror"), help="dir of fetched git snapshots"
+    )
     where.add_argument("--source", type=Path, help="dir of plain checkouts, one per repository name")
     env = os.environ.get("RAGMON_SHARED_DATA")
-    parser.add_argument("--shared", type=Path, default=Path(env) if env else REPO_ROOT / ".." / "shared" / "data")
+    parser.add_argument(
+        "--shared", type=Path, default=Path(env) if env else REPO_ROOT / ".." / "shared" / "data"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "devset.jsonl")
     args = parser.parse_args()
     read = dir_reader(args.source) if args.source else git_reader(args.mirror)

@@ -34,10 +34,86 @@ from service.judge.heuristic import HeuristicJudge
 
 DEFAULT_DATA = Path.home() / ".cache" / "ragmon" / "judge_devset" / "devset.jsonl"
 _BASELINE_STOPWORDS = frozenset(
-    """a an the and or but of to in on at for with by from as is are was were be been being it its this that
-    these those he she they we you i his her their our your my me him them us not no do does did has have had
-    will would can could should may might must so if then than there here what which who whom when where why
-    how all any some""".split()
+    {
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "for",
+        "with",
+        "by",
+        "from",
+        "as",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "it",
+        "its",
+        "this",
+        "that",
+        "these",
+        "those",
+        "he",
+        "she",
+        "they",
+        "we",
+        "you",
+        "i",
+        "his",
+        "her",
+        "their",
+        "our",
+        "your",
+        "my",
+        "me",
+        "him",
+        "them",
+        "us",
+        "not",
+        "no",
+        "do",
+        "does",
+        "did",
+        "has",
+        "have",
+        "had",
+        "will",
+        "would",
+        "can",
+        "could",
+        "should",
+        "may",
+        "might",
+        "must",
+        "so",
+        "if",
+        "then",
+        "than",
+        "there",
+        "here",
+        "what",
+        "which",
+        "who",
+        "whom",
+        "when",
+        "where",
+        "why",
+        "how",
+        "all",
+        "any",
+        "some",
+    }
 )
 _WORD = re.compile(r"\w+")
 
@@ -73,7 +149,10 @@ def bootstrap(
     ba, fa = [], []
     for _ in range(n_boot):
         rows = np.concatenate(
-            [np.concatenate([groups[i] for i in rng.integers(0, len(groups), len(groups))]) for groups in strata]
+            [
+                np.concatenate([groups[i] for i in rng.integers(0, len(groups), len(groups))])
+                for groups in strata
+            ]
         )
         if label[rows].all() or not label[rows].any():
             continue
@@ -118,12 +197,15 @@ def main() -> int:
 
     chosen = np.ones(len(rows), bool) if args.split == "all" else split == args.split
     print(
-        f"dev set {args.data}: {len(rows)} rows; reporting the {args.split} split ({int(chosen.sum())} rows). "
+        f"dev set {args.data}: {len(rows)} rows; "
+        f"reporting the {args.split} split ({int(chosen.sum())} rows). "
         f"{judge.version}, {cpu_ms:.2f} ms CPU a row; baseline: word-overlap ratio >= {threshold:.3f} "
         "(tuned on the tune split)"
     )
-    header = "| source | rows (faithful) | heuristic balanced acc. | heuristic false approval | baseline balanced acc. | baseline false approval |"
-    print(header)
+    print(
+        "| source | rows (faithful) | heuristic balanced acc. | heuristic false approval "
+        "| baseline balanced acc. | baseline false approval |"
+    )
     print("|---|---|---|---|---|---|")
     names = [*sorted(set(source)), "overall"]
     for name in names:
@@ -141,7 +223,9 @@ def main() -> int:
             wrong = np.flatnonzero(chosen & (source == name) & (heuristic != label))
             for i in wrong[: args.errors]:
                 r, v = rows[i], verdicts[i]
-                print(f"\n[{name}] label={r['label_faithful']} judged={heuristic[i]} q={r['question'][:100]!r}")
+                print(
+                    f"\n[{name}] label={r['label_faithful']} judged={heuristic[i]} q={r['question'][:100]!r}"
+                )
                 print(f"  answer: {r['answer'][:300]!r}")
                 print(f"  unsupported: {[v.claims[k] for k in v.unsupported]} ({v.failure_mode})")
     return 0
