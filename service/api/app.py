@@ -21,6 +21,7 @@ from starlette.responses import Response
 from service.api import dead_letters as dead_letters_api
 from service.api import docs
 from service.api import drift as drift_api
+from service.api import faithfulness as faithfulness_api
 from service.api import probes as probes_api
 from service.api import reports as reports_api
 from service.api import traces as traces_api
@@ -111,6 +112,7 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
     app.include_router(traces_api.router)
     app.include_router(dead_letters_api.router)
     app.include_router(drift_api.router)
+    app.include_router(faithfulness_api.router)
     app.include_router(reports_api.router)
     app.include_router(probes_api.router)
     app.include_router(review.router)  # reviewer sign-in of its own (service/review/session.py)

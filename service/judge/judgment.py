@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from service.judge.evidence import DiagnosisEvidence, diagnosis_evidence
 from service.labels import FailureReason
 from service.model import RagTrace
 
@@ -173,6 +174,9 @@ class Judgment(BaseModel):
     failure_mode: FailureMode | None = None
     context_sufficient: bool | None = None
     diagnosis: Diagnosis | None = None
+    evidence: DiagnosisEvidence | None = Field(
+        default=None, description="which chunks hold which claim, and what the context lacks"
+    )
     rationale: str | None = None
     failure_reason: FailureReason | None = None
     calls: tuple[JudgeCall, ...] = ()
@@ -186,7 +190,12 @@ class Judgment(BaseModel):
         if self.outcome == "failed":
             if self.failure_reason is None:
                 raise ValueError("a failed judgment needs a failure_reason")
-            if self.faithfulness is not None or self.claims or self.diagnosis is not None:
+            if (
+                self.faithfulness is not None
+                or self.claims
+                or self.diagnosis is not None
+                or self.evidence is not None
+            ):
                 raise ValueError("a failed judgment carries no verdict")
             return self
         if self.failure_reason is not None:
@@ -216,8 +225,14 @@ class Judgment(BaseModel):
         latency_s: float,
         judged_at: datetime,
     ) -> Judgment:
-        """The judgment a valid verdict gives: faithfulness = supported / claims, plus its diagnosis."""
+        """The judgment a valid verdict gives: faithfulness = supported / claims, plus its diagnosis
+        and the evidence for it (`service.judge.evidence`; word lookups over the context, a few
+        milliseconds for long contexts: call it off the event loop)."""
         scored = verdict.outcome == "scored"
+        diagnosis = diagnose(verdict.outcome, verdict.context_sufficient, len(verdict.unsupported))
+        evidence = diagnosis_evidence(
+            trace.query or "", trace.retrieval.context, verdict.claims, verdict.supported, diagnosis
+        )
         return cls(
             trace_id=trace.trace_id,
             tenant=trace.tenant,
@@ -232,7 +247,8 @@ class Judgment(BaseModel):
             unsupported=tuple(sorted(verdict.unsupported)),
             failure_mode=verdict.failure_mode,
             context_sufficient=verdict.context_sufficient,
-            diagnosis=diagnose(verdict.outcome, verdict.context_sufficient, len(verdict.unsupported)),
+            diagnosis=diagnosis,
+            evidence=evidence,
             rationale=verdict.rationale,
             calls=calls,
             latency_s=latency_s,

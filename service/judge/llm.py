@@ -217,7 +217,9 @@ class LlmJudge:
             reply = await self._call(messages)
             calls.append(self._record(len(calls) + 1, reply, waited, time.perf_counter() - call_start))
             if reply.verdict is not None:
-                return Judgment.from_verdict(
+                # in a thread: the diagnosis evidence reads the whole context
+                return await asyncio.to_thread(
+                    Judgment.from_verdict,
                     trace,
                     reply.verdict,
                     judge="llm",

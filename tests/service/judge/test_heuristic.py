@@ -184,3 +184,32 @@ def test_accuracy_on_halueval_is_well_above_chance() -> None:
     # Per-class 95 % Wilson lower bounds: both classes clearly better than a coin.
     assert wilson_lower(hits[True], totals[True]) > 0.9
     assert wilson_lower(hits[False], totals[False]) > 0.6
+
+
+def test_dialogue_chit_chat_is_no_claim_and_tokenized_turns_split_into_sentences() -> None:
+    """Wizard-of-Wikipedia style responses (Q² in the dev set): lower-case, " . " between sentences."""
+    assert split_claims("yes , she is a great singer . she sang in church as a child .") == [
+        "she is a great singer",
+        "she sang in church as a child",
+    ]
+    assert split_claims("i love indian cuisine ! it has a wide variety of regional dishes .") == [
+        "it has a wide variety of regional dishes"
+    ]
+    assert split_claims("i do know that blue is an important color in art .") == [
+        "blue is an important color in art"
+    ]
+    # a longer clause about the speaker still says something about the world
+    assert split_claims("i visited manhattan which is the largest borough of manhattan .") == [
+        "i visited manhattan which is the largest borough of manhattan"
+    ]
+
+
+def test_word_forms_count_and_a_negated_claim_needs_a_negation_in_its_place() -> None:
+    judge = HeuristicJudge()
+    context = ["Telenovelas are mostly produced in Latin America. The first one aired in 1951."]
+    assert (
+        judge.verdict("Where?", context, "telenovelas are produced in latin american countries").unsupported
+        == []
+    )
+    negated = judge.verdict("When?", context, "Telenovelas are not produced in Latin America.")
+    assert negated.unsupported == [0] and negated.failure_mode == "contradiction"

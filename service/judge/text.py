@@ -1,0 +1,261 @@
+"""Words, sentences and lookups shared by the offline heuristic judge and the diagnosis evidence.
+
+Both must read a text the same way: the evidence names the chunks where the heuristic found a
+claim's words, and an LLM judgment's evidence is found with the same lookups.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "INSTRUCTION_WORDS",
+    "STOPWORDS",
+    "TITLE_KEYS",
+    "ContextIndex",
+    "content",
+    "fold",
+    "numbers",
+    "sentences",
+    "words",
+]
+
+_STOPWORD_TEXT = """
+a about above after again against all am an and any are as at be because been before being below
+between both but by can could did do does doing down during each few for from further had has have
+having he her here hers herself him himself his how i if in into is it its itself just me more most
+my myself no nor not now of off on once only or other our ours out over own same she should so some
+such than that the their theirs them themselves then there these they this those through to too
+under until up very was we were what when where which while who whom why will with would you your
+yours yes also known called named one
+"""
+STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+# Words of an instruction rather than of a topic: a request to summarize or continue names no topic
+# the context must cover.
+INSTRUCTION_WORDS = frozenset(
+    {
+        "summarize",
+        "summarise",
+        "summary",
+        "summarization",
+        "rewrite",
+        "paraphrase",
+        "translate",
+        "explain",
+        "describe",
+        "continue",
+        "respond",
+        "reply",
+        "answer",
+        "write",
+        "list",
+        "tldr",
+        "following",
+        "text",
+        "passage",
+        "document",
+        "article",
+        "conversation",
+        "dialogue",
+        "above",
+        "below",
+        "given",
+        "please",
+        "briefly",
+        "short",
+        "sentence",
+        "sentences",
+        "paragraph",
+        "user",
+        "assistant",
+        "say",
+        "next",
+        "think",
+        "tell",
+        "know",
+        "mean",
+        "really",
+        "sure",
+        "okay",
+        "ok",
+        "yeah",
+        "thanks",
+        "thank",
+        "hi",
+        "hello",
+        "well",
+        "like",
+    }
+)
+# chunk metadata keys that name the chunk: answers cite a chunk by its title
+TITLE_KEYS = ("title", "source", "name", "file_name", "filename", "doc_title", "heading", "document_title")
+_WORD = re.compile(r"\w+(?:['’]\w+)*")
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+# A sentence ends at . ! ? before a capital, digit or quote, unless the dot closes an initial
+# ("J. R. R.") or a common abbreviation; or at a dot, ! or ? that stands apart from the word before it
+# (tokenized text: "a singer . she sang"), whatever follows.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"”')\]]*\s+(?=[\"“'(\[]?[A-Z0-9])|(?<=\s[.!?])\s+(?=\S)")
+_ABBREVIATION = re.compile(r"(?:\b[A-Z]|\b(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|No|vs|Inc|Ltd|Co|Mt|Ft|U\.S))\.$")
+# word forms that count as one: at least this many leading letters in common, and at most
+# _SUFFIX letters past them on either side ("american" / "america", "produced" / "production")
+_PREFIX = 5
+_SUFFIX = 3
+
+
+def fold(text: str) -> str:
+    """Case and accents folded: answers and sources differ in both ("Beyonce" / "Beyoncé")."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+
+
+def _stem(word: str) -> str:
+    if word in STOPWORDS:
+        return word  # "does" is not the plural of "doe"
+    if word.endswith("'s") or word.endswith("’s"):
+        word = word[:-2]
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        word = word[:-1]
+    return word
+
+
+def words(text: str) -> list[str]:
+    """The text's words, folded, possessives and plural s removed."""
+    return [_stem(w) for w in _WORD.findall(fold(text))]
+
+
+def content(found: Sequence[str]) -> list[str]:
+    """The words that carry content: no stopwords, no single letters (single digits stay)."""
+    return [w for w in found if w not in STOPWORDS and (len(w) > 1 or w.isdigit())]
+
+
+def numbers(text: str) -> set[str]:
+    return {n.replace(",", "").rstrip(".") for n in _NUMBER.findall(text)}
+
+
+def sentences(text: str) -> list[str]:
+    """The text cut into sentences (see `_SENTENCE_END`); the pieces keep their punctuation."""
+    found: list[str] = []
+    start = 0
+    for match in _SENTENCE_END.finditer(text):
+        head = text[start : match.start()].rstrip("\"”')]")
+        if _ABBREVIATION.search(head):
+            continue
+        found.append(text[start : match.start()])
+        start = match.end()
+    found.append(text[start:])
+    return [s for s in found if s.strip()]
+
+
+def _prefixes(word: str) -> Iterable[str]:
+    return (word[:n] for n in range(_PREFIX, len(word) + 1))
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """One sentence of one chunk, as words."""
+
+    chunk: int
+    words: frozenset[str]
+    prefixes: frozenset[str]
+    negated: bool
+
+
+_NEGATIONS = frozenset({"not", "no", "never", "nor", "neither", "none", "cannot", "without"})
+
+
+def _negated(found: Iterable[str]) -> bool:
+    return any(w in _NEGATIONS or w.endswith("n't") or w.endswith("n’t") for w in found)
+
+
+class ContextIndex:
+    """The chunks' words, whole and per sentence, for the lookups a claim needs.
+
+    `has` finds a word or another form of it (see `_PREFIX`); `best_window` finds the run of
+    consecutive sentences (within one chunk) that holds most of a claim's words, which tells a
+    claim taken from one place from one recombined out of words spread over the whole context.
+    """
+
+    def __init__(self, chunks: Sequence[str], window: int = 2) -> None:
+        self.chunks = list(chunks)
+        self.window = window
+        all_words: list[str] = []
+        spans: list[_Span] = []
+        for i, chunk in enumerate(self.chunks):
+            for sentence in sentences(chunk):
+                found = words(sentence)
+                all_words.extend(found)
+                spans.append(
+                    _Span(
+                        i,
+                        frozenset(found),
+                        frozenset(p for w in found for p in _prefixes(w)),
+                        _negated(_WORD.findall(fold(sentence))),
+                    )
+                )
+        self.spans = spans
+        # runs of `window` consecutive sentences of one chunk: (words, prefixes, chunk, negated)
+        self._windows: list[tuple[frozenset[str], frozenset[str], int, bool]] = []
+        for start, first in enumerate(spans):
+            run = [s for s in spans[start : start + window] if s.chunk == first.chunk]
+            self._windows.append(
+                (
+                    frozenset().union(*(s.words for s in run)),
+                    frozenset().union(*(s.prefixes for s in run)),
+                    first.chunk,
+                    any(s.negated for s in run),
+                )
+            )
+        self._chunk_sets = [
+            (
+                frozenset().union(*(s.words for s in spans if s.chunk == i)),
+                frozenset().union(*(s.prefixes for s in spans if s.chunk == i)),
+            )
+            for i in range(len(self.chunks))
+        ]
+        self.text = f" {' '.join(all_words)} "  # for phrase lookups
+        self.words = frozenset(all_words)
+        self.prefixes = frozenset(p for w in self.words for p in _prefixes(w))
+        self.numbers = frozenset(numbers("\n".join(self.chunks)))
+
+    def has_phrase(self, phrase: Sequence[str]) -> bool:
+        return f" {' '.join(phrase)} " in self.text
+
+    def has(
+        self, word: str, words_: frozenset[str] | None = None, prefixes: frozenset[str] | None = None
+    ) -> bool:
+        """Whether `word`, or a form of it, is in the context (or in the given word and prefix sets)."""
+        words_ = self.words if words_ is None else words_
+        prefixes = self.prefixes if prefixes is None else prefixes
+        if word in words_:
+            return True
+        if len(word) < _PREFIX:
+            return False
+        return any(word[:n] in prefixes for n in range(max(_PREFIX, len(word) - _SUFFIX), len(word) + 1))
+
+    def best_window(self, claim_words: Sequence[str]) -> tuple[float, list[int], bool]:
+        """(share of `claim_words` found in the best window, the chunks of that window, whether
+        the window has a negation); (0, [], False) for an empty context."""
+        if not claim_words:
+            return 1.0, [], False
+        best: tuple[float, list[int], bool] = (0.0, [], False)
+        for found_words, found_prefixes, chunk, negated in self._windows:
+            share = sum(self.has(w, found_words, found_prefixes) for w in claim_words) / len(claim_words)
+            if share > best[0]:
+                best = (share, [chunk], negated)
+                if share == 1.0:
+                    break
+        return best
+
+    def chunks_with(self, claim_words: Sequence[str], min_share: float) -> list[int]:
+        """Indexes of the chunks that hold at least `min_share` of `claim_words`."""
+        if not claim_words:
+            return []
+        return [
+            i
+            for i, (found_words, found_prefixes) in enumerate(self._chunk_sets)
+            if sum(self.has(w, found_words, found_prefixes) for w in claim_words)
+            >= min_share * len(claim_words)
+        ]
