@@ -146,6 +146,7 @@ class Worker:
             await judge_worker.stop()
         await p.phoenix_annotations.stop()
         await asyncio.to_thread(self.leader.release)
+        await p.release_budget()
         await asyncio.to_thread(p.store.close)
 
     async def ready(self) -> tuple[bool, str]:
