@@ -7,7 +7,15 @@ them, and `hajek` turns judged scores back into a population rate with a
 confidence interval.
 """
 
-from sampler.budget import SKIP_REASONS, BudgetConfig, BudgetCounts, JudgeBudget, SkipReason, TokenBucket
+from sampler.budget import (
+    SKIP_REASONS,
+    AdmissionBudget,
+    BudgetConfig,
+    BudgetCounts,
+    JudgeBudget,
+    SkipReason,
+    TokenBucket,
+)
 from sampler.estimate import (
     GROUPINGS,
     OUTCOMES,
@@ -52,6 +60,7 @@ __all__ = [
     "OUTCOMES",
     "SKIP_REASONS",
     "STRATA",
+    "AdmissionBudget",
     "BudgetConfig",
     "BudgetCounts",
     "Decision",

@@ -6,8 +6,11 @@ the reason (`budget_calls` or `budget_usd`), the counts here feed the metrics,
 and the estimator corrects the inclusion probabilities of the cells the budget
 thinned (see `sampler.estimate`).
 
-The buckets live in one process. With several replicas, give each replica its
-share of the global budget (divide both limits by the replica count).
+`JudgeBudget` keeps the buckets in one process (`scope: process`). The
+running service uses one budget for the whole deployment instead (`scope:
+deployment`, the default): the same buckets kept in the database and handed
+out to the processes in leased slices (`service/judge/shared_budget.py`), so
+N replicas admit what one would. Both answer `AdmissionBudget`.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "SKIP_REASONS",
+    "AdmissionBudget",
     "BudgetConfig",
     "BudgetCounts",
     "JudgeBudget",
@@ -49,6 +53,43 @@ class BudgetConfig(BaseModel):
     burst_usd: float | None = Field(
         default=None, gt=0, description="bucket size for spend; defaults to one day of spend"
     )
+    scope: Literal["deployment", "process"] = Field(
+        default="deployment",
+        description="deployment: one budget in the database for every replica, leased in slices; "
+        "process: each process has the whole budget (N replicas spend N times it)",
+    )
+    lease_calls: int = Field(
+        default=5, ge=1, description="judgments a process leases from the deployment's budget at a time"
+    )
+    lease_ttl_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a lease its process did not return by then (it died) goes back to the budget, "
+        "less what it had recorded as spent",
+    )
+    lease_retry_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="after the budget refused a lease, how long a process refuses before it asks again",
+    )
+
+    def capacity(self) -> tuple[float, float]:
+        """(call tokens, USD tokens) the buckets hold when full."""
+        calls = self.burst_calls if self.burst_calls is not None else self.calls_per_minute
+        usd = self.burst_usd if self.burst_usd is not None else self.usd_per_day
+        return calls, usd
+
+    def rates_per_s(self) -> tuple[float, float]:
+        """(call tokens, USD tokens) the buckets refill per second."""
+        return self.calls_per_minute / 60.0, self.usd_per_day / _SECONDS_PER_DAY
+
+
+class AdmissionBudget(Protocol):
+    """What the sampler asks before it admits a selected trace to the judge queue."""
+
+    def try_admit(self, cost_usd: float) -> SkipReason | None:
+        """Admit one judgment of estimated `cost_usd`: None if admitted, else the reason it refused."""
+        ...
 
 
 class TokenBucket:
@@ -112,17 +153,9 @@ class JudgeBudget:
 
     def __init__(self, config: BudgetConfig | None = None, *, clock: Callable[[], float] = time.monotonic):
         self.config = config or BudgetConfig()
-        cfg = self.config
-        self._calls = TokenBucket(
-            cfg.burst_calls if cfg.burst_calls is not None else cfg.calls_per_minute,
-            cfg.calls_per_minute / 60.0,
-            clock,
-        )
-        self._usd = TokenBucket(
-            cfg.burst_usd if cfg.burst_usd is not None else cfg.usd_per_day,
-            cfg.usd_per_day / _SECONDS_PER_DAY,
-            clock,
-        )
+        (calls, usd), (calls_rate, usd_rate) = self.config.capacity(), self.config.rates_per_s()
+        self._calls = TokenBucket(calls, calls_rate, clock)
+        self._usd = TokenBucket(usd, usd_rate, clock)
         self._lock = threading.Lock()
         self._admitted = 0
         self._admitted_usd = 0.0

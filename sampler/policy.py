@@ -16,7 +16,7 @@ probability of selection, and a stratum that joins later (a thumbs-down
 after the trace) only adds the traces with u between the old and the new
 probability: exactly those, no trace twice.
 
-Selected traces pass the `JudgeBudget`; a refused trace is still returned,
+Selected traces pass the budget (`AdmissionBudget`); a refused trace is still returned,
 as an item with `skip_reason` set, for the queue to record as skipped.
 """
 
@@ -32,7 +32,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sampler.budget import SKIP_REASONS, JudgeBudget, SkipReason
+from sampler.budget import SKIP_REASONS, AdmissionBudget, SkipReason
 from sampler.queue import JudgeItem
 from service.model import Feedback, RagTrace
 
@@ -191,7 +191,7 @@ class TraceSampler:
         config: SamplerConfig | None = None,
         *,
         judge_version: str,
-        budget: JudgeBudget | None = None,
+        budget: AdmissionBudget | None = None,
         judgment_cost_usd: float | Callable[[TraceSummary], float] = 0.0,
         drift_outliers: DriftOutlierHook | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),

@@ -156,6 +156,20 @@ class KafkaConfig(_Section):
         None, description="SASL password (prefer the env var RAGMON_KAFKA__SASL_PASSWORD); never shown"
     )
     ssl_cafile: str | None = Field(None, description="CA bundle for SSL / SASL_SSL")
+    ssl_certfile: str | None = Field(
+        None,
+        description="client certificate (PEM) for mutual TLS, e.g. a Strimzi KafkaUser's user.crt; "
+        "may also hold the key",
+    )
+    ssl_keyfile: str | None = Field(None, description="private key (PEM) of ssl_certfile, e.g. user.key")
+    ssl_password: SecretStr | None = Field(
+        None,
+        description="password of an encrypted ssl_keyfile (prefer the env var RAGMON_KAFKA__SSL_PASSWORD); "
+        "never shown",
+    )
+    ssl_check_hostname: bool = Field(
+        True, description="check that the broker's certificate names the host connected to (SSL / SASL_SSL)"
+    )
     request_timeout_s: float = Field(15.0, gt=0, description="broker request timeout")
     delivery_timeout_s: float = Field(
         30.0, gt=0, description="a produce not acknowledged (acks=all) within this is failed and retried"
@@ -203,6 +217,8 @@ class KafkaConfig(_Section):
             raise ValueError("delivery_timeout_s must exceed request_timeout_s plus linger_ms")
         if self.heartbeat_interval_s >= self.session_timeout_s:
             raise ValueError("heartbeat_interval_s must be below session_timeout_s")
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError("ssl_keyfile is the key of a client certificate: set ssl_certfile too")
         return self
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
-from sampler import JudgeBudget, SqlJudgeQueue, TraceSampler, create_tables
+from sampler import SqlJudgeQueue, TraceSampler, create_tables
 from service.assemble import SpanAssembler
 from service.bus.leader import exclusive
 from service.bus.memory import MemoryBus
@@ -39,7 +39,7 @@ from service.conventions.pricing import PriceTable
 from service.conventions.spans import AnySpan, LogEvent
 from service.drift.monitor import DriftScheduler, DriftWindowSink
 from service.drift.store import DriftStore
-from service.errors import QueueFull
+from service.errors import QueueFull, StoreUnavailable
 from service.ingest import span_records
 from service.ingest.durable import DurableAcks
 from service.ingest.pool import IngestPool
@@ -47,6 +47,7 @@ from service.ingest.wal import LoggedRequest
 from service.judge.build import build_judge
 from service.judge.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
 from service.judge.judgment import Judgment
+from service.judge.shared_budget import SharedJudgeBudget, create_budget_tables, judge_budget
 from service.judge.store import JudgmentStore
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
@@ -162,10 +163,12 @@ class Pipeline:
         self.judge = build_judge(config.judge, cost_fn=self.prices.cost)
         self.phoenix_forward = PhoenixForwarder(config.phoenix, self.metrics)
         self.phoenix_annotations = PhoenixAnnotator(config.phoenix, self.metrics)
+        # one budget for the deployment, in the database (service/judge/shared_budget.py)
+        self.budget = judge_budget(config.budget, self.store.engine)
         self.sampler = TraceSampler(
             config.sampler,
             judge_version=self.judge.version,
-            budget=JudgeBudget(config.budget),
+            budget=self.budget,
             judgment_cost_usd=config.judging.estimated_cost_usd,
         )
         # the sinks that write (idempotently, by key) first and the in-memory counters after them: a
@@ -496,6 +499,7 @@ class Pipeline:
             self.judgments.create_schema()
             self.reviews.create_schema()
             create_tables(self.store.engine)
+            create_budget_tables(self.store.engine)
             self.drift_store.create_schema()
             self.golden.create_schema()
 
@@ -542,7 +546,17 @@ class Pipeline:
             await worker.stop()
         await self.phoenix_forward.stop()
         await self.phoenix_annotations.stop()
+        await self.release_budget()
         await asyncio.to_thread(self.store.close)
+
+    async def release_budget(self) -> None:
+        """Hand the unused part of this process's judge-budget lease back to the deployment; when the
+        store does not answer, the lease expires and comes back without us (shutdown goes on)."""
+        if isinstance(self.budget, SharedJudgeBudget):
+            try:
+                await asyncio.to_thread(self.budget.release)
+            except StoreUnavailable as exc:
+                log.warning("judge budget lease not returned (%s); it comes back when it expires", exc)
 
     async def ready(self) -> tuple[bool, str]:
         if not self.started:

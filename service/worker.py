@@ -23,8 +23,9 @@ Roles (`--role`, repeatable; default `worker.roles`):
 
 The topology is `Pipeline`'s (service/pipeline.py); a worker starts the parts
 of it its roles need. Each worker serves `/metrics`, `/healthz` and `/readyz` on
-`worker.host:worker.port`. Start-up waits for the store (PostgreSQL may be
-restarting); once running, every stage retries on its own.
+`worker.host:worker.port`: `/healthz` (liveness) answers 503 once a sinks worker's consume loop
+has ended, `/readyz` also while the store does not answer. Start-up waits for the store
+(PostgreSQL may be restarting); once running, every stage retries on its own.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import exc as sa_exc
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from service.bus.leader import leader_lock
 from service.config import RagmonConfig, WorkerRole
@@ -146,6 +147,7 @@ class Worker:
             await judge_worker.stop()
         await p.phoenix_annotations.stop()
         await asyncio.to_thread(self.leader.release)
+        await p.release_budget()
         await asyncio.to_thread(p.store.close)
 
     async def ready(self) -> tuple[bool, str]:
@@ -158,10 +160,20 @@ class Worker:
         problem = await self.pipeline.store_problem()
         return (False, problem) if problem else (True, "ok")
 
+    def alive(self) -> tuple[bool, str]:
+        """Liveness: False once the Kafka consume loop of a started sinks worker has ended. Nothing
+        restarts that loop in the process, and its consumer may still hold partitions that nobody
+        then consumes: the pod must be restarted (the chart's livenessProbe on /healthz)."""
+        if self.started and self.receiver is not None and not self.receiver.running:
+            return False, f"kafka consume loop ended ({self.receiver.failure})"
+        return True, "ok"
+
     def health(self) -> dict[str, Any]:
         assigned = sorted(self.receiver.assigned) if self.receiver is not None else []
+        alive, detail = self.alive()
         return {
-            "status": "ok" if self.started else "starting",
+            "status": ("ok" if alive else "dead") if self.started else "starting",
+            "detail": detail,
             "roles": sorted(self.roles),
             "partitions": [f"{topic}/{partition}" for topic, partition in assigned],
             "batches": self.receiver.batches if self.receiver is not None else 0,
@@ -188,9 +200,14 @@ def create_worker_app(
     app = FastAPI(title="ragmon worker", lifespan=lifespan)
     app.state.worker = worker
 
-    @app.get("/healthz", tags=["ops"], summary="Liveness, roles, assigned partitions")
-    async def healthz() -> dict[str, Any]:
-        return worker.health()
+    @app.get(
+        "/healthz", tags=["ops"], summary="Liveness (503 once the consume loop ended), roles, partitions"
+    )
+    async def healthz() -> Response:
+        health = worker.health()
+        if health["status"] == "dead":
+            log.error("liveness failed: %s", health["detail"])
+        return JSONResponse(health, 503 if health["status"] == "dead" else 200)
 
     @app.get("/readyz", tags=["ops"], summary="Readiness: started, consuming, store reachable")
     async def readyz() -> Response:

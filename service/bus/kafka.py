@@ -119,8 +119,14 @@ def client_settings(config: KafkaConfig) -> dict[str, Any]:
             sasl_plain_username=config.sasl_username,
             sasl_plain_password=config.sasl_password.get_secret_value() if config.sasl_password else None,
         )
+    if config.security_protocol in ("SSL", "SASL_SSL"):
+        settings["ssl_check_hostname"] = config.ssl_check_hostname
     if config.ssl_cafile is not None:
         settings["ssl_cafile"] = config.ssl_cafile
+    if config.ssl_certfile is not None:  # mutual TLS: the client's certificate (Strimzi tls users)
+        settings["ssl_certfile"] = config.ssl_certfile
+        settings["ssl_keyfile"] = config.ssl_keyfile
+        settings["ssl_password"] = config.ssl_password.get_secret_value() if config.ssl_password else None
     return settings
 
 
@@ -737,16 +743,33 @@ class KafkaReceiver:
         """The consume loop is alive (a consumer with no partitions assigned still counts)."""
         return self._task is not None and not self._task.done()
 
+    @property
+    def failure(self) -> str | None:
+        """Why the consume loop ended when it was not stopped (the exception); None while it runs."""
+        task = self._task
+        return None if task is None or not task.done() else self.failure_of(task)
+
+    @staticmethod
+    def failure_of(task: asyncio.Task[None]) -> str:
+        if task.cancelled():
+            return "cancelled"
+        exc = task.exception()
+        return f"{type(exc).__name__}: {exc}" if exc is not None else "returned"
+
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"kafka-receiver-{self.group}")
 
     async def stop(self) -> None:
         """Stop consuming, commit what is done, and leave the group (a batch not yet committed,
-        and every trace still open here, is read again by the partitions' next owner). Safe twice."""
+        and every trace still open here, is read again by the partitions' next owner). Safe twice,
+        and after the loop ended on an error (logged here, not raised: shutdown goes on)."""
         if self._task is not None:
-            await cancel_task(self._task)
-            self._task = None
+            task, self._task = self._task, None
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.error("the Kafka consume loop had ended: %s", self.failure_of(task))
+            else:
+                await cancel_task(task)
         if self._consumer is not None:
             with contextlib.suppress(KafkaError, OSError):
                 await self._commit_spans()

@@ -53,7 +53,8 @@ PG_PASSWORD = "pg-pass-0a8b6c4d2e"
 SASL_PASSWORD = "sasl-pass-9f7e5d3c1b"
 SESSION_SECRET = "session-secret-" + "x" * 24
 REVIEWER_HASH = "ab" * 32
-SECRET_VALUES = (API_KEY, JUDGE_KEY, PG_PASSWORD, SASL_PASSWORD, SESSION_SECRET, REVIEWER_HASH)
+KEY_PASSWORD = "tls-key-pass-3b1d7f"
+SECRET_VALUES = (API_KEY, JUDGE_KEY, PG_PASSWORD, SASL_PASSWORD, SESSION_SECRET, REVIEWER_HASH, KEY_PASSWORD)
 
 # What the existing Secrets of the `existing_secrets` scenario hold in the cluster.
 EXISTING = {
@@ -64,7 +65,15 @@ EXISTING = {
     ("pg-app", "password"): PG_PASSWORD,
     ("pg-app", "username"): "app_user",
     ("kafka-user", "password"): SASL_PASSWORD,
+    ("kafka-user", "username"): "ragmon-scram",
+    ("ragmon-user", "user.crt"): "-----BEGIN CERTIFICATE-----",
+    ("ragmon-user", "user.key"): "-----BEGIN PRIVATE KEY-----",
+    ("ragmon-user", "key-password"): KEY_PASSWORD,
+    ("my-cluster-cluster-ca-cert", "ca.crt"): "-----BEGIN CERTIFICATE-----",
+    ("kafka-ca", "ca.crt"): "-----BEGIN CERTIFICATE-----",
+    ("pg-ca", "ca.pem"): "-----BEGIN CERTIFICATE-----",
 }
+EXISTING_CONFIG_MAPS = {("pg-ca-bundle", "bundle.pem"): "-----BEGIN CERTIFICATE-----"}
 
 _DISTRIBUTED: dict[str, Any] = {
     "mode": "distributed",
@@ -136,8 +145,78 @@ SCENARIOS: dict[str, Doc] = {
             "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
         },
     },
+    # Strimzi: a tls KafkaUser (mutual TLS), KEDA on the sinks group's lag, an Ingress with TLS, and
+    # PostgreSQL checked against its CA
+    "strimzi": {
+        "mode": "distributed",
+        "auth": {"apiKeys": {API_KEY: "team-a"}},
+        "postgresql": {
+            "host": "pg.db.svc",
+            "database": "rag mon",
+            "sslmode": "verify-full",
+            "caSecret": {"name": "pg-ca", "key": "ca.pem"},
+        },
+        "kafka": {
+            "bootstrapServers": ["my-cluster-kafka-bootstrap.kafka:9093"],
+            "securityProtocol": "SSL",
+            "caSecret": {"name": "my-cluster-cluster-ca-cert", "key": "ca.crt"},
+            "clientCertSecret": {
+                "name": "ragmon-user",
+                "certKey": "user.crt",
+                "keyKey": "user.key",
+                "passwordKey": "key-password",
+            },
+            "partitions": 8,
+        },
+        "workers": {
+            "autoscaling": {"enabled": True, "metric": "keda", "maxReplicas": 8, "lagPerReplica": 2000}
+        },
+        "ingress": {
+            "enabled": True,
+            "className": "nginx",
+            "hosts": ["ragmon.example.com"],
+            "tls": [{"secretName": "ragmon-tls", "hosts": ["ragmon.example.com"]}],
+        },
+        "review": {
+            "reviewers": {"ann": {"token_sha256": REVIEWER_HASH}},
+            "sessionSecret": SESSION_SECRET,
+            "secureCookie": True,
+        },
+        "config": {"kafka": {"sinks_group": "rag-sinks"}},
+    },
+    # SCRAM from an existing Secret (user and password), an HPA on an External lag metric, the
+    # PostgreSQL CA from a ConfigMap, an Ingress for any host without TLS
+    "lag_hpa": {
+        **_DISTRIBUTED,
+        "auth": {"apiKeys": {API_KEY: "team-a"}},
+        "postgresql": {
+            **_DISTRIBUTED["postgresql"],
+            "sslmode": "verify-ca",
+            "caConfigMap": {"name": "pg-ca-bundle", "key": "bundle.pem"},
+        },
+        "kafka": {
+            **_DISTRIBUTED["kafka"],
+            "saslUsername": "",
+            "existingSecret": "kafka-user",
+            "existingSecretPasswordKey": "password",
+            "existingSecretUserKey": "username",
+        },
+        "workers": {
+            "autoscaling": {"enabled": True, "metric": "lag", "maxReplicas": 6, "lagPerReplica": 5000}
+        },
+        "ingress": {"enabled": True},
+    },
+    # SCRAM given by value, KEDA reading the same credentials
+    "keda_sasl": {
+        **_DISTRIBUTED,
+        "auth": {"apiKeys": {API_KEY: "team-a"}},
+        "kafka": {**_DISTRIBUTED["kafka"], "saslPassword": SASL_PASSWORD},
+        "workers": {"autoscaling": {"enabled": True, "metric": "keda", "minReplicas": 1, "maxReplicas": 6}},
+    },
 }
-DISTRIBUTED = ("distributed", "existing_secrets", "operator")
+DISTRIBUTED = ("distributed", "existing_secrets", "operator", "strimzi", "lag_hpa", "keda_sasl")
+# custom resources kubernetes-validate has no schema for; checked object by object below
+CRD_GROUPS = ("monitoring.coreos.com/", "keda.sh/")
 WITH_JUDGE_KEY = ("embedded_by_value", "distributed", "existing_secrets")
 
 
@@ -247,7 +326,7 @@ def load_container_config(docs: tuple[Doc, ...], container: Doc, pod: Doc, tmp: 
 
 SETTING_NAMES = {row[0] for row in describe_settings()}
 # environment read by libraries, not by ragmon's settings: libpq's connection variables
-LIBRARY_ENV = {"PGPASSWORD", "PGUSER", "PGSSLMODE"}
+LIBRARY_ENV = {"PGPASSWORD", "PGUSER", "PGSSLMODE", "PGSSLROOTCERT"}
 
 
 # -- helm itself ------------------------------------------------------------------------------------
@@ -333,8 +412,8 @@ def test_manifests_validate_against_kubernetes_schemas(scenario: str) -> None:
     assert docs
     for version in (OLDEST_KUBE, kubernetes_validate.latest_version()):
         for doc in docs:
-            if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-                continue  # CRDs: no bundled schema; checked by the operator tests below
+            if doc["apiVersion"].startswith(CRD_GROUPS):
+                continue  # CRDs: no bundled schema; checked by the operator and KEDA tests below
             try:
                 kubernetes_validate.validate(doc, version, strict=True)
             except kubernetes_validate.ValidationError as exc:
@@ -347,7 +426,7 @@ def test_kubernetes_validate_command_line_accepts_the_rendering(tmp_path: Path) 
     """The CI-facing form: `kubernetes-validate --strict` on the rendered file of the core objects."""
     if shutil.which("kubernetes-validate") is None:
         pytest.skip("kubernetes-validate is not installed (test extra)")
-    docs = [d for d in rendered("distributed") if not d["apiVersion"].startswith("monitoring.coreos.com/")]
+    docs = [d for d in rendered("strimzi") if not d["apiVersion"].startswith(CRD_GROUPS)]
     path = tmp_path / "rendered.yaml"
     path.write_text(yaml.safe_dump_all(docs), encoding="utf-8")
     result = subprocess.run(
@@ -522,17 +601,31 @@ def test_every_container_loads_a_valid_ragmon_config(scenario: str, tmp_path: Pa
                 assert config.store_url.endswith("@pg.db.svc:5432/rag+mon") or config.store_url.endswith(
                     "://pg.db.svc:5432/rag+mon"
                 )
-                assert config.kafka.bootstrap_servers == ["kafka-0.kafka:9092", "kafka-1.kafka:9092"]
+                kafka = values["kafka"]
+                assert config.kafka.bootstrap_servers == kafka["bootstrapServers"]
+                assert config.kafka.security_protocol == kafka["securityProtocol"]
                 assert config.kafka.ssl_cafile == "/etc/ragmon/kafka-ca/ca.crt"
-                assert config.judge.base_url == "https://judge.example/v1"
+                if "judge" in values:
+                    assert config.judge.base_url == "https://judge.example/v1"
                 environ = container_environ(docs, container)
-                assert environ["PGSSLMODE"] == "require"
-                assert environ.get("PGPASSWORD") == (None if scenario == "operator" else PG_PASSWORD)
+                assert environ["PGSSLMODE"] == values["postgresql"]["sslmode"]
+                with_password = scenario in ("distributed", "existing_secrets")
+                assert environ.get("PGPASSWORD") == (PG_PASSWORD if with_password else None)
                 if scenario == "existing_secrets":
                     assert environ["PGUSER"] == "app_user"
-                if role in ("serve", "sinks"):
+                if role in ("serve", "sinks") and kafka["securityProtocol"].startswith("SASL_"):
                     assert config.kafka.sasl_password is not None
                     assert config.kafka.sasl_password.get_secret_value() == SASL_PASSWORD
+                    assert config.kafka.sasl_username == (
+                        "ragmon-scram" if scenario == "lag_hpa" else "ragmon"
+                    )
+                if role in ("serve", "sinks") and "clientCertSecret" in kafka:
+                    assert config.kafka.ssl_certfile == "/etc/ragmon/kafka-client/tls.crt"
+                    assert config.kafka.ssl_keyfile == "/etc/ragmon/kafka-client/tls.key"
+                    assert config.kafka.ssl_password is not None
+                    assert config.kafka.ssl_password.get_secret_value() == KEY_PASSWORD
+                else:
+                    assert config.kafka.ssl_certfile is None and config.kafka.ssl_password is None
             else:
                 assert config.store_url == "sqlite:////data/ragmon.db"
             if role == "serve" and distributed:
@@ -681,3 +774,276 @@ def test_chart_matches_the_image_and_the_package() -> None:
     with io.StringIO(dockerfile) as lines:
         froms = [line.split()[1] for line in lines if line.startswith("FROM ")]
     assert froms and all(image == "python:3.11-slim" for image in froms)
+
+
+# -- disruption budgets, lag autoscaling, Ingress, TLS material ---------------------------------------
+
+
+def mounted_file(pod: Doc, container: Doc, path: str) -> tuple[str, str, str]:
+    """(volume kind, object name, key) of the Secret or ConfigMap item a container sees at `path`."""
+    mount = next(m for m in container["volumeMounts"] if Path(path).is_relative_to(m["mountPath"]))
+    assert mount.get("readOnly") is True, (path, "TLS material is mounted read-only")
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    relative = str(Path(path).relative_to(mount["mountPath"]))
+    if "secret" in volume:
+        kind, name, source = "Secret", volume["secret"]["secretName"], volume["secret"]
+    else:
+        kind, name, source = "ConfigMap", volume["configMap"]["name"], volume["configMap"]
+    (item,) = [i for i in source["items"] if i["path"] == relative]
+    return kind, name, item["key"]
+
+
+def containers(docs: tuple[Doc, ...]) -> Iterator[tuple[str, Doc, Doc]]:
+    """(role, pod spec, container) of every ragmon container; role is serve, sinks, judge, drift or report."""
+    for _, pod in pod_specs(docs):
+        for container in pod["containers"]:
+            args = container["args"]
+            yield (args[2] if args[0] == "worker" else args[0]), pod, container
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_deployment_has_a_disruption_budget_that_lets_a_drain_proceed(scenario: str) -> None:
+    docs = rendered(scenario)
+    budgets = of_kind(docs, "PodDisruptionBudget")
+    deployments = of_kind(docs, "Deployment")
+    assert len(budgets) == len(deployments)
+    for deployment in deployments:
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        covering = [b for b in budgets if b["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        assert len(covering) == 1, deployment["metadata"]["name"]
+        # one pod at a time may go: never a budget that blocks a drain of a one-replica Deployment
+        assert covering[0]["spec"] == {"maxUnavailable": 1, "selector": covering[0]["spec"]["selector"]}
+
+
+def test_a_disruption_budget_may_keep_a_number_available_but_not_both(tmp_path: Path) -> None:
+    values = {
+        **SCENARIOS["distributed"],
+        "workers": {"podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": None}},
+    }
+    result = template(values, tmp_path)
+    assert result.returncode == 0, result.stderr
+    docs = tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+    sinks = named(docs, "PodDisruptionBudget", "demo-ragmon-sinks")
+    assert sinks["spec"]["minAvailable"] == 1 and "maxUnavailable" not in sinks["spec"]
+    both = {
+        **SCENARIOS["distributed"],
+        "workers": {"podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": 1}},
+    }
+    result = template(both, tmp_path)
+    assert result.returncode != 0
+    assert "workers.podDisruptionBudget: set one of minAvailable and maxUnavailable" in result.stderr
+
+
+@pytest.mark.parametrize("metric", ["cpu", "keda", "lag"])
+def test_more_sinks_workers_than_partitions_are_refused_for_every_metric(metric: str, tmp_path: Path) -> None:
+    values = {
+        **SCENARIOS["keda_sasl"],
+        "kafka": {**SCENARIOS["keda_sasl"]["kafka"], "partitions": 6, "createTopics": False},
+        "workers": {"autoscaling": {"enabled": True, "metric": metric, "maxReplicas": 7}},
+    }
+    result = template(values, tmp_path)
+    assert result.returncode != 0
+    assert "up to 7 sinks workers (workers.autoscaling.maxReplicas" in result.stderr
+    assert "kafka.partitions is 6" in result.stderr
+    values["workers"]["autoscaling"]["maxReplicas"] = 6
+    assert template(values, tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("scenario", ["strimzi", "keda_sasl"])
+def test_keda_scales_the_sinks_workers_on_their_groups_lag_with_their_credentials(scenario: str) -> None:
+    docs = rendered(scenario)
+    values = SCENARIOS[scenario]
+    kafka = values["kafka"]
+    scaling = values["workers"]["autoscaling"]
+    (scaled,) = of_kind(docs, "ScaledObject")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    sinks = named(docs, "Deployment", "demo-ragmon-sinks")
+    assert scaled["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "demo-ragmon-sinks",
+    }
+    assert "replicas" not in sinks["spec"], "KEDA owns the replica count"
+    assert not [
+        h
+        for h in of_kind(docs, "HorizontalPodAutoscaler")
+        if h["spec"]["scaleTargetRef"]["name"] == "demo-ragmon-sinks"
+    ]
+    assert scaled["spec"]["maxReplicaCount"] == scaling["maxReplicas"] <= kafka.get("partitions", 6)
+    assert scaled["spec"]["minReplicaCount"] == scaling.get("minReplicas", 2) >= 1
+    (trigger,) = scaled["spec"]["triggers"]
+    meta = trigger["metadata"]
+    assert trigger["type"] == "kafka"
+    assert meta["bootstrapServers"].split(",") == kafka["bootstrapServers"]
+    # the group the workers actually join (their loaded config), not a guess
+    _, pod, container = next(c for c in containers(docs) if c[0] == "sinks")
+    with_config = load_container_config(
+        docs, container, pod, Path(subprocess.check_output(["mktemp", "-d"], text=True).strip())
+    )
+    assert meta["consumerGroup"] == with_config.kafka.sinks_group
+    assert meta["lagThreshold"] == str(scaling.get("lagPerReplica", 10000))
+    assert meta["offsetResetPolicy"] == "earliest" and meta["allowIdleConsumers"] == "false"
+    assert meta.get("tls") == ("enable" if kafka["securityProtocol"] in ("SSL", "SASL_SSL") else None)
+    sasl = {"SCRAM-SHA-512": "scram_sha512"}.get(kafka.get("saslMechanism", ""))
+    assert meta.get("sasl") == sasl
+    # KEDA gets, from Secrets, exactly what the workers get
+    (auth,) = of_kind(docs, "TriggerAuthentication")
+    assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
+    secrets = secret_data(docs)
+    given = {ref["parameter"]: secrets[(ref["name"], ref["key"])] for ref in auth["spec"]["secretTargetRef"]}
+    environ = container_environ(docs, container)
+    if sasl:
+        assert given["username"] == with_config.kafka.sasl_username
+        assert with_config.kafka.sasl_password is not None
+        assert given["password"] == with_config.kafka.sasl_password.get_secret_value() == SASL_PASSWORD
+    if "clientCertSecret" in kafka:
+        assert (
+            given["cert"] == secrets[mounted_file(pod, container, environ["RAGMON_KAFKA__SSL_CERTFILE"])[1:]]
+        )
+        assert given["key"] == secrets[mounted_file(pod, container, environ["RAGMON_KAFKA__SSL_KEYFILE"])[1:]]
+        assert given["keyPassword"] == KEY_PASSWORD
+    assert given["ca"] == secrets[mounted_file(pod, container, "/etc/ragmon/kafka-ca/ca.crt")[1:]]
+
+
+def test_an_hpa_on_an_external_metric_scales_the_sinks_workers_on_lag() -> None:
+    docs = rendered("lag_hpa")
+    (hpa,) = [
+        h
+        for h in of_kind(docs, "HorizontalPodAutoscaler")
+        if h["spec"]["scaleTargetRef"]["name"] == "demo-ragmon-sinks"
+    ]
+    assert hpa["spec"]["maxReplicas"] == 6
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "External"
+    assert metric["external"]["metric"] == {
+        "name": "ragmon_kafka_consumer_lag",
+        "selector": {"matchLabels": {"group": "ragmon-sinks"}},
+    }
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "5000"}
+    assert not of_kind(docs, "ScaledObject")
+
+
+def test_keda_with_sasl_needs_a_password_for_keda_too(tmp_path: Path) -> None:
+    values = {**SCENARIOS["keda_sasl"], "kafka": {**SCENARIOS["keda_sasl"]["kafka"], "saslPassword": ""}}
+    result = template(values, tmp_path)
+    assert result.returncode != 0
+    assert "KEDA needs the SASL password" in result.stderr
+
+
+def _ingress_paths(ingress: Doc) -> set[str]:
+    return {p["path"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]}
+
+
+def _routed(path: str, prefixes: set[str]) -> bool:
+    """Kubernetes `Prefix` matching: whole path elements."""
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+@pytest.mark.parametrize("scenario", ["strimzi", "lag_hpa"])
+def test_ingress_routes_otlp_api_review_and_reports_to_the_http_port_and_nothing_else(scenario: str) -> None:
+    from service.api.app import create_app
+
+    docs = rendered(scenario)
+    (ingress,) = of_kind(docs, "Ingress")
+    service = named(docs, "Service", "demo-ragmon")
+    http_ports = {p["name"] for p in service["spec"]["ports"] if p.get("appProtocol") == "http"}
+    for rule in ingress["spec"]["rules"]:
+        for path in rule["http"]["paths"]:
+            assert path["pathType"] == "Prefix"
+            assert path["backend"]["service"]["name"] == service["metadata"]["name"]
+            assert path["backend"]["service"]["port"]["name"] in http_ports
+    # every route of the real app is routed, except the ones that stay inside the cluster
+    app = create_app(load_config(environ={}))
+    routes = {r.path for r in app.routes if hasattr(r, "methods")}  # type: ignore[attr-defined]
+    internal = {"/metrics", "/healthz", "/readyz"}
+    assert internal <= routes
+    prefixes = _ingress_paths(ingress)
+    assert {r for r in routes if not _routed(r, prefixes)} == internal
+    for needed in ("/v1/traces", "/v1/logs", "/api/v1/feedback", "/review", "/reports/latest"):
+        assert _routed(needed, prefixes), needed
+    values = SCENARIOS[scenario]["ingress"]
+    hosts = [rule.get("host") for rule in ingress["spec"]["rules"]]
+    assert hosts == (values.get("hosts") or [None])
+    assert ingress["spec"].get("tls", []) == values.get("tls", [])
+
+
+def test_ingress_tls_for_a_host_it_does_not_serve_is_refused(tmp_path: Path) -> None:
+    values = {
+        "ingress": {
+            "enabled": True,
+            "hosts": ["a.example.com"],
+            "tls": [{"secretName": "t", "hosts": ["b.example.com"]}],
+        }
+    }
+    result = template(values, tmp_path)
+    assert result.returncode != 0
+    assert "ingress.tls names host b.example.com, which is not in ingress.hosts" in result.stderr
+
+
+def test_kafka_client_certificate_reaches_only_the_processes_that_talk_to_kafka() -> None:
+    docs = rendered("strimzi")
+    cert = SCENARIOS["strimzi"]["kafka"]["clientCertSecret"]
+    seen = set()
+    for role, pod, container in containers(docs):
+        environ = container_environ(docs, container)
+        if role in ("serve", "sinks"):
+            seen.add(role)
+            for var, key in (
+                ("RAGMON_KAFKA__SSL_CERTFILE", "certKey"),
+                ("RAGMON_KAFKA__SSL_KEYFILE", "keyKey"),
+            ):
+                assert mounted_file(pod, container, environ[var]) == ("Secret", cert["name"], cert[key])
+            volume = next(v for v in pod["volumes"] if v["name"] == "kafka-client")
+            assert volume["secret"]["defaultMode"] == 0o400
+        else:
+            assert "RAGMON_KAFKA__SSL_CERTFILE" not in environ, role
+            assert all(v.get("secret", {}).get("secretName") != cert["name"] for v in pod["volumes"]), role
+    assert seen == {"serve", "sinks"}
+
+
+def test_a_client_certificate_needs_a_tls_protocol(tmp_path: Path) -> None:
+    kafka = {**SCENARIOS["strimzi"]["kafka"], "securityProtocol": "SASL_PLAINTEXT", "saslMechanism": "PLAIN"}
+    result = template({**SCENARIOS["strimzi"], "kafka": kafka}, tmp_path)
+    assert result.returncode != 0
+    assert "kafka.securityProtocol must be SSL or SASL_SSL, not SASL_PLAINTEXT" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("scenario", "source"),
+    [("strimzi", ("Secret", "pg-ca", "ca.pem")), ("lag_hpa", ("ConfigMap", "pg-ca-bundle", "bundle.pem"))],
+)
+def test_every_process_checks_postgresql_against_the_mounted_ca(
+    scenario: str, source: tuple[str, str, str]
+) -> None:
+    docs = rendered(scenario)
+    roles = set()
+    for role, pod, container in containers(docs):
+        environ = container_environ(docs, container)
+        assert environ["PGSSLMODE"].startswith("verify-")
+        assert mounted_file(pod, container, environ["PGSSLROOTCERT"]) == source, role
+        roles.add(role)
+    assert roles == {"serve", "sinks", "judge", "drift", "report"}
+    data = {**EXISTING, **EXISTING_CONFIG_MAPS}
+    assert data[source[1:]].startswith("-----BEGIN CERTIFICATE-----")
+
+
+@pytest.mark.parametrize(
+    ("postgresql", "message"),
+    [
+        ({"sslmode": "verify-full"}, "postgresql.sslmode verify-full checks the server's certificate"),
+        (
+            {"sslmode": "require", "caSecret": {"name": "a"}, "caConfigMap": {"name": "b"}},
+            "set caSecret or caConfigMap, not both",
+        ),
+    ],
+)
+def test_postgresql_tls_settings_that_cannot_work_are_refused(
+    postgresql: Doc, message: str, tmp_path: Path
+) -> None:
+    values = {
+        **SCENARIOS["distributed"],
+        "postgresql": {**SCENARIOS["distributed"]["postgresql"], **postgresql},
+    }
+    result = template(values, tmp_path)
+    assert result.returncode != 0
+    assert message in result.stderr

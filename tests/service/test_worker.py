@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,60 @@ def test_replicas_starting_together_create_the_schema_once_without_colliding(
     finally:
         for pipeline in replicas:
             pipeline.store.close()
+
+
+def test_liveness_fails_once_the_consume_loop_has_ended(tmp_path: Path) -> None:
+    """A sinks worker whose Kafka consume loop ended stays up (its HTTP server answers) but does no
+    work; /healthz must fail so the kubelet restarts it. The loop here ends the way a bad broker
+    address ends it: kafka-python raises ValueError for a port that is not a number, which the
+    loop does not retry (only Kafka and network errors are retried)."""
+    config = load_config(
+        environ={},
+        overrides={
+            "data_dir": str(tmp_path),
+            "bus": {"kind": "kafka"},
+            "kafka": {"bootstrap_servers": ["127.0.0.1:notaport"], "create_topics": False},
+        },
+    )
+    app = create_worker_app(config, ["sinks"])
+    worker: Worker = app.state.worker
+    assert worker.alive() == (True, "ok"), "not started yet: nothing to be dead"
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 30
+        while worker.receiver is not None and worker.receiver.running:
+            assert time.monotonic() < deadline, "the consume loop did not end"
+            time.sleep(0.05)
+        response = client.get("/healthz")
+        assert response.status_code == 503
+        body = response.json()
+        assert body["status"] == "dead"
+        assert body["detail"].startswith("kafka consume loop ended (ValueError")
+        ready = client.get("/readyz")
+        assert (ready.status_code, ready.json()["detail"]) == (503, "kafka consumer stopped")
+
+
+def test_liveness_stays_ok_while_the_broker_is_unreachable(tmp_path: Path) -> None:
+    """A broker that is down is retried by the loop: alive (not ready is for the store and loop)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens here once closed
+    config = load_config(
+        environ={},
+        overrides={
+            "data_dir": str(tmp_path),
+            "bus": {"kind": "kafka"},
+            "kafka": {
+                "bootstrap_servers": [f"127.0.0.1:{port}"],
+                "create_topics": False,
+                "request_timeout_s": 1,
+            },
+        },
+    )
+    app = create_worker_app(config, ["sinks"])
+    worker: Worker = app.state.worker
+    with TestClient(app) as client:
+        for _ in range(3):  # across a few failed connection attempts
+            time.sleep(1.0)
+            response = client.get("/healthz")
+            assert (response.status_code, response.json()["status"]) == (200, "ok")
+        assert worker.receiver is not None and worker.receiver.running

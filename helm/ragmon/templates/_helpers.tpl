@@ -74,18 +74,58 @@ Refuse values that would put a secret in a ConfigMap, or that cannot work. Rende
 by configmap.yaml, so every install and template run passes through here.
 */}}
 {{- define "ragmon.validate" -}}
-{{- $secretKeys := list (list "auth" "api_keys") (list "judge" "api_key") (list "review" "reviewers") (list "review" "session_secret") (list "kafka" "sasl_password") (list "store" "url") }}
+{{- $secretKeys := list (list "auth" "api_keys") (list "judge" "api_key") (list "review" "reviewers") (list "review" "session_secret") (list "kafka" "sasl_password") (list "kafka" "ssl_password") (list "store" "url") }}
 {{- range $secretKeys }}
 {{- $section := index $.Values.config (index . 0) | default dict }}
 {{- if and (kindIs "map" $section) (hasKey $section (index . 1)) }}
 {{- fail (printf "config.%s.%s would land in a ConfigMap; set it through the chart's secret values (auth, judge, review, postgresql, kafka) instead" (index . 0) (index . 1)) }}
 {{- end }}
 {{- end }}
-{{- if and (include "ragmon.distributed" .) .Values.kafka.createTopics }}
+{{- if include "ragmon.distributed" . }}
 {{- $partitions := int .Values.kafka.partitions }}
-{{- $most := ternary (int .Values.workers.autoscaling.maxReplicas) (int .Values.workers.replicas) .Values.workers.autoscaling.enabled }}
+{{- $autoscaling := .Values.workers.autoscaling }}
+{{- $most := ternary (int $autoscaling.maxReplicas) (int .Values.workers.replicas) $autoscaling.enabled }}
+{{- $from := ternary (printf "workers.autoscaling.maxReplicas (metric %s)" ($autoscaling.metric | default "cpu")) "workers.replicas" $autoscaling.enabled }}
 {{- if gt $most $partitions }}
-{{- fail (printf "workers: up to %d sinks workers but kafka.partitions is %d; the extra workers would get no partition (raise kafka.partitions or lower the replicas)" $most $partitions) }}
+{{- fail (printf "workers: up to %d sinks workers (%s) but kafka.partitions is %d; the extra workers would get no partition and sit idle (set kafka.partitions to the topics' partition count, or lower %s)" $most $from $partitions $from) }}
+{{- end }}
+{{- if and $autoscaling.enabled (gt (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) }}
+{{- fail (printf "workers.autoscaling.minReplicas (%d) is above maxReplicas (%d)" (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) }}
+{{- end }}
+{{- end }}
+{{- range $component := list "ingest" "workers" "judgeWorkers" "driftScheduler" }}
+{{- $pdb := (index $.Values $component).podDisruptionBudget }}
+{{- if and $pdb.enabled (eq (kindIs "invalid" $pdb.minAvailable) (kindIs "invalid" $pdb.maxUnavailable)) }}
+{{- fail (printf "%s.podDisruptionBudget: set one of minAvailable and maxUnavailable (the other null)" $component) }}
+{{- end }}
+{{- end }}
+{{- $kafka := .Values.kafka }}
+{{- if and (include "ragmon.distributed" .) $kafka.clientCertSecret.name (not (has $kafka.securityProtocol (list "SSL" "SASL_SSL"))) }}
+{{- fail (printf "kafka.clientCertSecret is a TLS client certificate: kafka.securityProtocol must be SSL or SASL_SSL, not %s" $kafka.securityProtocol) }}
+{{- end }}
+{{- $scaling := .Values.workers.autoscaling }}
+{{- if and (include "ragmon.distributed" .) $scaling.enabled (eq $scaling.metric "keda") (hasPrefix "SASL_" $kafka.securityProtocol) }}
+{{- if not (or $kafka.saslPassword $kafka.existingSecret) }}
+{{- fail "workers.autoscaling.metric keda with SASL: KEDA needs the SASL password too (kafka.saslPassword or kafka.existingSecret)" }}
+{{- end }}
+{{- if not (or $kafka.saslUsername (and $kafka.existingSecret $kafka.existingSecretUserKey)) }}
+{{- fail "workers.autoscaling.metric keda with SASL: KEDA needs the SASL user (kafka.saslUsername or kafka.existingSecretUserKey)" }}
+{{- end }}
+{{- end }}
+{{- $pg := .Values.postgresql }}
+{{- if and (include "ragmon.distributed" .) $pg.caSecret.name $pg.caConfigMap.name }}
+{{- fail "postgresql: set caSecret or caConfigMap, not both" }}
+{{- end }}
+{{- if and (include "ragmon.distributed" .) (hasPrefix "verify-" $pg.sslmode) (not (include "ragmon.postgresqlCa" .)) }}
+{{- fail (printf "postgresql.sslmode %s checks the server's certificate: set postgresql.caSecret or postgresql.caConfigMap to the CA that signed it (the image has no ~/.postgresql/root.crt)" $pg.sslmode) }}
+{{- end }}
+{{- if .Values.ingress.enabled }}
+{{- range .Values.ingress.tls }}
+{{- range .hosts }}
+{{- if and $.Values.ingress.hosts (not (has . $.Values.ingress.hosts)) }}
+{{- fail (printf "ingress.tls names host %s, which is not in ingress.hosts" .) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- if and (include "ragmon.distributed" .) (le (int .Values.ingest.terminationGracePeriodSeconds) (add (int .Values.kafka.shutdownGraceSeconds) 10)) }}
@@ -138,8 +178,25 @@ named, else from the chart's Secret.
 {{ include "ragmon.secretEnv" (list "PGPASSWORD" $own "postgresql-password") }}
 {{- end }}
 {{- end }}
-{{- if and (has "kafka" $needs) (include "ragmon.distributed" $root) (or $v.kafka.saslPassword $v.kafka.existingSecret) }}
+{{- if and (has "kafka" $needs) (include "ragmon.distributed" $root) }}
+{{- if or $v.kafka.saslPassword $v.kafka.existingSecret }}
 {{ include "ragmon.secretEnv" (list "RAGMON_KAFKA__SASL_PASSWORD" (default $own $v.kafka.existingSecret) (ternary $v.kafka.existingSecretPasswordKey "kafka-sasl-password" (ne $v.kafka.existingSecret ""))) }}
+{{- end }}
+{{- if and $v.kafka.existingSecret $v.kafka.existingSecretUserKey }}
+{{ include "ragmon.secretEnv" (list "RAGMON_KAFKA__SASL_USERNAME" $v.kafka.existingSecret $v.kafka.existingSecretUserKey) }}
+{{- end }}
+{{- with $v.kafka.clientCertSecret }}
+{{- if .name }}
+{{- /* not secrets, but only the processes that talk to Kafka mount the client certificate */}}
+- name: RAGMON_KAFKA__SSL_CERTFILE
+  value: {{ include "ragmon.kafkaClientDir" $root | printf "%s/tls.crt" | quote }}
+- name: RAGMON_KAFKA__SSL_KEYFILE
+  value: {{ include "ragmon.kafkaClientDir" $root | printf "%s/tls.key" | quote }}
+{{- if .passwordKey }}
+{{ include "ragmon.secretEnv" (list "RAGMON_KAFKA__SSL_PASSWORD" .name .passwordKey) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -219,6 +276,11 @@ securityContext:
   mountPath: /etc/ragmon/kafka-ca
   readOnly: true
 {{- end }}
+{{- if include "ragmon.postgresqlCa" . }}
+- name: postgresql-ca
+  mountPath: /etc/ragmon/postgresql-ca
+  readOnly: true
+{{- end }}
 {{- end }}
 
 {{- define "ragmon.commonVolumes" -}}
@@ -236,6 +298,88 @@ securityContext:
       - key: {{ .Values.kafka.caSecret.key }}
         path: ca.crt
 {{- end }}
+{{- with .Values.postgresql }}
+{{- if and (include "ragmon.distributed" $) .caSecret.name }}
+- name: postgresql-ca
+  secret:
+    secretName: {{ .caSecret.name }}
+    items:
+      - key: {{ .caSecret.key }}
+        path: ca.crt
+{{- else if and (include "ragmon.distributed" $) .caConfigMap.name }}
+- name: postgresql-ca
+  configMap:
+    name: {{ .caConfigMap.name }}
+    items:
+      - key: {{ .caConfigMap.key }}
+        path: ca.crt
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the pods mount a CA bundle for PostgreSQL (distributed mode). */}}
+{{- define "ragmon.postgresqlCa" -}}
+{{- if and (include "ragmon.distributed" .) (or .Values.postgresql.caSecret.name .Values.postgresql.caConfigMap.name) }}true{{ end }}
+{{- end }}
+
+{{/* Where the Kafka client certificate is mounted. */}}
+{{- define "ragmon.kafkaClientDir" -}}
+/etc/ragmon/kafka-client
+{{- end }}
+
+{{/* The Kafka client certificate's mount, for the pods that talk to Kafka (ingest, sinks). */}}
+{{- define "ragmon.kafkaClientMounts" -}}
+{{- if and (include "ragmon.distributed" .) .Values.kafka.clientCertSecret.name }}
+- name: kafka-client
+  mountPath: {{ include "ragmon.kafkaClientDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "ragmon.kafkaClientVolumes" -}}
+{{- with .Values.kafka.clientCertSecret }}
+{{- if and (include "ragmon.distributed" $) .name }}
+- name: kafka-client
+  secret:
+    secretName: {{ .name }}
+    defaultMode: 0400
+    items:
+      - key: {{ .certKey }}
+        path: tls.crt
+      - key: {{ .keyKey }}
+        path: tls.key
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A PodDisruptionBudget for a component's pods: (list $ component podDisruptionBudget-values).
+*/}}
+{{- define "ragmon.podDisruptionBudget" -}}
+{{- $root := index . 0 }}{{- $component := index . 1 }}{{- $pdb := index . 2 }}
+{{- if $pdb.enabled }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "ragmon.componentName" (list $root $component) }}
+  labels:
+    {{- include "ragmon.labels" (list $root $component) | nindent 4 }}
+spec:
+  {{- if not (kindIs "invalid" $pdb.minAvailable) }}
+  minAvailable: {{ $pdb.minAvailable }}
+  {{- else }}
+  maxUnavailable: {{ $pdb.maxUnavailable }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "ragmon.selectorLabels" (list $root $component) | nindent 6 }}
+{{- end }}
+{{- end }}
+
+{{/* The consumer group of the sinks workers (kafka.sinks_group, default ragmon-sinks). */}}
+{{- define "ragmon.sinksGroup" -}}
+{{- (.Values.config.kafka | default dict).sinks_group | default "ragmon-sinks" }}
 {{- end }}
 
 {{- define "ragmon.configArgs" -}}
