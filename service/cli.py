@@ -274,8 +274,8 @@ class _StopRequest:
     demo exited with its server and ingest workers still running (the interpreter then hung joining
     them). So it is raised only while the traffic runs, inside the block that stops the server, and
     after that a signal only sets `requested`. A second Ctrl-C still raises, to cut a stop that
-    takes too long; a second SIGTERM (`timeout make demo` signals make and the demo both) is the
-    same request again.
+    takes too long; a second SIGTERM (`timeout make demo` signals make and the demo both) is
+    ignored.
     """
 
     def __init__(self) -> None:
@@ -285,6 +285,10 @@ class _StopRequest:
     def __call__(self, signum: int, frame: object) -> None:
         again = self.requested.is_set()
         self.requested.set()
+        if signum == signal.SIGTERM:
+            # ignored, not handled, from now on: at interpreter exit Python resets its handlers to
+            # the default action, and a second SIGTERM during the exit would kill the demo (-15)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self.interrupting or (again and signum == signal.SIGINT):
             raise KeyboardInterrupt
 
