@@ -1,4 +1,4 @@
-"""Micro-benchmark of `Store.insert_traces` on SQLite: CPU microseconds per new trace, before and after.
+"""Micro-benchmark of `Store.insert_traces`: new traces per second and CPU per trace, before and after.
 
 The traces are the ingest benchmark's own (bench/ingest/payload.py: 4 spans,
 5 retrieved documents of ~500 characters, a 384-float query vector), decoded
@@ -12,7 +12,13 @@ own work (parsing, b-tree inserts, the WAL commit), which both sides do alike,
 so the difference is the Python each spends around it. The script then checks
 that both wrote the same rows.
 
+With `--postgres URL` the same batches also go to that PostgreSQL database
+(its `traces` and `trace_contexts` are emptied before each pass), so both
+databases are measured side by side in one run; wall time counts there, since
+the server's work is in another process.
+
     python bench/ingest/store_insert.py [--traces 4000] [--batch 500] [--repeat 5] [--baseline REV]
+        [--postgres postgresql+psycopg://user@127.0.0.1:5432/db]
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,7 @@ from service.model import RagTrace  # noqa: E402
 from service.store.trace_store import Store  # noqa: E402
 
 BASELINE_REV = "e221fe3"  # SQLAlchemy executemany for trace rows, per-batch IN-list statements
+POSTGRES_BASELINE_REV = "9cdfbf5"  # PostgreSQL: one multi-row INSERT ... ON CONFLICT ... RETURNING a batch
 
 
 def bench_traces(n: int, seed: int) -> list[RagTrace]:
@@ -59,16 +66,21 @@ def load_baseline(rev: str) -> type[Store]:
     return store_class
 
 
-def one_pass(store_class: type[Store], path: Path, traces: Sequence[RagTrace], batch: int) -> float:
-    """CPU seconds to insert `traces` in batches into a fresh database at `path`."""
-    store = store_class(f"sqlite:///{path}")
+def one_pass(
+    store_class: type[Store], url: str, traces: Sequence[RagTrace], batch: int
+) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) to insert `traces` in batches into an empty database at `url`."""
+    store = store_class(url)
     store.create_schema()
-    started = time.process_time()
+    if store.dialect == "postgresql":
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("TRUNCATE traces, trace_contexts")
+    started, wall = time.process_time(), time.perf_counter()
     for start in range(0, len(traces), batch):
         store.insert_traces(traces[start : start + batch])
-    spent = time.process_time() - started
+    spent, took = time.process_time() - started, time.perf_counter() - wall
     store.close()
-    return spent
+    return spent, took
 
 
 def table_rows(path: Path, table: str) -> list[tuple[Any, ...]]:
@@ -84,25 +96,52 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=500, help="traces per insert (the bus's batch_size)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--baseline", default=BASELINE_REV, help="git revision to compare with")
+    parser.add_argument("--baseline", default=BASELINE_REV, help="git revision to compare with (SQLite)")
+    parser.add_argument("--postgres", help="a PostgreSQL URL to measure beside SQLite (tables are emptied)")
+    parser.add_argument(
+        "--postgres-baseline", default=POSTGRES_BASELINE_REV, help="git revision to compare with (PostgreSQL)"
+    )
     args = parser.parse_args(argv)
     traces = bench_traces(args.traces, args.seed)
-    candidates = [
-        (f"before ({args.baseline})", load_baseline(args.baseline)),
-        ("after (working tree)", Store),
-    ]
-    best = [float("inf")] * len(candidates)
     with tempfile.TemporaryDirectory() as tmp:
+        candidates: list[tuple[str, type[Store], Callable[[int], str]]] = [
+            (
+                f"SQLite before ({args.baseline})",
+                load_baseline(args.baseline),
+                lambda run: f"sqlite:///{tmp}/0-{run}.db",
+            ),
+            ("SQLite after (working tree)", Store, lambda run: f"sqlite:///{tmp}/1-{run}.db"),
+        ]
+        if args.postgres:
+            url: str = args.postgres
+            candidates += [
+                (
+                    f"PostgreSQL before ({args.postgres_baseline})",
+                    load_baseline(args.postgres_baseline),
+                    lambda run: url,
+                ),
+                ("PostgreSQL after (working tree)", Store, lambda run: url),
+            ]
+        best = [(float("inf"), float("inf"))] * len(candidates)
         for run in range(args.repeat):
-            for i, (_, store_class) in enumerate(candidates):
-                best[i] = min(best[i], one_pass(store_class, Path(tmp) / f"{i}-{run}.db", traces, args.batch))
+            for i, (_, store_class, url_of) in enumerate(candidates):
+                cpu, wall = one_pass(store_class, url_of(run), traces, args.batch)
+                best[i] = (min(best[i][0], cpu), min(best[i][1], wall))
         for table in ("traces", "trace_contexts"):
             if table_rows(Path(tmp) / "0-0.db", table) != table_rows(Path(tmp) / "1-0.db", table):
                 raise RuntimeError(f"baseline and working tree stored different {table} rows")
-    print(f"{len(traces)} new traces in batches of {args.batch}, CPU time, best of {args.repeat} passes")
-    for (label, _), seconds in zip(candidates, best, strict=True):
-        print(f"{label:<24} {seconds / len(traces) * 1e6:8.1f} us/trace")
-    print(f"ratio before/after {best[0] / best[1]:.2f}x")
+    print(f"{len(traces)} new traces in batches of {args.batch}, best of {args.repeat} passes")
+    print(f"{'':<36} {'traces/s':>9} {'client CPU us/trace':>20}")
+    for (label, _, _), (cpu, wall) in zip(candidates, best, strict=True):
+        print(f"{label:<36} {len(traces) / wall:9.0f} {cpu / len(traces) * 1e6:20.1f}")
+    for start in range(0, len(candidates), 2):
+        before = candidates[start][0]
+        cpu_ratio = best[start][0] / best[start + 1][0]
+        wall_ratio = best[start][1] / best[start + 1][1]
+        print(f"{before.split()[0]}: before/after CPU {cpu_ratio:.2f}x, wall {wall_ratio:.2f}x")
+    if args.postgres:
+        ratio = best[1][1] / best[3][1]
+        print(f"PostgreSQL after / SQLite after, traces per second: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`PlainInsert`: new rows into one table through the driver's `executemany`.
+"""Fast roads for new rows: `PlainInsert` (the driver's `executemany`) and `CopyRows` (PostgreSQL COPY).
 
 Why not `connection.execute(insert(table), rows)`: for each row SQLAlchemy
 builds a parameter dictionary and runs every column type's bind processor
@@ -13,6 +13,16 @@ What it gives up: no `ON CONFLICT` and no `RETURNING`. The caller must know
 that every row is new: `Store` uses it on SQLite only, where the transaction
 holds the database's single write lock from `BEGIN IMMEDIATE`, so the keys it
 read as absent stay absent until it commits.
+
+`CopyRows` streams rows into a PostgreSQL table with `COPY ... FROM STDIN`
+(psycopg 3's `cursor.copy`), converted by the same bind processors. Why:
+SQLAlchemy sends a batch as one multi-row INSERT of ~30 markers a row, and
+psycopg splits that statement's text with a regular expression on every
+call, uncached: about half of the client's CPU per stored trace
+(bench/ingest/store_insert.py --postgres). COPY has no statement to parse
+and no markers. It has no `ON CONFLICT` either, so `Store` copies into a
+temporary staging table and moves the rows from there with one
+`INSERT ... SELECT ... ON CONFLICT DO NOTHING RETURNING`.
 """
 
 from __future__ import annotations
@@ -42,6 +52,11 @@ class PlainInsert:
         # in the order of the statement's markers
         self._columns = [(name, processors[name]) for name in compiled.positiontup]
 
+    @property
+    def columns(self) -> list[str]:
+        """Column names in the order of `values`."""
+        return [name for name, _ in self._columns]
+
     def values(self, row: Mapping[str, Any]) -> tuple[Any, ...]:
         """The driver-ready parameters of one row (a mapping with every column)."""
         return tuple(row[name] if process is None else process(row[name]) for name, process in self._columns)
@@ -51,3 +66,26 @@ class PlainInsert:
         parameters = [self.values(row) for row in rows]
         if parameters:
             conn.exec_driver_sql(self.sql, parameters)
+
+
+class CopyRows:
+    """`COPY target (every column of table) FROM STDIN` on PostgreSQL through psycopg 3."""
+
+    def __init__(self, table: sa.Table, dialect: Dialect) -> None:
+        self._rows = PlainInsert(table, dialect)
+        self._columns = ", ".join(dialect.identifier_preparer.quote(name) for name in self._rows.columns)
+
+    def copy(self, conn: Connection, target: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Copy `rows` into the table named `target` (this table or one LIKE it), in the connection's
+        transaction. Errors are SQLAlchemy's DBAPIError family, as for any statement."""
+        import psycopg  # the PostgreSQL extra; only a PostgreSQL store builds a CopyRows
+
+        statement = f"COPY {target} ({self._columns}) FROM STDIN"
+        driver = conn.connection.driver_connection
+        try:
+            with driver.cursor() as cursor, cursor.copy(statement) as copy:  # type: ignore[union-attr]
+                for row in rows:
+                    copy.write_row(self._rows.values(row))
+        except psycopg.Error as exc:
+            # the form `Store` translates into StoreUnavailable / InvalidInput for every other statement
+            raise sa.exc.DBAPIError.instance(statement, None, exc, psycopg.Error) from exc

@@ -2,17 +2,20 @@
 
 One code path for SQLite (a file in WAL mode, the embedded default) and
 PostgreSQL (`postgresql+psycopg://...`), written in SQLAlchemy Core (one
-exception, for speed: new traces on SQLite, under "Idempotent writes"). Table
-shapes and the record ↔ row converters live in `service.store.tables`.
+exception, for speed: new traces, under "Idempotent writes"). Table shapes and
+the record ↔ row converters live in `service.store.tables`.
 
 Guarantees every method keeps:
 
 * Idempotent writes: a trace is stored once per (tenant, trace_id) and a
   feedback event once per (tenant, event_id) (`INSERT ... ON CONFLICT DO
   NOTHING`); the first delivered version wins. Each batch is one transaction:
-  all of it is written, or none. On SQLite new traces take a faster road to
-  the same rows: the batch's stored keys are read under the write lock and only
-  the others inserted, by plain executemany (service/store/row_insert.py says why).
+  all of it is written, or none. New traces take a faster road to the same
+  rows (service/store/row_insert.py says why): on SQLite the batch's stored
+  keys are read under the write lock and only the others inserted, by plain
+  executemany; on PostgreSQL the batch is COPYed into a session's staging
+  table and moved with `INSERT ... SELECT ... ON CONFLICT DO NOTHING
+  RETURNING`, which both skips the stored keys and names the new ones.
 * Tenant isolation: every read filters by the tenant it is given.
 * Bounded waits: connecting, waiting for a lock and running a statement are
   each limited by the timeouts given to `Store`.
@@ -56,11 +59,12 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.schema import CreateTable
 
 from service.consumer import FeedbackConsumer, TraceConsumer
 from service.errors import InvalidInput, StoreUnavailable
 from service.model import Feedback, FeedbackKind, RagTrace
-from service.store.row_insert import PlainInsert
+from service.store.row_insert import CopyRows, PlainInsert
 from service.store.tables import (
     SCHEMA_VERSION,
     dead_letter_record,
@@ -207,6 +211,21 @@ def keys_by_group(keys: Iterable[tuple[Group, str]]) -> Iterator[tuple[Group, li
 _STORED_TRACE_KEYS = sa.select(traces.c.tenant, traces.c.trace_id).where(
     traces.c.tenant == sa.bindparam("for_tenant"), traces.c.trace_id.in_(sa.bindparam("keys", expanding=True))
 )
+# PostgreSQL: new trace rows are COPYed into this session-private table (created as each connection
+# opens, emptied at every commit), then moved into `traces` in key order by one statement that
+# skips the stored ones and names the new (service/store/row_insert.py says why COPY).
+_STAGED_TRACES = sa.Table(
+    "ragmon_staged_traces",
+    sa.MetaData(),
+    *(sa.Column(column.name, column.type) for column in traces.columns),
+    prefixes=["TEMPORARY"],
+    postgresql_on_commit="DELETE ROWS",
+)
+_TRACE_COLUMNS = ", ".join(column.name for column in traces.columns)
+_MOVE_STAGED_TRACES = (
+    f"INSERT INTO traces ({_TRACE_COLUMNS}) SELECT {_TRACE_COLUMNS} FROM {_STAGED_TRACES.name}"
+    " ORDER BY tenant, trace_id ON CONFLICT DO NOTHING RETURNING tenant, trace_id"
+)
 # Feedback that arrived before its trace marks the trace when it is stored.
 _MARK_FEEDBACK_REGENERATIONS = (
     sa.update(traces)
@@ -340,14 +359,18 @@ class Store:
         self.statement_timeout_s = statement_timeout_s
         self._closed = False
         serializer = json_text
-        # new trace rows and contexts through the driver's executemany (service/store/row_insert.py)
+        # new trace rows and contexts through the driver's executemany (SQLite) or COPY (PostgreSQL):
+        # service/store/row_insert.py
         self._plain_inserts: tuple[PlainInsert, PlainInsert] | None = None
+        self._copies: tuple[CopyRows, CopyRows] | None = None
         if parsed.get_backend_name() == "sqlite":
             self._engine = self._sqlite_engine(parsed, serializer)
             dialect = self._engine.dialect
             self._plain_inserts = (PlainInsert(traces, dialect), PlainInsert(trace_contexts, dialect))
         elif parsed.drivername == "postgresql+psycopg":
             self._engine = self._postgres_engine(parsed, serializer)
+            dialect = self._engine.dialect
+            self._copies = (CopyRows(traces, dialect), CopyRows(trace_contexts, dialect))
         else:
             raise ValueError(f"unsupported store URL {self.url!r}: use sqlite:/// or postgresql+psycopg://")
 
@@ -396,7 +419,7 @@ class Store:
         given = url.query.get("options", "")
         given = " ".join(given) if isinstance(given, tuple) else given
         options = f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms} -c TimeZone=UTC"
-        return sa.create_engine(
+        engine = sa.create_engine(
             url,
             pool_size=self.pool_size,
             max_overflow=self.max_overflow,
@@ -411,6 +434,16 @@ class Store:
                 "options": f"{given} {options}".strip(),
             },
         )
+        staging = str(CreateTable(_STAGED_TRACES).compile(dialect=engine.dialect))
+
+        @sa.event.listens_for(engine, "connect")
+        def _create_staging(dbapi_connection: Any, _record: Any) -> None:
+            # its own committed transaction: created in a batch's, a rolled-back batch would drop it
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute(staging)
+            dbapi_connection.commit()
+
+        return engine
 
     @property
     def dialect(self) -> str:
@@ -531,12 +564,19 @@ class Store:
             insert_traces.execute(conn, (trace_row(pending[k], created_at=created_at) for k in new))
             insert_contexts.execute(conn, (_context_row(k, pending[k]) for k in new))
             return set(new)
-        rows = [trace_row(pending[k], created_at=created_at) for k in order]
-        inserted = conn.execute(self._insert(traces).returning(traces.c.tenant, traces.c.trace_id), rows)
+        if self._copies is None:
+            raise RuntimeError(f"no insert road for {self.dialect}")
+        copy_traces, copy_contexts = self._copies
+        copy_traces.copy(
+            conn, _STAGED_TRACES.name, (trace_row(pending[k], created_at=created_at) for k in order)
+        )
+        inserted = conn.exec_driver_sql(_MOVE_STAGED_TRACES)
         new_keys = {(tenant, trace_id) for tenant, trace_id in inserted}
+        # a key the move inserted was absent, and its context with it: a concurrent batch with the same
+        # key waits on the new row's lock, then skips it and its context
         if new_keys:
-            conn.execute(
-                self._insert(trace_contexts), [_context_row(k, pending[k]) for k in sorted(new_keys)]
+            copy_contexts.copy(
+                conn, "trace_contexts", (_context_row(k, pending[k]) for k in sorted(new_keys))
             )
         return new_keys
 
