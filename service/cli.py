@@ -156,17 +156,13 @@ async def serve(config: RagmonConfig, sock: socket.socket | None = None) -> None
     import uvicorn
 
     from service.api.app import create_app
+    from service.api.http_server import uvicorn_config
     from service.runtime import tune_for_service
 
     tune_for_service()
     server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(config),
-            host=config.server.host,
-            port=config.server.port,
-            log_level=config.log_level,
-            access_log=False,
-            lifespan="on",
+        uvicorn_config(
+            create_app(config), config, log_level=config.log_level, access_log=False, lifespan="on"
         )
     )
     await server.serve(sockets=[sock] if sock is not None else None)
@@ -304,6 +300,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.api.app import create_app
+    from service.api.http_server import uvicorn_config
     from service.demo import run as demo
     from service.runtime import tune_for_service
 
@@ -316,14 +313,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_for_service()
     server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(config),
-            host=config.server.host,
-            port=config.server.port,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-        )
+        uvicorn_config(create_app(config), config, log_level="warning", access_log=False, lifespan="on")
     )
     stopped = threading.Event()
 

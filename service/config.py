@@ -58,6 +58,12 @@ class ServerConfig(_Section):
         gt=0,
         description="a request body not wholly received this long after its headers is refused (408)",
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a connection whose request headers are not complete this long after it opened (or "
+        "after its previous response) is closed and counted (slowloris)",
+    )
     ingest_processes: int | None = Field(
         None,
         ge=0,

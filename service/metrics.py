@@ -74,6 +74,7 @@ REQUEST_REJECT_REASONS = (
     "bad_api_key",
     "queue_full",
     "body_timeout",
+    "header_timeout",
     "wal_full",
     "wal_unavailable",
 )

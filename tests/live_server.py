@@ -16,6 +16,7 @@ import httpx
 import uvicorn
 
 from service.api.app import create_app
+from service.api.http_server import uvicorn_config
 from service.config import RagmonConfig, load_config
 from service.pipeline import Pipeline
 
@@ -71,9 +72,7 @@ def live_server(data_dir: Path, **overrides: Any) -> Iterator[LiveServer]:
             settings[key] = value
     config = load_config(environ={}, overrides=settings)
     app = create_app(config)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=http_port, log_level="warning", lifespan="on")
-    )
+    server = uvicorn.Server(uvicorn_config(app, config, log_level="warning", lifespan="on"))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
     thread.start()

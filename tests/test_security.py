@@ -26,7 +26,7 @@ JSON = {"content-type": "application/json"}
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     # review_server: tenants acme and beta with judged items in their review queues, alice (acme) and
     # carol (beta) as reviewers; a 1 s body deadline and a scrape token on top
-    extra = {"server": {"body_timeout_s": 1.0}}
+    extra = {"server": {"body_timeout_s": 1.0, "header_timeout_s": 1.0}}
     with review_server(tmp_path_factory.mktemp("security"), extra) as live:
         yield live
 
@@ -156,6 +156,49 @@ def test_slow_uploads_do_not_hold_connections(server: LiveServer) -> None:
         answer = conn.recv(4096)
     assert answer.startswith(b"HTTP/1.1 408")
     assert time.monotonic() - started < server.config.server.body_timeout_s + 10
+
+
+def _trickle(conn: socket.socket, text: bytes, every_s: float, for_s: float) -> bool:
+    """Send `text` a byte at a time; False as soon as the server has closed the connection."""
+    deadline = time.monotonic() + for_s
+    for byte in text:
+        if time.monotonic() > deadline:
+            break
+        try:
+            conn.sendall(bytes([byte]))
+        except OSError:
+            return False
+        conn.settimeout(every_s)
+        try:
+            if conn.recv(4096) == b"":
+                return False
+        except TimeoutError:
+            pass
+    return True
+
+
+def test_slow_headers_do_not_hold_connections(server: LiveServer) -> None:
+    """Slowloris: headers a byte every 0.3 s, on new connections and after a first request on a kept-alive
+    one; each is closed after server.header_timeout_s (1 s here; 10 s by default) and counted."""
+    host, port = server.url.removeprefix("http://").split(":")
+    before = server.metric("ragmon_ingest_rejected_total", reason="header_timeout")
+    header = f"GET /api/v1/traces HTTP/1.1\r\nHost: x\r\nx-api-key: {API_KEYS['acme']}\r\n".encode() * 20
+    kept_alive = socket.create_connection((host, int(port)), timeout=10)
+    kept_alive.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert kept_alive.recv(4096).startswith(b"HTTP/1.1 200")
+    conns = [socket.create_connection((host, int(port)), timeout=10) for _ in range(5)] + [kept_alive]
+    started = time.monotonic()
+    try:
+        still_open = [_trickle(conn, header, every_s=0.3, for_s=8.0) for conn in conns]
+    finally:
+        for conn in conns:
+            conn.close()
+    assert still_open == [False] * 6
+    # trickled one after the other: the last was closed within its own deadline plus the others' time
+    assert time.monotonic() - started < 6 * (server.config.server.header_timeout_s + 1.5)
+    assert server.metric("ragmon_ingest_rejected_total", reason="header_timeout") - before == 6
+    with client(server, "acme") as acme:
+        assert acme.get("/api/v1/traces").status_code == 200
 
 
 def test_untrusted_text_is_escaped_in_the_report(server: LiveServer, tmp_path: Path) -> None:
