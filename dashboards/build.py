@@ -3,6 +3,10 @@
     python -m dashboards.build            # rewrite the files in dashboards/
     python -m dashboards.build --check    # exit 1 when a committed file is stale
     python -m dashboards.build --out DIR --for 2s --interval 1s --only rules.yml   # fast test variant
+    python -m dashboards.build --runbook-base-url https://git.example/ops/ragmon/dashboards/runbooks
+
+The runbook base (alerts' runbook_url and the dashboards' runbook links) is, first found:
+--runbook-base-url, $RAGMON_RUNBOOK_BASE_URL, runbook_base_url in thresholds.yaml.
 
 Output is deterministic (same inputs, same bytes), so `--check` can run in CI.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -19,7 +24,7 @@ from typing import Any
 
 from dashboards.alerts import prometheus_rules
 from dashboards.rule_file import dump_yaml
-from dashboards.thresholds import DEFAULT_PATH, Thresholds, load_thresholds
+from dashboards.thresholds import DEFAULT_PATH, RUNBOOK_BASE_ENV, Thresholds, load_thresholds
 
 __all__ = ["HERE", "generate", "main"]
 
@@ -34,8 +39,8 @@ def _rules(t: Thresholds, for_override: str | None, interval: str | None) -> str
     return dump_yaml(prometheus_rules(t, for_override=for_override, interval=interval), _HEADER)
 
 
-def _dashboard(build: Callable[[], dict[str, Any]]) -> str:
-    return json.dumps(build(), indent=2) + "\n"
+def _dashboard(build: Callable[[Thresholds], dict[str, Any]], t: Thresholds) -> str:
+    return json.dumps(build(t), indent=2) + "\n"
 
 
 def generate(
@@ -54,7 +59,7 @@ def generate(
         "METRICS.md": metrics_markdown,
     }
     for name, build in DASHBOARDS.items():
-        files[f"grafana/{name}.json"] = partial(_dashboard, build)
+        files[f"grafana/{name}.json"] = partial(_dashboard, build, t)
     return files
 
 
@@ -66,8 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--for", dest="for_override", help="pending period of every alert (test variant)")
     parser.add_argument("--interval", help="evaluation interval of every rule group (test variant)")
     parser.add_argument("--only", action="append", help="write only these relative paths")
+    parser.add_argument(
+        "--runbook-base-url",
+        default=os.environ.get(RUNBOOK_BASE_ENV) or None,
+        help=f"prefix of runbooks/<AlertName>.md (default: ${RUNBOOK_BASE_ENV}, else thresholds.yaml)",
+    )
     args = parser.parse_args(argv)
-    files = generate(load_thresholds(args.thresholds), for_override=args.for_override, interval=args.interval)
+    t = load_thresholds(args.thresholds).with_runbook_base(args.runbook_base_url)
+    files = generate(t, for_override=args.for_override, interval=args.interval)
     if args.only:
         unknown = set(args.only) - set(files)
         if unknown:

@@ -12,9 +12,11 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
-__all__ = ["DEFAULT_PATH", "Thresholds", "load_thresholds"]
+__all__ = ["DEFAULT_PATH", "RUNBOOK_BASE_ENV", "Thresholds", "load_thresholds"]
 
 DEFAULT_PATH = Path(__file__).with_name("thresholds.yaml")
+# Environment variable that overrides runbook_base_url when the files are generated.
+RUNBOOK_BASE_ENV = "RAGMON_RUNBOOK_BASE_URL"
 # Prometheus durations as used in `for:` and range selectors (one unit, whole numbers).
 DURATION = r"^[0-9]+(ms|s|m|h|d|w|y)$"
 STAGES = ("total", "embedding", "retrieval", "rerank", "generation")
@@ -83,7 +85,8 @@ class Thresholds(_Section):
 
     job: str = Field(min_length=1)
     for_: str = Field(alias="for", pattern=DURATION)
-    runbook_url: str
+    # where runbooks/<AlertName>.md are read; RUNBOOK_BASE_ENV or --runbook-base-url replace it at build time
+    runbook_base_url: str = Field(min_length=1)
 
     latency: Latency
     cost: Cost
@@ -95,12 +98,23 @@ class Thresholds(_Section):
     grafana: Grafana = Grafana()
 
     def model_post_init(self, context: object) -> None:
-        if "{alertname}" not in self.runbook_url:
-            raise ValueError("runbook_url must contain {alertname}")
+        if "{" in self.runbook_base_url or any(c.isspace() for c in self.runbook_base_url):
+            raise ValueError("runbook_base_url is a URL or path prefix (no placeholders, no spaces)")
+
+    @property
+    def runbook_base(self) -> str:
+        """The runbook base without a trailing slash."""
+        return self.runbook_base_url.rstrip("/")
 
     def runbook(self, alertname: str) -> str:
-        """The runbook URL of `alertname` (one pattern for every alert)."""
-        return self.runbook_url.replace("{alertname}", alertname)
+        """The runbook URL of `alertname`: `<runbook_base_url>/<alertname>.md` for every alert."""
+        return f"{self.runbook_base}/{alertname}.md"
+
+    def with_runbook_base(self, base: str | None) -> Thresholds:
+        """These thresholds with another runbook base (None: unchanged), validated like the file's."""
+        if base is None:
+            return self
+        return Thresholds.model_validate({**self.model_dump(by_alias=True), "runbook_base_url": base})
 
 
 def load_thresholds(path: Path = DEFAULT_PATH) -> Thresholds:

@@ -26,6 +26,14 @@ DRIFT_PREFIXES = (
 )
 # Families that only get samples once a golden-set probe run has been scored.
 PROBE_PREFIXES = ("ragmon_probe_",)
+# Judge calibration gauges: sampled once reviewers have reviewed judged traces (service/review/gauges.py).
+CALIBRATION_PREFIXES = (
+    "ragmon_judge_agreement_ratio",
+    "ragmon_judge_false_approval_ratio",
+    "ragmon_judge_false_rejection_ratio",
+    "ragmon_judge_kappa",
+    "ragmon_judge_calibration_pairs",
+)
 # Families of distributed mode (Kafka): declared by its producer and receiver, sampled in tests/distributed.
 KAFKA_PREFIXES = ("ragmon_kafka_",)
 # Counters whose label values are known only once the event happens (no pre-created zero series).
@@ -131,6 +139,7 @@ def test_every_name_used_has_samples_after_traffic_and_judging(scrape: Expositio
         if name not in scrape.samples
         and (drift_ran or not name.startswith(DRIFT_PREFIXES))
         and not name.startswith(PROBE_PREFIXES)
+        and not name.startswith(CALIBRATION_PREFIXES)
         and not name.startswith(KAFKA_PREFIXES)
     }
     assert set(missing) - ONLY_ON_EVENT == set(), missing
