@@ -166,7 +166,12 @@ def bootstrap(
 
 
 def paired_difference(
-    first: np.ndarray, second: np.ndarray, label: np.ndarray, strata: list[np.ndarray], n_boot: int, seed: int = 7
+    first: np.ndarray,
+    second: np.ndarray,
+    label: np.ndarray,
+    strata: list[np.ndarray],
+    n_boot: int,
+    seed: int = 7,
 ) -> tuple[float, float]:
     """95 % interval of balanced accuracy (first) - (second) over the same group resamples."""
     rng = np.random.default_rng(seed)
@@ -230,7 +235,8 @@ def main() -> int:
         f"baseline: word-overlap ratio >= {threshold:.3f} (tuned on the tune split)"
     )
     print(
-        f"| source | rows (faithful) | {learned_judge.version} balanced acc. | {learned_judge.version} false approval "
+        f"| source | rows (faithful) | {learned_judge.version} balanced acc. "
+        f"| {learned_judge.version} false approval "
         f"| {judge.version} balanced acc. | {judge.version} false approval "
         "| baseline balanced acc. | baseline false approval |"
     )
@@ -250,7 +256,10 @@ def main() -> int:
         lo, hi = paired_difference(learned, heuristic, label, strata, args.boot)
         diff = balanced(learned[mask], label[mask]) - balanced(heuristic[mask], label[mask])
         differences.append(f"{name}: {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]")
-    print(f"{learned_judge.version} - {judge.version}, balanced accuracy (paired bootstrap): " + "; ".join(differences))
+    print(
+        f"{learned_judge.version} - {judge.version}, balanced accuracy (paired bootstrap): "
+        + "; ".join(differences)
+    )
     if args.errors:
         for name in sorted(set(source)):
             wrong = np.flatnonzero(chosen & (source == name) & (heuristic != label))

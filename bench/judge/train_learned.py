@@ -1,4 +1,4 @@
-"""Train the learned offline judge (`service/judge/learned.py`) on the dev set's `tune` half, never its `test` half.
+"""Train the learned offline judge (`service/judge/learned.py`) on the dev set's `tune` half, never `test`.
 
 The model: boosted stumps (gradient boosting on the logistic loss, one feature and one threshold
 per stump, thresholds at quantiles of the tune rows) over each answer's model features
@@ -186,10 +186,14 @@ def main(argv: list[str] | None = None) -> int:
         oof = np.zeros(len(y))
         for k in range(FOLDS):
             train = folds != k
-            base, stumps = fit_stumps(x[train], y[train], cell_weights(source[train], y[train]), n_stumps, rate)
+            base, stumps = fit_stumps(
+                x[train], y[train], cell_weights(source[train], y[train]), n_stumps, rate
+            )
             oof[~train] = predict(base, stumps, x[~train])
         threshold, accuracy = best_threshold(oof, y)
-        per_source = {s: round(balanced(oof[source == s] >= threshold, y[source == s]), 4) for s in sorted(set(source))}
+        per_source = {
+            s: round(balanced(oof[source == s] >= threshold, y[source == s]), 4) for s in sorted(set(source))
+        }
         results.append((accuracy, n_stumps, rate, threshold, per_source))
         print(f"  {n_stumps} stumps, rate {rate}: out-of-fold balanced accuracy {accuracy:.3f} {per_source}")
     # the fewest stumps within TIE of the best: a difference that small is noise, a smaller file is not

@@ -70,7 +70,9 @@ class LearnedModel(BaseModel):
     base: float
     stumps: list[Stump]
     threshold: float
-    training: dict[str, Any] = Field(description="command, data hash, rows, settings and out-of-fold accuracy")
+    training: dict[str, Any] = Field(
+        description="command, data hash, rows, settings and out-of-fold accuracy"
+    )
 
     @model_validator(mode="after")
     def _matches_code(self) -> LearnedModel:
@@ -112,7 +114,7 @@ def load_model(path: Path | None = None) -> LearnedModel:
 
 class LearnedJudge(HeuristicJudge):
     """The offline judge with the learned decision (see the module docstring); reads its trace like the
-    heuristic (chunk text and titles), labelled `judge="heuristic"` as an offline judge, version `learned/N`."""
+    heuristic (chunk text and titles), labelled `judge="heuristic"` (offline), version `learned/N`."""
 
     def __init__(self, model: LearnedModel | None = None) -> None:
         super().__init__()
