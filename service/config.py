@@ -385,6 +385,11 @@ class JudgeConfig(BaseModel):
     phoenix_template: Literal["faithfulness", "hallucination"] = Field(
         default="faithfulness", description="the Phoenix evals template of the phoenix_evals backend"
     )
+    offline: Literal["heuristic", "learned"] = Field(
+        default="heuristic",
+        description="judge without an endpoint: heuristic (rules, heuristic/N) or learned (boosted stumps "
+        "on claim features, learned/N; bench/RESULTS.md)",
+    )
 
     def endpoint_configured(self, environ: Mapping[str, str] | None = None) -> bool:
         """Whether an endpoint is configured here or in the environment (else the offline judge runs)."""

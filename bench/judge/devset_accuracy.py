@@ -31,6 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from service.judge.heuristic import HeuristicJudge
+from service.judge.learned import LearnedJudge
 
 DEFAULT_DATA = Path.home() / ".cache" / "ragmon" / "judge_devset" / "devset.jsonl"
 _BASELINE_STOPWORDS = frozenset(
@@ -164,6 +165,30 @@ def bootstrap(
     )
 
 
+def paired_difference(
+    first: np.ndarray,
+    second: np.ndarray,
+    label: np.ndarray,
+    strata: list[np.ndarray],
+    n_boot: int,
+    seed: int = 7,
+) -> tuple[float, float]:
+    """95 % interval of balanced accuracy (first) - (second) over the same group resamples."""
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for _ in range(n_boot):
+        rows = np.concatenate(
+            [
+                np.concatenate([groups[i] for i in rng.integers(0, len(groups), len(groups))])
+                for groups in strata
+            ]
+        )
+        if label[rows].all() or not label[rows].any():
+            continue
+        diffs.append(balanced(first[rows], label[rows]) - balanced(second[rows], label[rows]))
+    return float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))
+
+
 def group_index(rows: list[dict[str, object]], mask: np.ndarray) -> list[np.ndarray]:
     groups: dict[str, list[int]] = {}
     for i in np.flatnonzero(mask):
@@ -191,6 +216,12 @@ def main() -> int:
     verdicts = [judge.verdict(r["question"], r["contexts"], r["answer"]) for r in rows]
     cpu_ms = (time.process_time() - started) / len(rows) * 1e3
     heuristic = np.array([not v.unsupported for v in verdicts])
+    learned_judge = LearnedJudge()
+    started = time.process_time()
+    learned = np.array(
+        [not learned_judge.verdict(r["question"], r["contexts"], r["answer"]).unsupported for r in rows]
+    )
+    learned_ms = (time.process_time() - started) / len(rows) * 1e3
     ratio = np.array([overlap_ratio(r["contexts"], r["answer"]) for r in rows])
     threshold = tune_threshold(ratio[split == "tune"], label[split == "tune"])
     baseline = ratio >= threshold
@@ -199,25 +230,36 @@ def main() -> int:
     print(
         f"dev set {args.data}: {len(rows)} rows; "
         f"reporting the {args.split} split ({int(chosen.sum())} rows). "
-        f"{judge.version}, {cpu_ms:.2f} ms CPU a row; baseline: word-overlap ratio >= {threshold:.3f} "
-        "(tuned on the tune split)"
+        f"{judge.version}, {cpu_ms:.2f} ms CPU a row; {learned_judge.version} (trained on the tune split, "
+        f"{learned_judge.model.training['data_sha256'][:12]}), {learned_ms:.2f} ms CPU a row; "
+        f"baseline: word-overlap ratio >= {threshold:.3f} (tuned on the tune split)"
     )
     print(
-        "| source | rows (faithful) | heuristic balanced acc. | heuristic false approval "
+        f"| source | rows (faithful) | {learned_judge.version} balanced acc. "
+        f"| {learned_judge.version} false approval "
+        f"| {judge.version} balanced acc. | {judge.version} false approval "
         "| baseline balanced acc. | baseline false approval |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     names = [*sorted(set(source)), "overall"]
+    differences: list[str] = []
     for name in names:
         mask = chosen & (source == name) if name != "overall" else chosen
         sources = sorted(set(source[mask]))
         strata = [group_index(rows, mask & (source == s)) for s in sources]
         cells = []
-        for pred in (heuristic, baseline):
+        for pred in (learned, heuristic, baseline):
             (ba_lo, ba_hi), (fa_lo, fa_hi) = bootstrap(pred, label, strata, args.boot)
             ba, fa = balanced(pred[mask], label[mask]), false_approval(pred[mask], label[mask])
             cells += [f"{ba:.3f} [{ba_lo:.3f}, {ba_hi:.3f}]", f"{fa:.3f} [{fa_lo:.3f}, {fa_hi:.3f}]"]
         print(f"| {name} | {int(mask.sum())} ({int(label[mask].sum())}) | " + " | ".join(cells) + " |")
+        lo, hi = paired_difference(learned, heuristic, label, strata, args.boot)
+        diff = balanced(learned[mask], label[mask]) - balanced(heuristic[mask], label[mask])
+        differences.append(f"{name}: {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    print(
+        f"{learned_judge.version} - {judge.version}, balanced accuracy (paired bootstrap): "
+        + "; ".join(differences)
+    )
     if args.errors:
         for name in sorted(set(source)):
             wrong = np.flatnonzero(chosen & (source == name) & (heuristic != label))

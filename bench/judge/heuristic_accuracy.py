@@ -9,7 +9,11 @@ Wilson intervals, on the two halves split by question id parity (the
 thresholds were chosen by reasoning before the first run and not tuned), and
 the answer-length baseline that shows the dataset's style confound.
 
-    python bench/judge/heuristic_accuracy.py [--data PATH] [--boot 2000]
+`--judge learned` measures the learned offline judge instead. It was trained on the dev set's
+`tune` half, which holds 150 of this file's questions: the rows of those questions are reported
+apart as well ("outside the tune half"), read from the dev set when it is there.
+
+    python bench/judge/heuristic_accuracy.py [--data PATH] [--boot 2000] [--judge heuristic|learned]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from scipy.stats import norm
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from service.judge.heuristic import HeuristicJudge
+from service.judge.learned import LearnedJudge
 
 DEFAULT_DATA = (
     Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "faithfulness" / "halueval_qa_dev.jsonl"
@@ -77,12 +82,16 @@ def main() -> int:
     default = Path(env) / "faithfulness" / "halueval_qa_dev.jsonl" if env else DEFAULT_DATA
     parser.add_argument("--data", type=Path, default=default)
     parser.add_argument("--boot", type=int, default=2000)
+    parser.add_argument("--judge", choices=("heuristic", "learned"), default="heuristic")
+    parser.add_argument(
+        "--devset", type=Path, default=Path.home() / ".cache" / "ragmon" / "judge_devset" / "devset.jsonl"
+    )
     args = parser.parse_args()
     if not args.data.exists():
         print(f"no data at {args.data} (set RAGMON_SHARED_DATA)", file=sys.stderr)
         return 2
     rows = [json.loads(line) for line in args.data.read_text("utf-8").splitlines() if line.strip()]
-    judge = HeuristicJudge()
+    judge = LearnedJudge() if args.judge == "learned" else HeuristicJudge()
     started = time.process_time()
     verdicts = [judge.verdict(r["question"], r["contexts"], r["answer"]) for r in rows]
     cpu = time.process_time() - started
@@ -91,15 +100,29 @@ def main() -> int:
     group = np.array([int(re.search(r"-(\d+)-", r["id"]).group(1)) for r in rows])  # type: ignore[union-attr]
     words = np.array([len(r["answer"].split()) for r in rows])
 
-    print(f"HaluEval QA dev: {len(rows)} rows, {int(label.sum())} faithful; heuristic {judge.version}")
+    print(f"HaluEval QA dev: {len(rows)} rows, {int(label.sum())} faithful; judge {judge.version}")
     print(f"CPU {cpu / len(rows) * 1e3:.2f} ms per row")
-    report("heuristic (all rows)", pred, label, group, args.boot)
+    report(f"{args.judge} (all rows)", pred, label, group, args.boot)
     for parity, name in ((0, "even question ids"), (1, "odd question ids")):
         mask = group % 2 == parity
-        report(f"heuristic ({name})", pred[mask], label[mask], group[mask], args.boot)
+        report(f"{args.judge} ({name})", pred[mask], label[mask], group[mask], args.boot)
+    if args.devset.exists():
+        tune = {
+            int(r["group"])
+            for line in args.devset.read_text("utf-8").splitlines()
+            if line.strip() and (r := json.loads(line))["source"] == "halueval_qa" and r["split"] == "tune"
+        }
+        outside = ~np.isin(group, sorted(tune))
+        report(
+            f"{args.judge} (outside the tune half, {len(tune)} questions)",
+            pred[outside],
+            label[outside],
+            group[outside],
+            args.boot,
+        )
     report("baseline: answer <= 3 words", words <= 3, label, group, args.boot)
     long = words >= 4  # where answer style no longer gives the label away
-    report("heuristic (answers >= 4 words)", pred[long], label[long], group[long], args.boot)
+    report(f"{args.judge} (answers >= 4 words)", pred[long], label[long], group[long], args.boot)
     modes: dict[str, int] = {}
     for v in verdicts:
         modes[v.failure_mode] = modes.get(v.failure_mode, 0) + 1

@@ -16,7 +16,8 @@ __all__ = ["build_judge"]
 
 def build_judge(config: JudgeConfig | None = None, *, cost_fn: CostFn | None = None) -> Judge:
     """The judge to run: phoenix_evals when `judge.backend` says so, else the LLM judge when an endpoint is
-    configured, else the offline heuristic. Raises ValueError for phoenix_evals without an endpoint."""
+    configured, else the offline judge `judge.offline` names (heuristic or learned). Raises ValueError for
+    phoenix_evals without an endpoint."""
     config = config or JudgeConfig()
     if config.backend == "phoenix_evals":
         # arize-phoenix-evals is needed only by this backend
@@ -28,4 +29,8 @@ def build_judge(config: JudgeConfig | None = None, *, cost_fn: CostFn | None = N
         from service.judge.llm import LlmJudge
 
         return LlmJudge(config, cost_fn=cost_fn)
+    if config.offline == "learned":
+        from service.judge.learned import LearnedJudge
+
+        return LearnedJudge()
     return HeuristicJudge()
