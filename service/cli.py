@@ -30,34 +30,41 @@ if TYPE_CHECKING:
     from service.config import RagmonConfig
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", type=Path, help="YAML or JSON config file (RAGMON_* env vars override it)"
-    )
-    parser.add_argument("--host", help="HTTP listen address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="HTTP port (default 4318)")
-    parser.add_argument("--grpc-port", type=int, help="OTLP/gRPC port (default 4317; 0 disables)")
-    parser.add_argument("--data-dir", type=Path, help="directory for the SQLite file and reports")
-    parser.add_argument("--dev", action="store_true", default=None, help="allow the sample API key")
+def config_flags() -> argparse.ArgumentParser:
+    """The flags of every command that reads ragmon's config and store: a parent parser."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("configuration")
+    group.add_argument("--config", type=Path, help="YAML or JSON config file (RAGMON_* env vars override it)")
+    group.add_argument("--data-dir", type=Path, help="directory for the SQLite file and reports")
+    return parent
+
+
+def server_flags() -> argparse.ArgumentParser:
+    """The flags of the commands that listen (serve, demo): a parent parser."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("server")
+    group.add_argument("--host", help="HTTP listen address (default 127.0.0.1)")
+    group.add_argument("--port", type=int, help="HTTP port (default 4318)")
+    group.add_argument("--grpc-port", type=int, help="OTLP/gRPC port (default 4317; 0 disables)")
+    group.add_argument("--dev", action="store_true", default=None, help="allow the sample API key")
+    return parent
 
 
 def config_from_args(args: argparse.Namespace) -> RagmonConfig:
-    """Flags win over environment, which wins over the config file."""
+    """Flags win over environment, which wins over the config file. A command without the server
+    flags (`server_flags`) leaves the server settings to the file and the environment."""
     from service.config import load_config
 
     overrides: dict[str, Any] = {}
     server: dict[str, Any] = {}
-    if args.host is not None:
-        server["host"] = args.host
-    if args.port is not None:
-        server["port"] = args.port
-    if args.grpc_port is not None:
-        server["grpc_port"] = args.grpc_port
+    for flag, key in (("host", "host"), ("port", "port"), ("grpc_port", "grpc_port")):
+        if getattr(args, flag, None) is not None:
+            server[key] = getattr(args, flag)
     if server:
         overrides["server"] = server
     if args.data_dir is not None:
         overrides["data_dir"] = str(args.data_dir)
-    if args.dev:
+    if getattr(args, "dev", None):
         overrides["dev"] = True
     return load_config(config_file=args.config, overrides=overrides)
 
@@ -385,7 +392,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    # here rather than in service/worker.py, which imports the whole pipeline
+    # here rather than in service/worker.py, which imports the whole pipeline; a worker listens
+    # only for /metrics and /healthz, so it has --metrics-port instead of the server flags
     parser.add_argument(
         "--role",
         action="append",
@@ -412,22 +420,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ragmon", description="Monitor RAG applications from their live traces."
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    # each command gets the flag groups it uses, and only those (tests/service/test_cli_flags.py)
+    configured = [config_flags()]
+    serving = [config_flags(), server_flags()]
 
-    serve_parser = commands.add_parser("serve", help="run the service on embedded defaults")
-    _add_config_flags(serve_parser)
+    serve_parser = commands.add_parser("serve", parents=serving, help="run the service on embedded defaults")
     serve_parser.set_defaults(run=_cmd_serve)
 
-    config_parser = commands.add_parser("config", help="print the effective configuration")
-    _add_config_flags(config_parser)
+    config_parser = commands.add_parser(
+        "config", parents=configured, help="print the effective configuration (file, environment, --data-dir)"
+    )
     config_parser.add_argument(
         "--markdown", action="store_true", help="print the settings table for the README"
     )
     config_parser.set_defaults(run=_cmd_config)
 
     demo_parser = commands.add_parser(
-        "demo", help="start ragmon and send simulated RAG traffic to it (or to --target)"
+        "demo", parents=serving, help="start ragmon and send simulated RAG traffic to it (or to --target)"
     )
-    _add_config_flags(demo_parser)
     demo_cli.add_arguments(demo_parser)
     demo_parser.add_argument(
         "--exit", action="store_true", help="stop ragmon when the traffic is sent (default: keep serving)"
@@ -441,24 +451,27 @@ def build_parser() -> argparse.ArgumentParser:
     eval_parser.set_defaults(run=eval_cli.main)
 
     worker_parser = commands.add_parser(
-        "worker", help="distributed mode: consume from Kafka and run sinks, judge workers, drift"
+        "worker",
+        parents=configured,
+        help="distributed mode: consume from Kafka and run sinks, judge workers, drift",
     )
-    _add_config_flags(worker_parser)
     _add_worker_arguments(worker_parser)
     worker_parser.set_defaults(run=_cmd_worker)
 
     drift_parser = commands.add_parser("drift", help="drift references and runs: pin, list, run")
-    drift_cli.add_arguments(drift_parser, _add_config_flags)
+    drift_cli.add_arguments(drift_parser, configured)
     drift_parser.set_defaults(run=_cmd_drift)
-    report_parser = commands.add_parser("report", help="write the drift and quality report (HTML + Markdown)")
-    _add_config_flags(report_parser)
+    report_parser = commands.add_parser(
+        "report", parents=configured, help="write the drift and quality report (HTML + Markdown)"
+    )
     report_cli.add_arguments(report_parser)
     report_parser.set_defaults(run=_cmd_report)
 
     review_parser = commands.add_parser("review", help="the human review queue: export reviewed items")
     review_commands = review_parser.add_subparsers(dest="review_command", required=True)
-    export_parser = review_commands.add_parser("export", help="reviewed items as golden-set JSONL")
-    _add_config_flags(export_parser)
+    export_parser = review_commands.add_parser(
+        "export", parents=configured, help="reviewed items as golden-set JSONL"
+    )
     review_export.add_arguments(export_parser)
     export_parser.set_defaults(run=_cmd_review_export)
 

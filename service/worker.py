@@ -43,6 +43,7 @@ from sqlalchemy import exc as sa_exc
 from starlette.responses import JSONResponse, Response
 
 from service.bus.leader import leader_lock
+from service.bus.outage_log import OutageLog
 from service.config import RagmonConfig, WorkerRole
 from service.errors import StoreUnavailable
 from service.ingest.responses import readiness_response
@@ -94,12 +95,15 @@ class Worker:
         self.started = False
 
     async def _wait_for_store(self) -> None:
+        # one line when the store is down at start, one per `REPORT_EVERY_S` while it stays down
+        outage = OutageLog(log, "the store (at start)")
         while True:
             try:
                 await asyncio.to_thread(self.pipeline.create_schema)
+                outage.recovered()
                 return
             except (StoreUnavailable, sa_exc.OperationalError, sa_exc.IntegrityError) as exc:
-                log.warning("store unavailable at start (%s); retrying", exc)
+                outage.failed(exc)
                 await asyncio.sleep(_SCHEMA_RETRY_S)
 
     def _drift_gate(self) -> Callable[[], bool]:

@@ -69,6 +69,7 @@ from pydantic import ValidationError
 
 from service.bus.bisect import deliver_in_parts
 from service.bus.lag import LagExporter, partition_lags
+from service.bus.outage_log import OutageLog
 from service.bus.span_offsets import SpanOffsets
 from service.config import KafkaConfig
 from service.consumer import FeedbackConsumer, TraceConsumer
@@ -97,6 +98,18 @@ _MAX_BACKOFF_S = 5.0
 _SEND_CHUNK = 2000
 
 
+def quiet_client_logs() -> None:
+    """Keep kafka-python's own loggers to CRITICAL unless ragmon logs at DEBUG.
+
+    kafka-python logs every connection attempt (six lines at INFO to ERROR per failed bootstrap,
+    several a second while the broker is down); ragmon reports the outage itself (`OutageLog`, with
+    the client's error text), so its lines add only noise. With ragmon at DEBUG they all show.
+    A level set on the `kafka` logger by the user (not NOTSET) is left alone."""
+    client = logging.getLogger("kafka")
+    if client.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
+        client.setLevel(logging.CRITICAL)
+
+
 class RecordSink(TraceConsumer, FeedbackConsumer, Protocol):
     """What a `KafkaReceiver` hands batches to: the same sinks the memory bus feeds."""
 
@@ -106,7 +119,9 @@ DeadLetters = Callable[[Sequence[RagTrace | Feedback], Exception], Awaitable[Non
 
 
 def client_settings(config: KafkaConfig) -> dict[str, Any]:
-    """Connection and security settings shared by producer, consumer and admin client."""
+    """Connection and security settings shared by producer, consumer and admin client (every client
+    is made with them, so this is also where kafka-python's logs are quieted: `quiet_client_logs`)."""
+    quiet_client_logs()
     settings: dict[str, Any] = {
         "bootstrap_servers": list(config.bootstrap_servers),
         "security_protocol": config.security_protocol,
@@ -205,6 +220,7 @@ class KafkaBus:
         self._topics_ready = not config.create_topics
         self._thread = _OneThread("kafka-producer")
         self._task: asyncio.Task[None] | None = None
+        self._outage = OutageLog(log, "Kafka (ingest producer)")
         metrics.state.add(
             "ragmon_kafka_buffer_records",
             "records waiting in the ingest Kafka buffer (sent or not) for the broker's acknowledgement",
@@ -365,21 +381,23 @@ class KafkaBus:
                     await self._thread(self._probe)
                     self._failing = False
                     backoff = _MIN_BACKOFF_S
-                    log.info("Kafka is reachable again")
+                    self._outage.recovered()
                 except (KafkaError, OSError) as exc:
-                    log.debug("Kafka probe failed: %s", exc)
+                    self._outage.failed(exc)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
             chunk = [self._buffer.popleft() for _ in range(min(_SEND_CHUNK, len(self._buffer)))]
             self._inflight = len(chunk)
             self._sending_since = time.monotonic()
+            raised = False
             try:
                 acked = await self._thread(self._send, [entry.record for entry in chunk])
             except (KafkaError, OSError) as exc:
                 # no producer (broker unreachable at bootstrap) or topics could not be created
+                raised = True
                 acked = [False] * len(chunk)
-                log.warning("Kafka unavailable (%s); %d records waiting", exc, self.depth)
+                self._outage.failed(f"{exc}; {self.depth} records waiting")
             finally:
                 self._inflight = 0
                 self._sending_since = None
@@ -397,6 +415,8 @@ class KafkaBus:
                 if not entry.owner.withdrawn:
                     failed.append(entry)
             if len(failed) or not all(acked):
+                if not raised:  # the send returned, with records the broker did not acknowledge in time
+                    self._outage.failed(f"{acked.count(False)} of {len(acked)} records not acknowledged")
                 self._failing = True
                 await self._thread(self._discard_producer)
                 # failed records go back to the head, in their order, to be sent first next time
@@ -406,6 +426,7 @@ class KafkaBus:
             else:
                 self._failing = False
                 backoff = _MIN_BACKOFF_S
+                self._outage.recovered()
 
     async def start(self) -> None:
         if self._task is None:
@@ -504,6 +525,7 @@ class KafkaReceiver:
         self._committed: dict[TopicPartition, int] = {}
         self._thread = _OneThread("kafka-consumer")
         self._lag = LagExporter(metrics.kafka_consumer_lag, self.group)
+        self._outage = OutageLog(log, f"Kafka (sinks worker, group {self.group})")
         self._task: asyncio.Task[None] | None = None
         self.assigned: frozenset[tuple[str, int]] = frozenset()
         self.batches = 0
@@ -680,10 +702,11 @@ class KafkaReceiver:
             try:
                 polled = await self._thread(self._poll)
             except (KafkaError, OSError) as exc:
-                log.warning("Kafka unavailable to the worker (%s); retrying in %.1fs", exc, backoff)
+                self._outage.failed(exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
+            self._outage.recovered()
             self._disown_lost()
             spans = {tp: records for tp, records in polled.items() if tp.topic == spans_topic and records}
             others = {tp: records for tp, records in polled.items() if tp.topic != spans_topic and records}

@@ -12,6 +12,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -48,27 +49,32 @@ def parse_time(text: str, now: datetime | None = None) -> datetime:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
-def add_arguments(parser: argparse.ArgumentParser, add_config_flags: Any) -> None:
-    """The `drift` subcommands; `add_config_flags` adds --config/--data-dir/... to each."""
+def add_arguments(parser: argparse.ArgumentParser, parents: Sequence[argparse.ArgumentParser]) -> None:
+    """The `drift` subcommands; each also takes the flags of `parents` (--config, --data-dir)."""
     commands = parser.add_subparsers(dest="drift_command", required=True)
 
-    pin = commands.add_parser("pin", help="pin a new reference version from a time range or a release")
+    pin = commands.add_parser(
+        "pin", parents=parents, help="pin a new reference version from a time range or a release"
+    )
     pin.add_argument("--from", dest="since", help="range start (ISO 8601, or an age like 14d)")
     pin.add_argument("--to", dest="until", help="range end, exclusive (ISO 8601, 'now', or an age)")
     pin.add_argument("--release", help="pin the traffic of this release instead of a time range")
     pin.add_argument("--app", help="only this app (default: every app with traffic in the range)")
 
-    listing = commands.add_parser("list", help="list references (or, with --runs, stored drift runs)")
+    listing = commands.add_parser(
+        "list", parents=parents, help="list references (or, with --runs, stored drift runs)"
+    )
     listing.add_argument("--app", help="only this app")
     listing.add_argument("--runs", action="store_true", help="list drift runs instead of references")
     listing.add_argument("--limit", type=int, default=50, help="most runs to list (with --runs)")
 
-    run = commands.add_parser("run", help="run every drift detector now and print the results")
+    run = commands.add_parser(
+        "run", parents=parents, help="run every drift detector now and print the results"
+    )
     run.add_argument("--app", help="only this app")
     run.add_argument("--json", action="store_true", help="print every detector's result as JSON")
 
     for sub in (pin, listing, run):
-        add_config_flags(sub)
         sub.add_argument("--tenant", default="default", help="tenant whose data to use (default: default)")
 
 

@@ -3,7 +3,10 @@
 Hand-written SVG keeps the report free of plotting dependencies and makes it
 one self-contained HTML file. Guarantees: every text is escaped; a chart
 with no finite point renders a plain "no data" panel instead of an empty
-frame; the output is deterministic for the same input.
+frame; given a `period`, the time axis spans exactly that period (a week
+with one day of data still shows the week), with one tick per day when it is
+two days or longer; a band is drawn as one shaded block per span, so a band
+of a single day is visible; the output is deterministic for the same input.
 """
 
 from __future__ import annotations
@@ -11,10 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from html import escape
 
-__all__ = ["Series", "time_chart"]
+__all__ = ["BandSpan", "Series", "time_chart"]
 
 WIDTH, HEIGHT = 720, 260
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 28, 44
@@ -31,6 +34,16 @@ class Series:
     lower: Sequence[float | None] | None = None
     upper: Sequence[float | None] | None = None
     highlight: Sequence[bool] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class BandSpan:
+    """A band's limits over [start, end): drawn as one shaded block (a control band is a step per window)."""
+
+    start: datetime
+    end: datetime
+    lower: float
+    upper: float
 
 
 def _finite(values: Sequence[float | None]) -> list[float]:
@@ -51,18 +64,34 @@ def _label(value: float) -> str:
     return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.2e}"
 
 
+def _time_ticks(t0: float, t1: float) -> list[tuple[datetime, str]]:
+    """Midnights (UTC) labelled by date over two days or more, else five even ticks labelled by time."""
+    if t1 - t0 >= 2 * 86400:
+        first = datetime.fromtimestamp(t0, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        if first.timestamp() < t0:
+            first += timedelta(days=1)
+        days = int((t1 - first.timestamp()) // 86400) + 1
+        step = max(1, math.ceil(days / 10))  # at most about ten labels, so they never overlap
+        midnights = [first + timedelta(days=i) for i in range(0, days, step)]
+        return [(t, f"{t:%m-%d}") for t in midnights]
+    ticks = [datetime.fromtimestamp(t0 + (t1 - t0) * i / 4, UTC) for i in range(5)]
+    return [(t, t.strftime("%m-%d %H:%M")) for t in ticks]
+
+
 def time_chart(
     title: str,
     series: Sequence[Series],
     *,
     y_label: str = "",
-    band: tuple[Sequence[datetime], Sequence[float], Sequence[float]] | None = None,
+    band: Sequence[BandSpan] = (),
+    band_label: str = "",
+    period: tuple[datetime, datetime] | None = None,
     threshold: float | None = None,
     threshold_label: str = "",
     y_min: float | None = None,
     y_max: float | None = None,
 ) -> str:
-    """An SVG chart of `series` over time, with an optional shaded `band` (times, lower, upper)."""
+    """An SVG chart of `series` over time (over `period` when given), with an optional shaded `band`."""
     points = [
         (t, v)
         for s in series
@@ -81,15 +110,16 @@ def time_chart(
             f'fill="#f6f6f6" stroke="#ccc"/><text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" '
             f'fill="#666">no data in this window</text></svg>'
         )
-    times = [t for t, _ in points] + ([t for t in band[0]] if band else [])
+    times = [t for t, _ in points] + [t for span in band for t in (span.start, span.end)]
     values = [v for _, v in points]
     for s in series:
         values += _finite(s.lower or []) + _finite(s.upper or [])
-    if band:
-        values += _finite(list(band[1])) + _finite(list(band[2]))
+    values += _finite([v for span in band for v in (span.lower, span.upper)])
     if threshold is not None:
         values.append(threshold)
     t0, t1 = min(times).timestamp(), max(times).timestamp()
+    if period is not None:
+        t0, t1 = period[0].timestamp(), period[1].timestamp()
     if t1 <= t0:
         t0, t1 = t0 - 3600, t1 + 3600
     lo = min(values) if y_min is None else y_min
@@ -116,22 +146,28 @@ def time_chart(
             f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" stroke="#eee"/>'
             f'<text x="{LEFT - 4}" y="{y(tick) + 4:.1f}" text-anchor="end">{_label(tick)}</text>'
         )
-    for i in range(5):
-        at = datetime.fromtimestamp(t0 + (t1 - t0) * i / 4, UTC)
+    for at, text in _time_ticks(t0, t1):
         parts.append(
-            f'<text x="{x(at):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">'
-            f"{at.strftime('%m-%d %H:%M')}</text>"
+            f'<text x="{x(at):.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">{escape(text)}</text>'
         )
     if y_label:
         parts.append(
             f'<text x="14" y="{TOP + plot_h / 2}" transform="rotate(-90 14 {TOP + plot_h / 2})" '
             f'text-anchor="middle">{escape(y_label)}</text>'
         )
-    if band:
-        upper = [(x(t), y(u)) for t, u in zip(band[0], band[2], strict=True)]
-        lower = [(x(t), y(v)) for t, v in zip(band[0], band[1], strict=True)]
-        polygon = " ".join(f"{px:.1f},{py:.1f}" for px, py in upper + lower[::-1])
-        parts.append(f'<polygon points="{polygon}" fill="#2ca02c" fill-opacity="0.15" stroke="none"/>')
+    for span in band:
+        left, right = max(LEFT, x(span.start)), min(LEFT + plot_w, x(span.end))
+        top, bottom = y(min(hi, span.upper)), y(max(lo, span.lower))
+        # A band of zero height (lower == upper) still shows as a line of 1 px.
+        parts.append(
+            f'<rect class="band" x="{left:.1f}" y="{top:.1f}" width="{max(0.0, right - left):.1f}" '
+            f'height="{max(1.0, bottom - top):.1f}" fill="#2ca02c" fill-opacity="0.2" stroke="none"/>'
+        )
+    if band and band_label:
+        parts.append(
+            f'<text x="{LEFT + plot_w - 4}" y="{HEIGHT - 8}" text-anchor="end" fill="#2ca02c">'
+            f"&#9632; {escape(band_label)}</text>"
+        )
     if threshold is not None:
         parts.append(
             f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(threshold):.1f}" y2="{y(threshold):.1f}" '

@@ -4,7 +4,8 @@ whose command is `service/report/cli.py`).
 Per app: query drift over time (the stored query-embedding runs), the
 faithfulness estimate per day with its interval (Hájek over the judge queue,
 computed by `service.judge.judging.FaithfulnessEstimator`), the regeneration rate
-per day with its Wilson interval and the exact binomial control band, p50 and
+per day with its Wilson interval and the regeneration detector's control band
+(its exact binomial test at its own baseline rate, for each day's traces), p50 and
 p95 latency per stage with distribution-free intervals, cost per query with a
 t interval, and the new query groups against the app's pinned reference
 (`detectors.explain`). Every number is printed with its denominator and its
@@ -38,7 +39,7 @@ from service.drift.store import DriftStore, RunRecord
 from service.judge.judging import FaithfulnessEstimator
 from service.judge.store import JudgmentStore, Reading
 from service.metrics import Metrics
-from service.report.svg_chart import Series, time_chart
+from service.report.svg_chart import BandSpan, Series, time_chart
 from service.store.tables import feedback, traces
 from service.store.trace_store import Store
 
@@ -46,6 +47,7 @@ __all__ = ["Report", "build_report", "render_html", "render_markdown"]
 
 STAGES = ("total", "embedding", "retrieval", "rerank", "generation")
 EMBEDDING_DETECTORS = ("query_embedding_mmd", "query_embedding_rff")
+REGENERATION_DETECTOR = "regeneration_band"
 Interval = tuple[float, float, float] | None
 """(estimate, lower, upper) at 95 %, or None when there is nothing to estimate."""
 
@@ -87,15 +89,21 @@ def rate_interval(k: int, n: int) -> Interval:
 @dataclass
 class Day:
     start: datetime
+    end: datetime  # the day's end, or the period's end for its last (partial) day
     traces: int = 0
     p50_total: Interval = None
     p95_total: Interval = None
     cost: Interval = None
     regenerations: int = 0
     regeneration: Interval = None
-    band: tuple[float, float] | None = None
+    band: tuple[float, float] | None = None  # the regeneration detector's limits for this day's n
     faithfulness: Interval = None
     judged: int = 0
+
+    @property
+    def middle(self) -> datetime:
+        """Where the day's point is drawn: the middle of the part of the day inside the period."""
+        return self.start + (self.end - self.start) / 2
 
 
 @dataclass
@@ -117,6 +125,7 @@ class AppReport:
     faithful_answers: Interval = None  # the answer-level reading: answers with no unsupported claim
     groups: list[dict[str, Any]] = field(default_factory=list)
     groups_note: str = ""
+    band_note: str = ""  # why a day (or the whole period) has no control band
 
 
 @dataclass
@@ -199,10 +208,9 @@ def build_report(
     per_day = FaithfulnessEstimator(day_config, judgments, Metrics(config.metrics), tenant=tenant)
     period_config = JudgingConfig(estimate_window_s=max(1.0, (until - since).total_seconds()))
     whole = FaithfulnessEstimator(period_config, judgments, Metrics(config.metrics), tenant=tenant)
-    alpha = config.drift.regeneration_alpha
     apps = []
     for name, app_rows in sorted(by_app.items()):
-        apps.append(_app_report(config, drift, tenant, name, app_rows, since, until, per_day, whole, alpha))
+        apps.append(_app_report(config, drift, tenant, name, app_rows, since, until, per_day, whole))
     return Report(tenant, since, until, datetime.now(UTC), apps, config.drift.alpha)
 
 
@@ -215,6 +223,43 @@ def _regenerated(row: Any) -> bool:
     return bool(row.is_regeneration or row.regenerate_feedback)
 
 
+def _detector_baseline(band_runs: Sequence[RunRecord], end: datetime) -> tuple[float, float] | None:
+    """The regeneration detector's baseline rate and alpha as of `end`, from its last judged run per
+    intent before then (intents pooled, weighted by their baseline traces); None if it had none.
+
+    The band is the detector's own test (exact binomial at its baseline, which leaves out windows that
+    were out of band) applied to a day's traces, so a day is out of band on the same terms as an alert.
+    """
+    latest: dict[str | None, RunRecord] = {}
+    for run in band_runs:
+        if run.ran_at < end:
+            latest[run.intent] = run
+    weights = [
+        (float(str(r.result.details["baseline_rate"])), r.result.n_reference, r) for r in latest.values()
+    ]
+    traces_in_baseline = sum(n for _, n, _ in weights)
+    if not weights or traces_in_baseline <= 0:
+        return None
+    rate = sum(p * n for p, n, _ in weights) / traces_in_baseline
+    alpha = min(r.result.alpha or 0.0 for _, _, r in weights) or 0.01
+    return rate, alpha
+
+
+def _band_note(config: RagmonConfig, band_runs: Sequence[RunRecord], all_runs: Sequence[RunRecord]) -> str:
+    if not any(r.result.detector == REGENERATION_DETECTOR for r in all_runs):
+        return (
+            "No control band: the regeneration detector did not run in this period "
+            "(it runs with the drift detectors, every drift.interval_s)."
+        )
+    if not band_runs:
+        return (
+            "No control band: the regeneration detector was still warming up in this period "
+            f"(its baseline needs {config.drift.regeneration_min_baseline} traces in closed windows, "
+            "drift.regeneration_min_baseline, before its band applies)."
+        )
+    return ""
+
+
 def _app_report(
     config: RagmonConfig,
     drift: DriftStore,
@@ -225,27 +270,41 @@ def _app_report(
     until: datetime,
     per_day: FaithfulnessEstimator,
     whole: FaithfulnessEstimator,
-    alpha: float,
 ) -> AppReport:
     regenerations = sum(_regenerated(r) for r in rows)
-    pooled = (regenerations + 0.5) / (len(rows) + 1)
+    drift_runs = drift.runs(tenant, app=app, since=since, until=until, limit=10_000)
+    band_runs = sorted(
+        (
+            r
+            for r in drift_runs
+            if r.result.detector == REGENERATION_DETECTOR
+            and r.outcome != "insufficient_data"
+            and "baseline_rate" in r.result.details
+        ),
+        key=lambda r: r.ran_at,
+    )
     days = []
     for start in _days(since, until):
         end = min(start + timedelta(days=1), until)
         day_rows = [r for r in rows if start <= r.start_time < end]
         k = sum(_regenerated(r) for r in day_rows)
-        lower, upper = binomial_band(len(day_rows), pooled, alpha) if day_rows else (0, 0)
+        baseline = _detector_baseline(band_runs, end)
+        band = None
+        if day_rows and baseline is not None:
+            lower, upper = binomial_band(len(day_rows), baseline[0], baseline[1])
+            band = (lower / len(day_rows), upper / len(day_rows))
         faith, judged, _, _ = _faithfulness(per_day, end, app)
         days.append(
             Day(
-                start=start,
+                start=max(start, since),
+                end=end,
                 traces=len(day_rows),
                 p50_total=quantile_interval(_column(day_rows, "total_s"), 0.5),
                 p95_total=quantile_interval(_column(day_rows, "total_s"), 0.95),
                 cost=mean_interval(_column(day_rows, "cost_usd")),
                 regenerations=k,
                 regeneration=rate_interval(k, len(day_rows)),
-                band=(lower / len(day_rows), upper / len(day_rows)) if day_rows else None,
+                band=band,
                 faithfulness=faith,
                 judged=judged,
             )
@@ -271,8 +330,9 @@ def _app_report(
         judged=judged,
         judge_failed=failed,
         no_claims=no_claims,
-        drift_runs=drift.runs(tenant, app=app, since=since, until=until, limit=10_000),
+        drift_runs=drift_runs,
         faithful_answers=answers,
+        band_note=_band_note(config, band_runs, drift_runs),
     )
     _new_groups(config, drift, tenant, report, since, until)
     return report
@@ -421,8 +481,8 @@ def _hi(interval: Interval) -> float | None:
     return None if interval is None else interval[2]
 
 
-def _app_html(app: AppReport, alpha: float) -> str:
-    times = [d.start + timedelta(hours=12) for d in app.days]
+def _app_html(app: AppReport, alpha: float, period: tuple[datetime, datetime]) -> str:
+    times = [d.middle for d in app.days]
     parts = [f"<h2>{escape(app.app)}</h2><ul>"]
     parts += [f"<li>{escape(line)}</li>" for line in _headline(app, alpha)]
     parts.append("</ul>")
@@ -450,6 +510,7 @@ def _app_html(app: AppReport, alpha: float) -> str:
             threshold=-math.log10(alpha),
             threshold_label=f"alpha = {alpha:g}",
             y_min=0.0,
+            period=period,
         )
     )
     if not embedding_runs:
@@ -471,12 +532,15 @@ def _app_html(app: AppReport, alpha: float) -> str:
             y_label="faithfulness",
             y_min=0.0,
             y_max=1.0,
+            period=period,
         )
     )
-    band_days = [d for d in app.days if d.band is not None]
+    band = [BandSpan(d.start, d.end, d.band[0], d.band[1]) for d in app.days if d.band is not None]
     parts.append(
         time_chart(
-            "Regeneration rate per day (Wilson 95 % CI) and its control band",
+            "Regeneration rate per day (Wilson 95 % CI) and the regeneration detector's control band"
+            if band
+            else "Regeneration rate per day (Wilson 95 % CI); no control band in this period (see below)",
             [
                 Series(
                     "regeneration rate",
@@ -492,17 +556,15 @@ def _app_html(app: AppReport, alpha: float) -> str:
                     ],
                 )
             ],
-            band=(
-                [d.start + timedelta(hours=12) for d in band_days],
-                [d.band[0] for d in band_days if d.band is not None],
-                [d.band[1] for d in band_days if d.band is not None],
-            )
-            if band_days
-            else None,
+            band=band,
+            band_label="control band (exact binomial at the detector's baseline)",
             y_label="share of traces",
             y_min=0.0,
+            period=period,
         )
     )
+    if app.band_note:
+        parts.append(f"<p>{escape(app.band_note)}</p>")
     parts.append(
         time_chart(
             "Total latency per day: p50 and p95 (95 % CI)",
@@ -524,6 +586,7 @@ def _app_html(app: AppReport, alpha: float) -> str:
             ],
             y_label="seconds",
             y_min=0.0,
+            period=period,
         )
     )
     parts.append(
@@ -546,6 +609,7 @@ def _app_html(app: AppReport, alpha: float) -> str:
             ],
             y_label="USD",
             y_min=0.0,
+            period=period,
         )
     )
     parts.append(
@@ -557,7 +621,9 @@ def _app_html(app: AppReport, alpha: float) -> str:
                     str(d.traces),
                     str(d.regenerations),
                     _pct(d.regeneration),
-                    "no data" if d.band is None else f"{100 * d.band[0]:.3g}–{100 * d.band[1]:.3g} %",
+                    ("no traces" if not d.traces else "no band yet (detector warming up)")
+                    if d.band is None
+                    else f"{100 * d.band[0]:.3g}–{100 * d.band[1]:.3g} %",
                     fmt(d.faithfulness),
                     str(d.judged),
                 ]
@@ -619,6 +685,6 @@ def render_html(report: Report) -> str:
             f"{escape(report.until.isoformat())}): there is nothing to report.</p>"
         )
     for app in report.apps:
-        parts.append(_app_html(app, report.alpha))
+        parts.append(_app_html(app, report.alpha, (report.since, report.until)))
     parts.append("</body></html>")
     return "".join(parts)

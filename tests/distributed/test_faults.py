@@ -422,3 +422,32 @@ def test_a_poison_record_on_kafka_costs_no_other_record(
     assert stored == {(t.tenant, t.trace_id) for t in mixed if t.trace_id != poison_id}
     assert tuple(dead) == (mixed[100].tenant, poison_id, "trace")
     assert worker.metric("ragmon_dead_letters_total", kind="trace") == 1
+
+
+def test_a_worker_without_the_broker_says_so_once_and_consumes_once_it_appears(
+    broker_factory: Callable[[], Broker], tmp_path: Path, workers: Callable[..., WorkerProcess]
+) -> None:
+    """The outage is one line (not one per retry, nor kafka-python's per attempt), its end one line,
+    and the worker then consumes without a restart."""
+    broker = broker_factory()  # its port is chosen; nothing listens there yet
+    settings = _settings(broker.bootstrap, f"sqlite:///{tmp_path / 'worker.db'}", tmp_path)
+    worker = workers(settings, "sinks")
+
+    def kafka_lines() -> list[str]:
+        text = worker.log_path.read_text(errors="replace")
+        return [line for line in text.splitlines() if "Kafka" in line or " kafka." in line]
+
+    _until(lambda: len(kafka_lines()) > 0, timeout=30, what="the outage reported")
+    time.sleep(10)  # more retries: none of them may add a line (the next report is due after 30 s)
+    down = kafka_lines()
+    assert len(down) == 1 and "is unreachable" in down[0], worker.log_tail()
+
+    broker.start()
+    _until(lambda: any("reachable again" in line for line in kafka_lines()), what="the recovery said")
+    _publish(settings, 20)
+    _until(lambda: _counted(worker) >= 20, what="20 traces consumed after the broker appeared")
+    lines = kafka_lines()
+    # one start line; a "still unreachable" progress line is allowed only if the outage outlasted 30 s
+    assert [line for line in lines if "is unreachable" in line] == down, worker.log_tail()
+    assert len(lines) <= 3, worker.log_tail()
+    assert sum("reachable again" in line for line in lines) == 1, worker.log_tail()

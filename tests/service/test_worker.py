@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -155,3 +160,41 @@ def test_liveness_stays_ok_while_the_broker_is_unreachable(tmp_path: Path) -> No
             response = client.get("/healthz")
             assert (response.status_code, response.json()["status"]) == (200, "ok")
         assert worker.receiver is not None and worker.receiver.running
+
+
+def test_a_worker_without_kafka_says_so_once_instead_of_a_line_per_retry(tmp_path: Path) -> None:
+    """A real `ragmon worker` pointed at a closed port for 10 s, retrying about every second: its log
+    holds one line about Kafka (the outage report is due again only after 30 s) and none of
+    kafka-python's per-attempt lines; before, the same run printed 129 lines."""
+    pytest.importorskip("kafka", reason="kafka-python (pip install 'ragmon[kafka]')")
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGMON_")}
+    env |= {
+        "RAGMON_BUS__KIND": "kafka",
+        "RAGMON_KAFKA__BOOTSTRAP_SERVERS": json.dumps([f"127.0.0.1:{closed.getsockname()[1]}"]),
+        "RAGMON_KAFKA__REQUEST_TIMEOUT_S": "1",  # a bootstrap gives up after 1 s: ~10 retries
+        "RAGMON_DATA_DIR": str(tmp_path / "data"),
+    }
+    root = Path(__file__).resolve().parents[2]
+    args = [sys.executable, "-m", "service.cli", "worker", "--role", "sinks", "--metrics-port", "0"]
+    try:
+        proc = subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            time.sleep(10)  # the duration of the observation, not a timing assertion
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+    finally:
+        closed.close()
+    lines = out.decode().splitlines()
+    # uvicorn stops in order, then re-raises the signal it caught: -SIGTERM is a clean stop here
+    assert proc.returncode in (0, -signal.SIGTERM), "\n".join(lines)
+    about_kafka = [line for line in lines if "Kafka" in line or " kafka." in line]
+    assert len(about_kafka) == 1, "\n".join(lines)
+    assert (
+        "WARNING service.bus.kafka: Kafka (sinks worker, group ragmon-sinks) is unreachable" in about_kafka[0]
+    )
+    assert "Unable to bootstrap" in about_kafka[0]  # the client's own error, said once
+    # the rest is the start line and uvicorn's start and stop lines
+    assert len(lines) <= 12, "\n".join(lines)

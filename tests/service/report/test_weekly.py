@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
+from detectors.regeneration_band import binomial_band
 from service.cli import main as cli_main
 from service.judge.store import judgments
 from service.report.weekly import mean_interval, quantile_interval, rate_interval
@@ -173,3 +174,67 @@ def test_intervals_cover_their_estimates() -> None:
     rate = rate_interval(3, 40)
     assert rate is not None and rate[1] < 3 / 40 < rate[2]
     assert rate_interval(0, 0) is None
+
+
+def _charts(html: str) -> dict[str, str]:
+    """Each chart's SVG by its title."""
+    found = re.findall(r'<svg[^>]*aria-label="([^"]*)"[^>]*>(.*?)</svg>', html, flags=re.S)
+    return {title.replace("&#x27;", "'"): body for title, body in found}
+
+
+def _axis_labels(svg: str) -> list[str]:
+    return re.findall(r'<text x="[0-9.]+" y="[0-9.]+" text-anchor="middle">([^<]*)</text>', svg)
+
+
+def test_a_week_with_one_day_of_traces_spans_the_week_and_draws_the_detectors_band(tmp_path: Path) -> None:
+    """One day of traffic in a 7-day report: every daily chart's axis is the week, one label per day,
+    and the regeneration chart shades the regeneration detector's band for that day."""
+    now = datetime.now(UTC)
+    data = tmp_path / "data"
+    drift = {"regeneration_min_baseline": 50, "flush_s": 3600.0}
+    with live_server(data, drift=drift) as server, server.client() as client:
+        # The detector's first window only builds its baseline (warming up); the second is judged.
+        today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        start = max(today, now - timedelta(hours=2))  # all of it today, also just after midnight
+        for seed in (21, 22):
+            send(client, traces(200, seed=seed, start=start, span=(now - start) / 2))
+            server.flush()
+            server.pipeline.drift.run(trigger="schedule")
+        judged = server.pipeline.drift.store.runs("default", detector="regeneration_band")
+        assert [r.outcome for r in judged] == ["ok", "insufficient_data"]
+        baseline = float(str(judged[0].result.details["baseline_rate"]))
+        out = tmp_path / "week"
+        assert cli_main(["report", "--since", "7d", "--out", str(out), "--data-dir", str(data)]) == 0
+    html = (out / "report.html").read_text()
+    charts = _charts(html)
+    week = {f"{now - timedelta(days=d):%m-%d}" for d in range(7)}
+    for name, svg in charts.items():
+        if "no data in this window" in svg:
+            continue
+        labels = _axis_labels(svg)
+        assert week <= set(labels), (name, labels)
+        assert all(":" not in label for label in labels), (name, labels)
+    title = "Regeneration rate per day (Wilson 95 % CI) and the regeneration detector's control band"
+    assert title in charts
+    bands = re.findall(r'<rect class="band" x="([0-9.]+)" y="[0-9.]+" width="([0-9.]+)"', charts[title])
+    assert len(bands) == 1 and float(bands[0][1]) > 10.0  # one day of a week: a block, not a line
+    lower, upper = binomial_band(400, baseline, 0.01)
+    assert f"{100 * lower / 400:.3g}–{100 * upper / 400:.3g} %" in html  # the day's band in the table
+
+
+def test_a_period_without_a_judged_band_says_why_in_the_title(tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    data = tmp_path / "data"
+    with live_server(data) as server, server.client() as client:
+        send(client, traces(50, seed=23, start=now - timedelta(hours=2), span=timedelta(hours=1)))
+        server.flush()
+        out = tmp_path / "week"
+        assert cli_main(["report", "--since", "7d", "--out", str(out), "--data-dir", str(data)]) == 0
+    html = (out / "report.html").read_text()
+    charts = _charts(html)
+    assert "Regeneration rate per day (Wilson 95 % CI); no control band in this period (see below)" in charts
+    assert "No control band: the regeneration detector did not run in this period" in html
+    assert '<rect class="band"' not in html
+    # Nothing was judged and no cost was sent: those charts say so instead of drawing an empty axis.
+    assert "no data in this window" in charts["Faithfulness estimate per day (Hájek, 95 % CI)"]
+    assert "no data in this window" in charts["Cost per query per day (mean, 95 % CI)"]
