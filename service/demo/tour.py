@@ -221,5 +221,5 @@ def look_lines(url: str, found: Findings, report: str | None) -> list[str]:
     lines.append(f"  regenerations by source  {sources} (a regenerate feedback is also a re-ask)")
     lines.append(f"  weekly report            {report or 'not written'}    {url}/reports/latest")
     lines.append(f"  traces stored            {found.traces}    {url}/api/v1/traces")
-    lines.append(f"  sign in to review        {url}/review/login with the demo reviewer token above")
+    lines.append(f"  sign in to review        {url}/review/login with the token printed above")
     return lines
