@@ -199,39 +199,30 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary_lines(url: str) -> list[str]:
+def _summary_lines(url: str, drift_runs: list[dict[str, Any]], report: str | None) -> list[str]:
     """What a newcomer should look at after the demo, read back from ragmon itself."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
+    from service.demo.tour import Ragmon, look_lines
 
-    with httpx.Client(base_url=url, timeout=10) as client:
-        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
-        recent = client.get("/api/v1/traces", params={"limit": 1}).json()["items"]
+    ragmon = Ragmon(url)
+    try:
+        return look_lines(url, ragmon.findings(drift_runs), report)
+    finally:
+        ragmon.close()
 
-    def total(name: str, sample_suffix: str = "_total", **match: str) -> float:
-        family = families.get(name)
-        if family is None:
-            return 0.0
-        return sum(
-            s.value
-            for s in family.samples
-            if s.name.endswith(sample_suffix) and all(s.labels.get(k) == v for k, v in match.items())
-        )
 
-    lines = [
-        f"traces stored            {total('ragmon_traces'):.0f}",
-        f"regenerations            {total('ragmon_regenerations'):.0f}",
-        f"thumbs down              {total('ragmon_feedback', rating='down'):.0f}",
-        f"spend (USD)              {total('ragmon_cost_usd'):.4f}",
-        f"ingest rejections        {total('ragmon_ingest_rejected'):.0f}",
-        "",
-        f"metrics      {url}/metrics",
-        f"traces       {url}/api/v1/traces",
-        f"API docs     {url}/docs",
-    ]
-    if recent:
-        lines.append(f"one trace    {url}/api/v1/traces/{recent[0]['trace_id']}")
-    return lines
+def _write_demo_report(config: RagmonConfig) -> str | None:
+    """Write the weekly report of the demo's data (as `ragmon report --since 7d` does); its path."""
+    import contextlib
+    import io
+
+    report_args = argparse.Namespace(since="7d", until="now", out=None, app=None, tenant="default")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = report_cli.main(report_args, config)
+    if code != 0:
+        return None
+    from service.report.latest import LATEST_HTML, latest_dir
+
+    return str(latest_dir(config, "default", None) / LATEST_HTML)
 
 
 def _wait_until_settled(url: str, timeout_s: float) -> bool:
@@ -309,11 +300,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from service.api.app import create_app
     from service.api.http_server import uvicorn_config
     from service.demo import run as demo
+    from service.demo.settings import demo_config, new_token
     from service.runtime import tune_for_service
 
     if args.target is not None:
         return demo.main(args)
-    config = config_from_args(args)
+    token = new_token()
+    config = demo_config(config_from_args(args), token)
     if (missing := missing_extras(config)) is not None:
         print(f"ragmon demo: {missing}", file=sys.stderr)
         return 2
@@ -341,27 +334,75 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     stop = _StopRequest()
     stop.install()
     try:
-        return _demo_until_stopped(args, config, stop)
+        return _demo_until_stopped(args, config, stop, token)
     finally:
         server.should_exit = True
         if not stopped.wait(SHUTDOWN_WAIT_S):
             print(f"ragmon demo: ragmon did not stop within {SHUTDOWN_WAIT_S:g} s", file=sys.stderr)
 
 
-def _demo_until_stopped(args: argparse.Namespace, config: RagmonConfig, stop: _StopRequest) -> int:
-    """Send the demo traffic, print what ragmon saw, and (without --exit) wait for a stop request."""
+def _demo_until_stopped(
+    args: argparse.Namespace, config: RagmonConfig, stop: _StopRequest, token: str
+) -> int:
+    """Send the demo traffic in windows (pinning a drift reference at the topic shift), run drift,
+    write the report, print what ragmon saw, and (without --exit) wait for a stop request."""
+    from datetime import UTC, datetime
+
     from service.demo import run as demo
+    from service.demo.settings import WINDOW_S, DemoPlan
+    from service.demo.tour import Ragmon, url_lines
 
     url = f"http://{config.server.host}:{config.server.port}"
-    args.target = url
-    print(f"ragmon is running at {url} (data in {config.data_dir}); sending demo traffic...", file=sys.stderr)
-    stop.interrupting = True
-    code = demo.main(args)
+    try:
+        plan = DemoPlan.of(args.requests, args.shift_after)
+    except ValueError as exc:
+        print(f"ragmon demo: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(url_lines(url, token)))
+    print(f"(data in {config.data_dir}); sending demo traffic...", file=sys.stderr)
+    ragmon = Ragmon(url)
+    started = datetime.now(UTC)
     # generous: on a loaded machine the ingest processes can take many seconds to start building
-    if not _wait_until_settled(url, timeout_s=config.assembler.timeout_s + 90):
-        print("ragmon demo: ragmon is still busy; the numbers below may be incomplete", file=sys.stderr)
+    settle_s = config.assembler.timeout_s + 90
+
+    def between_windows(index: int) -> None:
+        if not _wait_until_settled(url, timeout_s=settle_s):
+            print("ragmon demo: ragmon is still busy; going on", file=sys.stderr)
+        if index == plan.shift_after:
+            pinned = ragmon.pin(started, datetime.now(UTC))
+            apps = ", ".join(f"{r['app']} ({r['n']} queries)" for r in pinned["pinned"]) or "none"
+            print(f"drift reference pinned from the first {index} requests: {apps}", file=sys.stderr)
+            print("now shifting part of the traffic to topics the corpus does not cover", file=sys.stderr)
+        # the scheduler's next run closes this window of the regeneration bands
+        if not ragmon.wait_for_scheduled_run(datetime.now(UTC), timeout_s=WINDOW_S * 5):
+            print("ragmon demo: no scheduled drift run came; going on", file=sys.stderr)
+
+    stop.interrupting = True
+    try:
+        summary = demo.run_demo(
+            url,
+            requests=plan.requests,
+            rate=args.rate,
+            seed=args.seed,
+            shift_after=plan.shift_after,
+            dim=args.dim,
+            fixed_ids=args.fixed_ids,
+            pauses=plan.pauses,
+            on_pause=between_windows,
+        )
+        print("\n".join(["", *demo.sent_lines(summary)]))
+        between_windows(plan.requests)  # the last window closes too
+        drift_runs = ragmon.run_drift()
+        if not ragmon.wait_judged(timeout_s=settle_s):
+            print(
+                "ragmon demo: the judge is still busy; the numbers below may be incomplete", file=sys.stderr
+            )
+        report = _write_demo_report(config)
+    finally:
+        ragmon.close()
     stop.interrupting = False
-    print("\n".join(["", "what ragmon saw:", *_summary_lines(url)]))
+    code = 0 if summary.spans_failed == 0 and summary.feedback_failed == 0 else 1
+    print("\n".join(_summary_lines(url, drift_runs, report)))
     if args.exit or stop.requested.is_set():
         return code
     print("\nragmon keeps running; press Ctrl-C to stop.", file=sys.stderr)

@@ -32,7 +32,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -60,6 +60,7 @@ __all__ = [
     "DemoSummary",
     "main",
     "run_demo",
+    "sent_lines",
 ]
 
 REGENERATION_ATTRIBUTE = "ragmon.regeneration"
@@ -310,6 +311,8 @@ def run_demo(
     dim: int = 256,
     fixed_ids: bool = False,
     timeout_s: float = 10.0,
+    pauses: Collection[int] = (),
+    on_pause: Callable[[int], None] | None = None,
 ) -> DemoSummary:
     """Sends `requests` simulated RAG requests to the ragmon at `target` and returns what was sent.
 
@@ -317,6 +320,10 @@ def run_demo(
     exporter keeps up. The target must answer HTTP (any status) at start,
     else ConnectionError. Feedback that the target refuses is counted in
     `feedback_failed`, not raised: the demo keeps going, like a real app.
+    Before request `i` for each `i` in `pauses`, every span sent so far is
+    exported and `on_pause(i)` is called (the embedded demo pins a drift
+    reference and waits for a drift window to close there); pacing resumes
+    after it as if the pause took no time.
     Raises ValueError for bad arguments.
     """
     if not target.startswith(("http://", "https://")):
@@ -337,13 +344,22 @@ def run_demo(
         run = str(seed) if fixed_ids else os.urandom(6).hex()  # names this run's feedback events
         emitter = _Emitter(base, headers, ids, timeout_s)
         try:
-            return _drive(plans, emitter, client, rate=rate, run=run)
+            return _drive(
+                plans, emitter, client, rate=rate, run=run, pauses=frozenset(pauses), on_pause=on_pause
+            )
         finally:
             emitter.shutdown()
 
 
 def _drive(
-    plans: Iterator[PlannedRequest], emitter: _Emitter, client: httpx.Client, *, rate: float, run: str
+    plans: Iterator[PlannedRequest],
+    emitter: _Emitter,
+    client: httpx.Client,
+    *,
+    rate: float,
+    run: str,
+    pauses: frozenset[int] = frozenset(),
+    on_pause: Callable[[int], None] | None = None,
 ) -> DemoSummary:
     counts: Counter[str] = Counter()
     by_app: Counter[str] = Counter()
@@ -361,6 +377,11 @@ def _drive(
             counts["feedback_failed"] += 1
 
     for plan in plans:
+        if plan.index in pauses and on_pause is not None:
+            emitter.flush()
+            paused = time.monotonic()
+            on_pause(plan.index)
+            started += time.monotonic() - paused
         if rate > 0:
             delay = started + plan.index / rate - time.monotonic()
             if delay > 0:
@@ -407,6 +428,35 @@ def _drive(
     )
 
 
+def sent_lines(summary: DemoSummary) -> list[str]:
+    """What the demo sent, each number labelled with what it counts.
+
+    Regenerations are where the demo's counts and ragmon's differ by design: the demo counts what
+    it planned, ragmon counts signals by source (`ragmon_regenerations{source}`), and a regenerate
+    feedback repeats its question, so ragmon sees it twice: as a re-ask and as feedback."""
+    apps = ", ".join(f"{app} {n}" for app, n in summary.by_app.items())
+    explicit_by_feedback = summary.regenerations - summary.regeneration_attributes
+    rows = [
+        ("requests sent (one trace each)", f"{summary.traces} ({apps})"),
+        ("spans sent / accepted", f"{summary.spans} / {summary.spans_exported}"),
+        ("sessions", str(summary.sessions)),
+        ("requests on topics new at the shift", str(summary.shifted)),
+        ("requests with bad retrieval", str(summary.bad_retrieval)),
+        ("requests with a reranker", str(summary.reranked)),
+        ("requests on an unpriced model", str(summary.unpriced)),
+        (
+            "regenerations asked for",
+            f"{summary.regenerations}: {summary.regeneration_attributes} marked on the trace, "
+            f"{explicit_by_feedback} by regenerate feedback ({summary.regenerate_events} sent)",
+        ),
+        ("near-identical re-asks", f"{summary.reasks} (no signal sent: ragmon detects them)"),
+        ("thumbs down / up sent", f"{summary.thumbs_down} / {summary.thumbs_up}"),
+        ("feedback refused", str(summary.feedback_failed)),
+    ]
+    width = max(len(label) for label, _ in rows) + 2
+    return ["what the demo sent:", *(f"  {label:<{width}}{value}" for label, value in rows)]
+
+
 def main(args: argparse.Namespace) -> int:
     """Runs the demo from parsed arguments and prints the summary.
 
@@ -435,8 +485,5 @@ def main(args: argparse.Namespace) -> int:
     except ConnectionError as exc:
         print(f"ragmon demo: {exc}", file=sys.stderr)
         return 2
-    for name in DemoSummary.__dataclass_fields__:
-        value = getattr(summary, name)
-        print(f"{name:>24}: {value}")
-    print(f"{'feedback_sent':>24}: {summary.feedback_sent}")
+    print("\n".join(sent_lines(summary)))
     return 0 if summary.spans_failed == 0 and summary.feedback_failed == 0 else 1

@@ -75,7 +75,9 @@ _HALLUCINATIONS = (
     "It was discontinued last year and replaced by the premium option.",
     "Only administrators can do this, from the legacy console.",
 )
-_NOT_FOUND = "I could not find this in the documentation I have access to."
+# a refusal, in words a judge recognizes as one ("I cannot find ..."): it makes no claim, so it is
+# neither faithful nor unfaithful (the heuristic judge read "could not find" as a made-up claim)
+_NOT_FOUND = "I cannot find this in the documentation I have access to."
 _DOWN_REASONS = ("wrong", "incomplete", "irrelevant", "outdated")
 _DOWN_TEXTS = ("That is not what the policy says.", "Did not answer my question.", None, None)
 _REASK_FORMS = ("Please, {q}", "{lower}", "{q} Please.", "{q}?")

@@ -322,14 +322,24 @@ def test_refused_feedback_is_counted_and_the_cli_says_so(
     args = parser.parse_args(["--target", receiver.url, "--requests", "60", "--rate", "0", "--seed", "5"])
     receiver.clear()
     assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "traces: 60" in out
+    sent = _sent(capsys.readouterr().out)
+    assert sent["requests sent (one trace each)"].startswith("60 (")
+    assert sent["feedback refused"] == "0"
+    down, up = (int(n) for n in sent["thumbs down / up sent"].split(" / "))
+    regenerate_events = int(sent["regenerations asked for"].split("(")[1].split()[0])
     receiver.clear()
     receiver.refuse_feedback = True
     assert main(args) == 1
-    assert "feedback_failed: 0" not in capsys.readouterr().out
+    # the same seed sends the same feedback, and every post of it was refused
+    assert _sent(capsys.readouterr().out)["feedback refused"] == str(down + up + regenerate_events)
     assert len(receiver.traces()) == 60
     receiver.clear()
+
+
+def _sent(out: str) -> dict[str, str]:
+    """The "what the demo sent" lines, label -> value (they are separated by two spaces or more)."""
+    rows = [line.strip().split("  ", 1) for line in out.splitlines() if line.startswith("  ")]
+    return {label: value.strip() for label, value in rows}
 
 
 def test_unreachable_target_is_a_connection_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -96,3 +96,24 @@ def test_models_tokens_and_stage_times_are_plausible() -> None:
         assert p.prompt_tokens > p.completion_tokens > 0
         assert len(p.documents) == 5 and len(p.reranked) in (0, 3)
         assert all(0 <= d.score <= 1 for d in p.documents + p.reranked)
+
+
+def test_the_offline_judge_flags_exactly_the_answers_the_demo_made_unfaithful() -> None:
+    """The default judge on the demo's own answers: every planted claim is caught, refusals make no
+    claim, and all faithful answers but one are judged faithful (so the demo's faithfulness gauges
+    mean something). The one is the judge's error: a title with a colon in it ("Account: two-factor
+    login") ends its "According to ...:" prefix early, and the rest reads as a contradiction."""
+    from service.judge.heuristic import HeuristicJudge
+
+    judge = HeuristicJudge()
+    outcomes: Counter[tuple[bool, str]] = Counter()
+    for p in plan_traffic(300, seed=0, shift_after=150):
+        context = p.reranked or p.documents
+        verdict = judge.verdict(p.query, [d.content for d in context] + [d.title for d in context], p.answer)
+        outcomes[(p.faithful, "unfaithful" if verdict.unsupported else verdict.outcome)] += 1
+    assert outcomes == {
+        (True, "scored"): 215,
+        (True, "no_claims"): 31,
+        (True, "unfaithful"): 1,
+        (False, "unfaithful"): 53,
+    }
