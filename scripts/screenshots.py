@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 from tests.live_server import free_port  # noqa: E402
 from tests.ui.conftest import CHROMIUM_ARGS, chromium_path  # noqa: E402
 
-REVIEWER = "demo"
+REVIEWER = "screenshots"  # not "demo": `ragmon demo` adds its own reviewer of that name
 # A clear-text token is accepted for local trials (review.reviewers.<name>.token); a real install
-# stores only its sha256. When `ragmon demo` creates its own reviewer, read the token it prints instead.
+# stores only its sha256.
 REVIEWER_TOKEN = "screenshots-reviewer-token"
 WIDTH = 1200
 HEIGHT = 760
