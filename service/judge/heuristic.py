@@ -80,8 +80,11 @@ _TASK_VERBS = frozenset(
     }
 )
 _CITATION = re.compile(r"\s*\[(?:\d+(?:\s*[,-]\s*\d+)*|[A-Za-z][\w.-]{0,40})\]")
+# the source may be quoted, and a quoted title may hold its own colon ("Account: two-factor login")
 _ACCORDING_TO = re.compile(
-    r"^\s*(?:according\s+to|as\s+(?:stated|described)\s+in|per)\s+[^:,]{1,120}[:,]\s*", re.IGNORECASE
+    r"^\s*(?:according\s+to|as\s+(?:stated|described)\s+in|per)\s+"
+    r"(?:\"[^\"]{1,120}\"|\u201c[^\u201d]{1,120}\u201d|'[^']{1,120}'|[^:,]{1,120})\s*[:,]\s*",
+    re.IGNORECASE,
 )
 _NEGATION = re.compile(r"\b(?:not|never|no|neither|nor|cannot)\b|n['’]t\b")
 _CLAUSE_SPLIT = re.compile(r";\s+|,\s+(?:but|while|whereas|although)\s+", re.IGNORECASE)

@@ -100,9 +100,9 @@ def test_models_tokens_and_stage_times_are_plausible() -> None:
 
 def test_the_offline_judge_flags_exactly_the_answers_the_demo_made_unfaithful() -> None:
     """The default judge on the demo's own answers: every planted claim is caught, refusals make no
-    claim, and all faithful answers but one are judged faithful (so the demo's faithfulness gauges
-    mean something). The one is the judge's error: a title with a colon in it ("Account: two-factor
-    login") ends its "According to ...:" prefix early, and the rest reads as a contradiction."""
+    claim, and every faithful answer is judged faithful (so the demo's faithfulness gauges mean
+    something). One used to be flagged: a title with a colon in it ("Account: two-factor login")
+    ended its "According to ...:" prefix early, and the rest read as a contradiction."""
     from service.judge.heuristic import HeuristicJudge
 
     judge = HeuristicJudge()
@@ -112,8 +112,7 @@ def test_the_offline_judge_flags_exactly_the_answers_the_demo_made_unfaithful() 
         verdict = judge.verdict(p.query, [d.content for d in context] + [d.title for d in context], p.answer)
         outcomes[(p.faithful, "unfaithful" if verdict.unsupported else verdict.outcome)] += 1
     assert outcomes == {
-        (True, "scored"): 215,
+        (True, "scored"): 216,
         (True, "no_claims"): 31,
-        (True, "unfaithful"): 1,
         (False, "unfaithful"): 53,
     }

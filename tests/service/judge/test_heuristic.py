@@ -114,6 +114,19 @@ async def test_citations_of_a_chunk_title_or_number_are_not_claims_to_check() ->
         query="How long do refunds take?",
         retrieval=Retrieval(chunks=(chunk,)),
     )
+    titled = cited.model_copy(
+        update={
+            "retrieval": Retrieval(
+                chunks=(chunk.model_copy(update={"metadata": {"title": "Refunds: policy and timing"}}),)
+            )
+        }
+    )
+    for quoted in ('"Refunds: policy and timing"', "\u201cRefunds: policy and timing\u201d"):
+        # a title with its own colon: the claim starts after the quoted title, not at its colon
+        answer = f"According to {quoted}: Refunds take 30 days after delivery."
+        judgment = await HeuristicJudge().judge(titled.model_copy(update={"answer": answer}))
+        assert judgment.claims == ("Refunds take 30 days after delivery",), answer
+        assert judgment.faithfulness == 1.0, (answer, judgment.claims)
     for answer in (
         "According to \u201cRefund policy\u201d: Refunds take 30 days after delivery.",
         "Refunds take 30 days after delivery [1].",
