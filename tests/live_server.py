@@ -87,3 +87,14 @@ def live_server(data_dir: Path, **overrides: Any) -> Iterator[LiveServer]:
         server.should_exit = True
         thread.join(20)
         loop.close()
+
+
+def post_accepted(client: httpx.Client, path: str, body: Any, deadline_s: float = 60.0) -> httpx.Response:
+    """POST as a well-behaved client does: a 503 (ragmon is behind: explicit back-pressure) is retried
+    after its Retry-After until `deadline_s`; any other answer is returned as it is."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        response = client.post(path, json=body)
+        if response.status_code != 503 or time.monotonic() > deadline:
+            return response
+        time.sleep(min(float(response.headers.get("retry-after", "1")), 2.0))

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sampler import create_tables
 from service.model import Feedback, RagTrace
 from service.store.trace_store import Store
-from tests.live_server import live_server
+from tests.live_server import live_server, post_accepted
 
 
 def trace(n: int, tenant: str = "t1") -> RagTrace:
@@ -116,8 +116,9 @@ def test_feedback_before_its_trace_waits_joins_under_the_traces_app_and_orphans_
         early = {"trace_id": f"{1:032x}", "kind": "down", "event_id": "early-1", "reason": "wrong"}
         with server.client() as client:
             for start in range(0, len(unknown), 500):
-                assert client.post("/api/v1/feedback", json=unknown[start : start + 500]).status_code == 200
-            assert client.post("/api/v1/feedback", json=early).status_code == 200
+                batch = unknown[start : start + 500]
+                assert post_accepted(client, "/api/v1/feedback", batch).status_code == 200
+            assert post_accepted(client, "/api/v1/feedback", early).status_code == 200
         server.flush()
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT count(*) FROM review_items")).scalar() == 0
