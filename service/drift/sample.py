@@ -69,6 +69,10 @@ class Sample:
         matrix = np.stack([o.vector for o in rows if o.vector is not None]).astype(np.float32, copy=False)
         return matrix, [o.query or "" for o in rows]
 
+    def texts(self) -> list[str]:
+        """The query texts of observations that have one, in sample order."""
+        return [o.query for o in self.observations if o.query]
+
     def scores(self, field: str) -> npt.NDArray[np.float64]:
         """`top1` or `topk` of every observation that has it."""
         if field not in ("top1", "topk"):
@@ -90,8 +94,13 @@ def merge_counts(
 
     Old rows are a uniform sample of `seen_old` traces, new rows of `seen_new`
     later ones. Drawing the old share from the hypergeometric law keeps the
-    merged sample uniform over all `seen_old + seen_new` traces. Raises
-    ValueError when a kept count exceeds its seen count.
+    merged sample uniform over all `seen_old + seen_new` traces. The in-memory
+    reservoir of one flush may hold fewer rows than the bucket may keep, so
+    the merged size is also capped where either side would be expected to
+    give more rows than it holds (kept · total / seen): every trace of the
+    bucket keeps the same chance of being in the sample, and a busy bucket
+    grows towards `capacity` flush by flush. Raises ValueError when a kept
+    count exceeds its seen count.
     """
     if capacity < 1:
         raise ValueError(f"capacity must be at least 1, got {capacity}")
@@ -99,6 +108,9 @@ def merge_counts(
         raise ValueError("kept counts must lie within 0..seen")
     total = seen_old + seen_new
     target = min(capacity, total, kept_old + kept_new)
+    for seen, kept in ((seen_old, kept_old), (seen_new, kept_new)):
+        if kept < seen:
+            target = min(target, kept * total // seen)
     if target == kept_old + kept_new:
         return kept_old, kept_new
     take_old = (
