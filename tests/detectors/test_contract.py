@@ -49,10 +49,7 @@ def _text(rng: np.random.Generator, n: int, shifted: bool) -> Sample:
     if shifted:
         topics[rng.random(n) < 0.4] = 12
     return np.array(
-        [
-            " ".join([*rng.choice(COMMON, 2), *rng.choice(TOPICS[topic], 3, replace=False)])
-            for topic in topics
-        ]
+        [" ".join([*rng.choice(COMMON, 2), *rng.choice(TOPICS[topic], 3, replace=False)]) for topic in topics]
     )
 
 
