@@ -113,13 +113,18 @@ def merge_counts(
             target = min(target, kept * total // seen)
     if target == kept_old + kept_new:
         return kept_old, kept_new
-    take_old = (
-        int(rng.hypergeometric(seen_old, seen_new, target))
-        if seen_old and seen_new
-        else (target if seen_old else 0)
-    )
-    # The draw can ask for more rows of one side than that side kept; the other side makes up the rest.
-    take_old = min(max(take_old, target - kept_new), kept_old)
+    if not (seen_old and seen_new):
+        return (target, 0) if seen_old else (0, target)
+    if kept_old == seen_old and kept_new == seen_new:
+        # Both sides whole: the hypergeometric share is an exact uniform sample and never asks for more
+        # rows than a side has.
+        take_old = int(rng.hypergeometric(seen_old, seen_new, target))
+        return take_old, target - take_old
+    # A side is itself a sample: the proportional share, rounded at random, gives every trace the same
+    # chance target/total and never exceeds what a side kept (target was capped for that above). A
+    # hypergeometric draw clipped to the kept rows would favour the smaller side.
+    exact = target * seen_old / total
+    take_old = int(exact) + int(rng.random() < exact - int(exact))
     return take_old, target - take_old
 
 
