@@ -3,7 +3,7 @@
     python bench/drift/banking77.py GIT_DIR   # once: builds banking77 outside the repo
     python bench/drift/run.py --smoke         # seconds: checks the script runs
     python bench/drift/run.py --quick         # ~10 minutes
-    python bench/drift/run.py --full --write  # the recorded run; rewrites the drift section of RESULTS.md
+    python bench/drift/run.py --full --write  # the recorded run; rewrites its section of RESULTS.md
 
 Run it with an interpreter that has ragmon installed; alibi-detect (PyTorch
 backend, CPU) is the peer and is measured in the same run on the same windows
@@ -50,7 +50,7 @@ from detectors.text_knn import TextKnnDrift
 ALPHA = 0.05
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
-START, END = "<!-- drift:start -->", "<!-- drift:end -->"
+START, END = "<!-- drift-text:start -->", "<!-- drift-text:end -->"
 N_REFERENCE = 5000
 TARGET_N = 2000
 TARGET_SHARE = 0.10
@@ -388,7 +388,7 @@ slow)."""
 
 
 def write_results(text: str) -> None:
-    section = f"{START}\n## Drift detection (bench/drift)\n\n{SETUP}\n\n{text}\n{END}"
+    section = f"{START}\n## Drift detection on query texts (bench/drift/run.py)\n\n{SETUP}\n\n{text}\n{END}"
     current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
     if START in current and END in current:
         before, rest = current.split(START, 1)
