@@ -54,6 +54,9 @@ class Alert:
     summary: str
     description: str
     for_: str | None = None  # None: the thresholds file's `for`
+    query_note: str = ""
+    """Appended to the description in rules.yml only: it reads other series with Prometheus' template
+    `query`, which Grafana's alerting templates do not have."""
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,16 @@ def _quality(t: Thresholds) -> list[Alert]:
     ]
 
 
+# An alert's templates see only its own series' labels, so the group that grew is read from its info
+# series (service/drift/monitor.py: one per app and detector, replaced on each run) by a template query.
+_TOP_GROUP = (
+    # tenant="" matches the series without the label (metrics.tenant_label off)
+    '{{ with printf "ragmon_drift_top_group_info{tenant=%q,app=%q,detector=%q}"'
+    " $labels.tenant $labels.app $labels.detector | query }}{{ with first . }} Top group: {{ .Labels.terms }} ({{ .Labels.share }} of queries)."
+    "{{ end }}{{ end }}"
+)
+
+
 def _drift(t: Thresholds) -> list[Alert]:
     def detected(names: Sequence[str]) -> str:
         return f'max without (instance) (ragmon_drift_detected{{detector=~"{"|".join(names)}"}}) == 1'
@@ -279,6 +292,7 @@ def _drift(t: Thresholds) -> list[Alert]:
             + _APP_NAME
             + _RELEASE
             + " drifted from the pinned reference window.",
+            query_note=_TOP_GROUP,
         ),
         Alert(
             "RagmonRetrievalScoreDrift",
@@ -486,7 +500,7 @@ def prometheus_rules(
                     "labels": {"severity": rule.severity},
                     "annotations": {
                         "summary": rule.summary,
-                        "description": rule.description,
+                        "description": rule.description + rule.query_note,
                         "runbook_url": t.runbook(rule.name),
                     },
                 }

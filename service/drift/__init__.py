@@ -2,7 +2,8 @@
 
 Owns: the window sink and the scheduler (`monitor.py`), one check of every detector against a
 reference (`checks.py`), observations and their uniform samples (`sample.py`), references and runs in
-the database (`store.py`), and `ragmon drift` (`cli.py`). The detectors themselves are in
+the database (`store.py`), the query embedder fitted on a reference and stored with it
+(`embedders.py`), and `ragmon drift` (`cli.py`). The detectors themselves are in
 `detectors/`.
 
 May import: `detectors`, `store`, `metrics`, `config`, `model`, `errors`, `lifecycle`.

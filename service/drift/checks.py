@@ -3,12 +3,19 @@
 Pure computation over two `Sample`s (no storage, no metrics), so the
 scheduler in the service and `ragmon drift run` give the same answer.
 
+The query test is the query-text test (`TextKnnDrift`, with the embedder
+stored with the reference) where ragmon embeds the queries itself, and the
+MMD test on the app's vectors where the app sends them (`embedding_detector`).
+
 Guarantees: every detector yields exactly one `Check`, even when it cannot
 run. A side with fewer than `min_window` usable observations gives outcome
 `insufficient_data` (drifted False, statistic 0); a detector that refuses its
-input gives `error` with the message in `details["error"]`. A drifted
-query-embedding test carries an explanation: the groups of current queries
-that are over-represented against the reference (`detectors.explain`).
+input gives `error` with the message in `details["error"]`. A drifted query
+test carries an explanation: the groups of current queries that are
+over-represented against the reference (`detectors.explain`). Every query
+test's details carry `power`: the power the bench measured for that test at
+this window's size (`detectors.power`, an estimate, stated as one), or None
+where no curve was measured.
 """
 
 from __future__ import annotations
@@ -27,16 +34,27 @@ from detectors import (
     EmptyRetrievalDrift,
     HitDistributionDrift,
     Reference,
+    TextKnnDrift,
     TopkScoreDrift,
     TopScoreDrift,
     Window,
     embedding_detector,
+    estimated_power,
     explain_query_drift,
 )
 from detectors.base import BatchDetector
+from service.drift.embedders import text_detector
 from service.drift.sample import Sample
 
-__all__ = ["Check", "CheckSettings", "check_model_change", "check_samples", "insufficient"]
+__all__ = [
+    "Check",
+    "CheckSettings",
+    "TextReference",
+    "check_model_change",
+    "check_samples",
+    "insufficient",
+    "with_power",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +112,25 @@ def insufficient(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class TextReference:
+    """Run the query-text test on this reference (ragmon embeds its queries), with its stored embedder."""
+
+    embedder_state: bytes | None
+
+
+def with_power(check: Check) -> Check:
+    """`check` with the estimated power of its test at the window's size in `details["power"]`."""
+    result = check.result
+    n = int(str(result.details.get("n_window_used", result.n_window)))
+    estimate = estimated_power(result.detector, n, result.alpha)
+    details = {**result.details, "power": None if estimate is None else estimate.to_json()}
+    return Check(result.model_copy(update={"details": details}), check.outcome, check.explanation)
+
+
 def _run(
-    detector: BatchDetector,
+    kind: type[BatchDetector],
+    fitted: Callable[[Reference], BatchDetector],
     reference: npt.NDArray[Any],
     current: npt.NDArray[Any],
     reference_id: str,
@@ -104,7 +139,8 @@ def _run(
     minimum: int,
     alpha: float | None,
 ) -> Check:
-    name, version = type(detector).name, type(detector).version
+    """One detector of type `kind`, made ready for the reference by `fitted`, on one pair of samples."""
+    name, version = kind.name, kind.version
     n_ref, n_win = int(reference.shape[0]), int(current.shape[0])
     if n_ref < minimum or n_win < minimum:
         return insufficient(
@@ -118,9 +154,8 @@ def _run(
             f"needs at least {minimum} observations on each side (reference {n_ref}, window {n_win})",
         )
     try:
-        result = detector.fit(Reference(reference_id, reference, *reference_range)).score(
-            Window(current, *window)
-        )
+        detector = fitted(Reference(reference_id, reference, *reference_range))
+        result = detector.score(Window(current, *window))
     except ValueError as exc:
         return Check(
             DriftResult(
@@ -150,26 +185,45 @@ def check_samples(
     reference_range: tuple[datetime, datetime],
     window: tuple[datetime, datetime],
     settings: CheckSettings,
+    text: TextReference | None = None,
 ) -> list[Check]:
-    """Query-embedding, top-1 score, top-k score, empty-retrieval and hit-distribution checks, in order."""
+    """Query (text or embedding), top-1 score, top-k score, empty-retrieval and hit-distribution checks."""
     checks: list[Check] = []
     ref_vectors, _ = reference.vectors()
     win_vectors, win_texts = current.vectors()
-    n_window = win_vectors.shape[0]
-    # The registry picks the exact test up to 2,500 vectors and the linear-time one beyond.
-    embedding_name = embedding_detector(n_window).name
-    embedding_alpha = settings.alpha_for(embedding_name)
-    embedding = _run(
-        embedding_detector(n_window, alpha=embedding_alpha, seed=settings.seed),
-        ref_vectors,
-        win_vectors,
-        reference_id,
-        reference_range,
-        window,
-        settings.min_window,
-        embedding_alpha,
-    )
-    if embedding.result.drifted:
+    if text is not None:
+        text_alpha = settings.alpha_for(TextKnnDrift.name)
+        state = text.embedder_state
+        embedding = _run(
+            TextKnnDrift,
+            lambda pinned: text_detector(pinned, state, alpha=text_alpha, seed=settings.seed),
+            np.array(reference.texts(), dtype=str),
+            np.array(current.texts(), dtype=str),
+            reference_id,
+            reference_range,
+            window,
+            settings.min_window,
+            text_alpha,
+        )
+    else:
+        n_window = win_vectors.shape[0]
+        # The registry picks the exact test up to 2,500 vectors and the linear-time one beyond.
+        embedding_name = embedding_detector(n_window).name
+        embedding_alpha = settings.alpha_for(embedding_name)
+        vector_test = embedding_detector(n_window, alpha=embedding_alpha, seed=settings.seed)
+        embedding = _run(
+            type(vector_test),
+            vector_test.fit,
+            ref_vectors,
+            win_vectors,
+            reference_id,
+            reference_range,
+            window,
+            settings.min_window,
+            embedding_alpha,
+        )
+    embedding = with_power(embedding)
+    if embedding.result.drifted and ref_vectors.shape[0] >= 2 and win_vectors.shape[0] >= 2:
         groups = explain_query_drift(
             ref_vectors,
             win_vectors,
@@ -192,9 +246,11 @@ def check_samples(
     for factory, values in factories:
         probe = factory(settings.alpha)
         alpha = settings.alpha_for(type(probe).name)
+        detector = factory(alpha)
         checks.append(
             _run(
-                factory(alpha),
+                type(detector),
+                detector.fit,
                 values(reference),
                 values(current),
                 reference_id,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     # the store, the detectors and their NumPy/SciPy load only when a subcommand runs, not for --help
     from service.config import RagmonConfig
-    from service.drift.store import DriftStore
+    from service.drift.store import DriftStore, RunRecord
     from service.store.trace_store import Store
 
 __all__ = ["add_arguments", "main", "parse_time"]
@@ -107,7 +107,7 @@ def _pin(args: argparse.Namespace, config: RagmonConfig, drift: DriftStore) -> i
         until=None if args.until is None else parse_time(args.until),
         release=args.release,
         app=args.app,
-        capacity=config.drift.window_capacity,
+        capacity=config.drift.reference_capacity,
         min_size=config.drift.min_window,
         seed=config.drift.seed,
     )
@@ -152,6 +152,31 @@ def explained(groups: list[dict[str, Any]] | None, limit: int = 3, examples: int
     return lines
 
 
+def described(record: RunRecord) -> list[str]:
+    """The lines under a result: the window it tested (when the reference cut it short) and the power."""
+    details = record.result.details
+    lines: list[str] = []
+    start, end = record.result.window_start, record.result.window_end
+    if "window_requested_from" in details and start is not None and end is not None:
+        lines.append(
+            f"window {start.isoformat(timespec='seconds')} .. {end.isoformat(timespec='seconds')}: "
+            "starts where the reference ends (a window never holds the reference's own hours)"
+        )
+    if "insufficient_data" in details:
+        lines.append(f"not tested: {details['insufficient_data']}")
+    if "power" in details:
+        power = details["power"]
+        if isinstance(power, dict):
+            sign = {"at_most": "<=", "at_least": ">="}.get(str(power.get("bound")), "~")
+            lines.append(
+                f"power{sign}{float(str(power['power'])):.2f} at n={power['n_window']} against "
+                f"{power['shift']} (estimated from {power['basis']})"
+            )
+        else:
+            lines.append("power: not estimated for this test (no measured power curve)")
+    return lines
+
+
 def _run(args: argparse.Namespace, config: RagmonConfig, drift: DriftStore) -> int:
     from service.drift.monitor import DriftScheduler
     from service.metrics import Metrics
@@ -183,6 +208,8 @@ def _run(args: argparse.Namespace, config: RagmonConfig, drift: DriftStore) -> i
             f"{record.app:20} {result.detector:24} {record.outcome:17} alarm={str(record.alarm).lower():5} "
             f"stat={result.statistic:.4g} p={p_value} n={result.n_reference}/{result.n_window}"
         )
+        for line in described(record):
+            print(f"{'':22}{line}")
         for line in explained(record.explanation):
             print(f"{'':22}{line}")
     for app, model in without:

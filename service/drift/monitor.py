@@ -7,10 +7,18 @@
                                pinned references ─────────────────────┴▶ detectors ─▶ drift runs + gauges
 
 Memory is bounded whatever the traffic: at most `max_open_buckets`
-reservoirs of `bucket_capacity` observations each between flushes (traces
+reservoirs of `reservoir_capacity` observations each between flushes (traces
 for further buckets are dropped and counted in `dropped`), one regeneration
 monitor per (tenant, app, intent) with apps and intents capped, and a capped
-set of known model keys per app.
+set of known model keys per app. Each flush merges the reservoirs into the
+stored buckets, which grow to `bucket_capacity` (the window's size) flush by
+flush while staying uniform samples, so the window of the last day holds
+min(traffic, `window_capacity`) traces whatever the hourly profile was.
+
+Windows never overlap their reference: a run compares the reference with
+the traffic after the reference's range ends (or the last `window_s`
+seconds, whichever is shorter), so a reference pinned within the day is not
+compared with the hours it was drawn from.
 
 Embedding-model change is its own event: the first trace of an app that
 carries a new app embedding model (name or dimension) counts
@@ -27,6 +35,12 @@ replaced by a check of a PostgreSQL advisory lock; embedded, it is always
 true. Alarms use hysteresis: a result alarms once `hysteresis` consecutive
 runs of that detector on that (app, model) have drifted. A window that
 alarmed never feeds a reference (`pin` leaves its buckets out).
+
+Where ragmon embeds the queries itself (no app vectors), the query test is
+the query-text test whose embedder was fitted on the reference when it was
+pinned and stored with it (`embedders.py`). After each run the query group
+that grew most is exported as `ragmon_drift_top_group_info`, one series per
+(app, detector), for the drift alert's annotation.
 """
 
 from __future__ import annotations
@@ -53,7 +67,8 @@ from detectors.features import (
     topk_mean_score,
 )
 from service.config import DriftConfig
-from service.drift.checks import Check, CheckSettings, check_model_change, check_samples
+from service.drift.checks import Check, CheckSettings, TextReference, check_model_change, check_samples
+from service.drift.embedders import fit_reference_embedder
 from service.drift.sample import Observation, Sample
 from service.drift.store import BucketBatch, DriftStore, ReferenceInfo, RunRecord, bucket_start
 from service.metrics import Metrics
@@ -99,7 +114,7 @@ class DriftWindowSink:
 
     @property
     def held(self) -> int:
-        """Observations held in memory now (at most `max_open_buckets × bucket_capacity`)."""
+        """Observations held in memory now (at most `max_open_buckets × reservoir_capacity`)."""
         with self._lock:
             return sum(len(r) for r in self._reservoirs.values())
 
@@ -159,7 +174,7 @@ class DriftWindowSink:
                 return
             self._seeds += 1
             reservoir = Reservoir(
-                self.config.bucket_capacity, seed=self.config.seed * 1_000_003 + self._seeds
+                self.config.reservoir_capacity, seed=self.config.seed * 1_000_003 + self._seeds
             )
             self._reservoirs[key] = reservoir
         # Most offers are skipped once a reservoir is full (Algorithm L), so the observation (the vector
@@ -331,8 +346,12 @@ def pin_references(
     """Pin a new reference version per (app, model) from a time range or a release.
 
     Buckets inside the window of a run that alarmed on that (app, model) are
-    left out: an alarming window never feeds a reference. Raises ValueError
-    unless exactly one of a range (`since` and `until`) or `release` is given.
+    left out: an alarming window never feeds a reference. Where the sample
+    has query texts, the query-text test's embedder is fitted on it and
+    stored with it. Ranges are half-open: a reference pinned from a release
+    ends just after its last trace, where the windows compared with it start.
+    Raises ValueError unless exactly one of a range (`since` and `until`) or
+    `release` is given.
     """
     if (release is None) == (since is None or until is None):
         raise ValueError("pin from a time range (since and until) or from a release, not both or neither")
@@ -377,10 +396,11 @@ def pin_references(
                 model,
                 sample,
                 range_start=since or min(times),
-                range_end=until or max(times),
+                range_end=until or max(times) + timedelta(microseconds=1),
                 release=release,
                 traces_represented=represented,
                 excluded_buckets=excluded,
+                embedder=fit_reference_embedder(sample.texts(), seed=seed),
                 now=now,
             )
         )
@@ -413,6 +433,8 @@ class DriftScheduler:
         self._run_lock = threading.Lock()
         self._task: asyncio.Task[None] | None = None
         self._flushes = 0
+        # The one `ragmon_drift_top_group_info` series per (app, detector), so a run can replace it.
+        self._top_groups: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {}
 
     # -- flushing ----------------------------------------------------------------
 
@@ -472,6 +494,9 @@ class DriftScheduler:
         self._next_run = at.timestamp() + self.config.interval_s
         runs = self.run(trigger="schedule", now=at)
         self.store.delete_older_than(at - timedelta(days=self.config.retention_days))
+        self.store.compact(
+            at - timedelta(seconds=self.config.window_s), self.config.archive_capacity, seed=self.config.seed
+        )
         return runs
 
     def run(
@@ -517,23 +542,32 @@ class DriftScheduler:
             }
             for reference in app_refs:
                 ref_sample = self.store.reference_sample(reference.id)
+                reference_range = _reference_range(reference, ref_sample)
+                since = _window_start(window, reference_range)
                 current, _, _ = self.store.draw(
                     tenant,
                     app_name,
                     reference.model_key,
-                    since=window[0],
+                    since=since,
                     until=window[1],
                     capacity=self.config.window_capacity,
                     seed=self.config.seed,
                 )
+                text = None
+                if reference.model_key == self._builtin_key:
+                    stored = self.store.reference_embedder(reference.id)
+                    text = TextReference(None if stored is None else stored[1])
                 checks = check_samples(
                     ref_sample,
                     current,
                     reference_id=reference.label,
-                    reference_range=_reference_range(reference, ref_sample),
-                    window=window,
+                    reference_range=reference_range,
+                    window=(since, window[1]),
                     settings=self.settings,
+                    text=text,
                 )
+                if since > window[0]:
+                    checks = [_clipped(c, window[0]) for c in checks]
                 records.extend(
                     self._record(tenant, app_name, reference.model_key, c, trigger, at) for c in checks
                 )
@@ -659,6 +693,26 @@ class DriftScheduler:
             m.drift_threshold.labels(**labels).set(math.nan if result.alpha is None else result.alpha)
             m.drift_detected.labels(**labels).set(1.0 if record.alarm else 0.0)
             m.drift_window_size.labels(**labels).set(result.n_window)
+            self._export_top_group(scope, detector, record)
+
+    def _export_top_group(self, scope: tuple[str, ...], detector: str, record: RunRecord) -> None:
+        """Replace the (app, detector) top-group series with this run's top group, or drop it."""
+        gauge = self.metrics.drift_top_group
+        previous = self._top_groups.pop((scope, detector), None)
+        if previous is not None:
+            with contextlib.suppress(KeyError):
+                gauge.remove(*scope, detector, *previous)
+        groups = record.explanation or []
+        if not record.result.drifted or not groups:
+            return
+        top = groups[0]
+        terms = _capped(", ".join(str(t) for t in top.get("terms") or []) or "(no distinctive words)")
+        share = (
+            f"{100 * float(top.get('share_reference', 0.0)):.1f}% -> "
+            f"{100 * float(top.get('share_window', 0.0)):.1f}%"
+        )
+        gauge.labels(*scope, detector, terms, share).set(1.0)
+        self._top_groups[(scope, detector)] = (terms, share)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -695,9 +749,34 @@ class DriftScheduler:
             log.exception("drift: final flush failed; the windows since the last flush are lost")
 
 
+TOP_GROUP_LABEL_CHARS = 80
+"""Longest `terms` label value of `ragmon_drift_top_group_info` (the series stays one short line)."""
+
+
+def _capped(text: str, limit: int = TOP_GROUP_LABEL_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip(", ") + "…"
+
+
 def _rank(record: RunRecord) -> tuple[int, int]:
     """Tested results beat untested ones; then the larger window wins."""
     return (0 if record.outcome in ("insufficient_data", "error") else 1, record.result.n_window)
+
+
+def _window_start(window: tuple[datetime, datetime], reference_range: tuple[datetime, datetime]) -> datetime:
+    """Where the window compared with a reference starts: never before the reference's range ends."""
+    return min(window[1], max(window[0], reference_range[1]))
+
+
+def _clipped(check: Check, requested: datetime) -> Check:
+    """`check` noting that its window starts later than requested, because the reference ends there."""
+    result = check.result
+    details = {**result.details, "window_requested_from": requested.isoformat()}
+    if check.outcome == "insufficient_data" and result.window_start is not None:
+        details["insufficient_data"] = (
+            f"{details.get('insufficient_data', '')}; the window starts where the reference ends "
+            f"({result.window_start.isoformat()}), so it never holds the reference's own traffic"
+        )
+    return Check(result.model_copy(update={"details": details}), check.outcome, check.explanation)
 
 
 def _reference_range(reference: ReferenceInfo, sample: Sample | None) -> tuple[datetime, datetime]:
@@ -705,5 +784,6 @@ def _reference_range(reference: ReferenceInfo, sample: Sample | None) -> tuple[d
     end = reference.range_end or reference.created_at
     if sample is not None and len(sample):
         times = [o.time for o in sample.observations]
-        start, end = min(start, min(times)), max(end, max(times))
+        # Half-open: the range ends just after its last trace, so a window from there never holds it.
+        start, end = min(start, min(times)), max(end, max(times) + timedelta(microseconds=1))
     return start, max(start, end)

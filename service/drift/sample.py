@@ -69,6 +69,10 @@ class Sample:
         matrix = np.stack([o.vector for o in rows if o.vector is not None]).astype(np.float32, copy=False)
         return matrix, [o.query or "" for o in rows]
 
+    def texts(self) -> list[str]:
+        """The query texts of observations that have one, in sample order."""
+        return [o.query for o in self.observations if o.query]
+
     def scores(self, field: str) -> npt.NDArray[np.float64]:
         """`top1` or `topk` of every observation that has it."""
         if field not in ("top1", "topk"):
@@ -90,8 +94,13 @@ def merge_counts(
 
     Old rows are a uniform sample of `seen_old` traces, new rows of `seen_new`
     later ones. Drawing the old share from the hypergeometric law keeps the
-    merged sample uniform over all `seen_old + seen_new` traces. Raises
-    ValueError when a kept count exceeds its seen count.
+    merged sample uniform over all `seen_old + seen_new` traces. The in-memory
+    reservoir of one flush may hold fewer rows than the bucket may keep, so
+    the merged size is also capped where either side would be expected to
+    give more rows than it holds (kept · total / seen): every trace of the
+    bucket keeps the same chance of being in the sample, and a busy bucket
+    grows towards `capacity` flush by flush. Raises ValueError when a kept
+    count exceeds its seen count.
     """
     if capacity < 1:
         raise ValueError(f"capacity must be at least 1, got {capacity}")
@@ -99,15 +108,23 @@ def merge_counts(
         raise ValueError("kept counts must lie within 0..seen")
     total = seen_old + seen_new
     target = min(capacity, total, kept_old + kept_new)
+    for seen, kept in ((seen_old, kept_old), (seen_new, kept_new)):
+        if kept < seen:
+            target = min(target, kept * total // seen)
     if target == kept_old + kept_new:
         return kept_old, kept_new
-    take_old = (
-        int(rng.hypergeometric(seen_old, seen_new, target))
-        if seen_old and seen_new
-        else (target if seen_old else 0)
-    )
-    # The draw can ask for more rows of one side than that side kept; the other side makes up the rest.
-    take_old = min(max(take_old, target - kept_new), kept_old)
+    if not (seen_old and seen_new):
+        return (target, 0) if seen_old else (0, target)
+    if kept_old == seen_old and kept_new == seen_new:
+        # Both sides whole: the hypergeometric share is an exact uniform sample and never asks for more
+        # rows than a side has.
+        take_old = int(rng.hypergeometric(seen_old, seen_new, target))
+        return take_old, target - take_old
+    # A side is itself a sample: the proportional share, rounded at random, gives every trace the same
+    # chance target/total and never exceeds what a side kept (target was capped for that above). A
+    # hypergeometric draw clipped to the kept rows would favour the smaller side.
+    exact = target * seen_old / total
+    take_old = int(exact) + int(rng.random() < exact - int(exact))
     return take_old, target - take_old
 
 

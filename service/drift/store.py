@@ -5,14 +5,23 @@ Tables (own `MetaData`, created on the store's engine):
 * `drift_buckets` / `drift_observations`: per (tenant, app, embedding model,
   time bucket) a uniform sample of at most `bucket_capacity` observations and
   the count of traces it stands for. This is what `pin --from T --to T` and
-  the rolling current window draw from. Bound: at most
-  `bucket_capacity × buckets × apps × models` rows (with the defaults, 250
-  rows per app and model per hour; a row is ~1.6 kB with a 384-d float32
-  vector), deleted after `retention_days`.
+  the rolling current window draw from. A bucket keeps up to
+  `bucket_capacity` rows (default 2,000, the window's size: a day whose
+  traffic all came in one hour still fills a window), and `compact` cuts
+  buckets older than the current window down to `archive_capacity` (default
+  250 per hour), so the bound is `bucket_capacity` rows per app and model
+  per hour of the last day plus `archive_capacity` per hour before it (a row
+  is ~1.6 kB with a 384-d float32 vector), deleted after `retention_days`.
+  Draws filter rows by trace time, so a sample never holds a trace from
+  outside the asked range even where a bucket straddles its edge.
 * `drift_references` / `drift_reference_rows`: pinned references. Pinning
   again makes a new version; old versions stay listed. A reference keeps its
   own copy of the sample (vectors as float32 bytes, scores, hits), so it does
   not change when old observations are deleted.
+* `drift_reference_embedders`: the query embedder fitted on a reference
+  (`detectors.TextKnnDrift` over `TfidfEmbedder`), its name and its fitted
+  state, so windows are embedded exactly as the reference was for as long
+  as the reference lives.
 * `drift_runs`: one row per detector result (every `DriftResult` field, the
   alarm after hysteresis, the outcome and the explanation JSON).
 * `drift_monitor_state`: regeneration-band state per (tenant, app, intent), so
@@ -119,6 +128,14 @@ drift_reference_rows = sa.Table(
     *_observation_columns(),
 )
 
+drift_reference_embedders = sa.Table(
+    "drift_reference_embedders",
+    metadata,
+    sa.Column("reference_id", sa.Integer, sa.ForeignKey("drift_references.id"), primary_key=True),
+    sa.Column("embedder_key", sa.Text, nullable=False),
+    sa.Column("state", sa.LargeBinary, nullable=False),
+)
+
 drift_runs = sa.Table(
     "drift_runs",
     metadata,
@@ -198,6 +215,7 @@ class ReferenceInfo:
     traces_represented: int
     excluded_buckets: int
     content_hash: str
+    embedder_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -214,6 +232,7 @@ class ReferenceInfo:
             "traces_represented": self.traces_represented,
             "excluded_buckets": self.excluded_buckets,
             "content_hash": self.content_hash,
+            "embedder": self.embedder_key,
         }
 
 
@@ -445,8 +464,11 @@ class DriftStore:
         """A uniform sample (`draw_counts`) of the buckets overlapping [since, until), minus `exclude`.
 
         Returns (sample, traces it stands for, buckets left out by `exclude`).
-        With `release`, only that release's rows count, and each bucket's
-        traffic is scaled by the share of its rows from that release.
+        Only rows whose trace time lies in [since, until) count: in a bucket
+        that straddles an edge, the rows inside are a uniform sample of the
+        bucket's traffic inside, so its traffic is scaled by their share of
+        the bucket's rows. With `release`, only that release's rows count,
+        scaled the same way.
         """
         b, o = drift_buckets.c, drift_observations.c
         where = [b.tenant == tenant, b.app == app, b.model_key == model_key]
@@ -475,12 +497,17 @@ class DriftStore:
                     o.model_key == model_key,
                     o.bucket_start == row.bucket_start,
                 )
+                filtered = release is not None
                 if release is not None:
                     query = query.where(o.release == release)
+                if since is not None and row.bucket_start < since:
+                    query, filtered = query.where(o.trace_time >= since), True
+                if until is not None and row.bucket_start + self._bucket > until:
+                    query, filtered = query.where(o.trace_time < until), True
                 ids = sorted(int(i) for i in conn.execute(query).scalars())
                 ids_by_bucket.append(ids)
                 share = len(ids) / row.kept if row.kept else 0.0
-                seen.append(round(row.seen * share) if release is not None else int(row.seen))
+                seen.append(round(row.seen * share) if filtered else int(row.seen))
             rng = np.random.default_rng([seed, len(usable)])
             counts = draw_counts(seen, [len(ids) for ids in ids_by_bucket], capacity, rng)
             chosen: list[int] = []
@@ -498,6 +525,48 @@ class DriftStore:
                 )
         sample = Sample(tuple(_observation(r) for r in rows))
         return sample, int(sum(seen)), excluded
+
+    def compact(self, before: datetime, capacity: int, *, seed: int = 0) -> int:
+        """Cut every bucket that ended before `before` down to at most `capacity` rows; return rows gone.
+
+        The rows kept are a uniform subsample of the bucket's uniform sample,
+        so the bucket stays a uniform sample of the traffic it has seen.
+        """
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        b, o = drift_buckets.c, drift_observations.c
+        gone = 0
+        with self._connect(write=True) as conn:
+            full = conn.execute(
+                sa.select(b.tenant, b.app, b.model_key, b.bucket_start, b.kept)
+                .where(b.bucket_start < before - self._bucket, b.kept > capacity)
+                .order_by(b.tenant, b.app, b.model_key, b.bucket_start)
+            ).all()
+            for row in full:
+                key = (o.tenant == row.tenant, o.app == row.app, o.model_key == row.model_key)
+                ids = sorted(
+                    int(i)
+                    for i in conn.execute(sa.select(o.id).where(*key, o.bucket_start == row.bucket_start))
+                    .scalars()
+                    .all()
+                )
+                rng = np.random.default_rng([seed, len(ids), int(row.bucket_start.timestamp())])
+                drop = rng.choice(len(ids), max(0, len(ids) - capacity), replace=False)
+                doomed = [ids[int(i)] for i in drop]
+                for chunk in range(0, len(doomed), 500):
+                    conn.execute(sa.delete(drift_observations).where(o.id.in_(doomed[chunk : chunk + 500])))
+                conn.execute(
+                    sa.update(drift_buckets)
+                    .where(
+                        b.tenant == row.tenant,
+                        b.app == row.app,
+                        b.model_key == row.model_key,
+                        b.bucket_start == row.bucket_start,
+                    )
+                    .values(kept=len(ids) - len(doomed))
+                )
+                gone += len(doomed)
+        return gone
 
     def delete_older_than(self, cutoff: datetime) -> int:
         """Delete observation buckets that ended before `cutoff`, and runs older than it; return rows gone."""
@@ -523,9 +592,14 @@ class DriftStore:
         release: str | None,
         traces_represented: int,
         excluded_buckets: int,
+        embedder: tuple[str, bytes] | None = None,
         now: datetime | None = None,
     ) -> ReferenceInfo:
-        """Store `sample` as the next version of the (tenant, app, model) reference; ValueError if empty."""
+        """Store `sample` as the next version of the (tenant, app, model) reference; ValueError if empty.
+
+        `embedder` is the (name, state) of a query embedder fitted on this
+        sample, stored with it in the same transaction.
+        """
         if not len(sample):
             raise ValueError("cannot pin an empty reference")
         now = now or datetime.now(UTC)
@@ -561,6 +635,12 @@ class DriftStore:
                     for i, o in enumerate(sample.observations)
                 ],
             )
+            if embedder is not None:
+                conn.execute(
+                    sa.insert(drift_reference_embedders).values(
+                        reference_id=pk, embedder_key=embedder[0], state=embedder[1]
+                    )
+                )
         return ReferenceInfo(
             id=int(pk),
             label=label,
@@ -576,12 +656,18 @@ class DriftStore:
             traces_represented=traces_represented,
             excluded_buckets=excluded_buckets,
             content_hash=str(values["content_hash"]),
+            embedder_key=None if embedder is None else embedder[0],
         )
 
     def references(self, tenant: str, *, app: str | None = None) -> list[ReferenceInfo]:
         """Every reference version of a tenant (optionally one app), newest version first."""
         r = drift_references.c
-        query = sa.select(drift_references).where(r.tenant == tenant)
+        e = drift_reference_embedders.c
+        query = (
+            sa.select(drift_references, e.embedder_key)
+            .outerjoin(drift_reference_embedders, e.reference_id == r.id)
+            .where(r.tenant == tenant)
+        )
         if app is not None:
             query = query.where(r.app == app)
         query = query.order_by(r.app, r.model_key, r.version.desc())
@@ -601,6 +687,15 @@ class DriftStore:
             found = set(conn.execute(sa.select(drift_buckets.c.tenant).distinct()).scalars())
             found |= set(conn.execute(sa.select(drift_references.c.tenant).distinct()).scalars())
         return sorted(found)
+
+    def reference_embedder(self, reference_id: int) -> tuple[str, bytes] | None:
+        """The (name, state) of the query embedder fitted on a reference, or None when it has none."""
+        e = drift_reference_embedders.c
+        with self._connect() as conn:
+            row = conn.execute(
+                sa.select(e.embedder_key, e.state).where(e.reference_id == reference_id)
+            ).first()
+        return None if row is None else (str(row.embedder_key), bytes(row.state))
 
     def reference_sample(self, reference_id: int) -> Sample:
         rows_table = drift_reference_rows.c
@@ -742,6 +837,7 @@ def _reference_info(row: Any) -> ReferenceInfo:
         traces_represented=int(row.traces_represented),
         excluded_buckets=int(row.excluded_buckets),
         content_hash=row.content_hash,
+        embedder_key=getattr(row, "embedder_key", None),
     )
 
 

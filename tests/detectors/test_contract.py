@@ -39,6 +39,20 @@ def _embedding(rng: np.random.Generator, n: int, shifted: bool) -> Sample:
     return points
 
 
+TOPICS = [[f"t{topic}w{word}" for word in range(8)] for topic in range(13)]
+COMMON = ["how", "do", "i", "my", "the", "please", "can", "you"]
+
+
+def _text(rng: np.random.Generator, n: int, shifted: bool) -> Sample:
+    # Twelve topics in the reference; a shifted window draws 40 % of its queries from a thirteenth.
+    topics = rng.integers(0, 12, n)
+    if shifted:
+        topics[rng.random(n) < 0.4] = 12
+    return np.array(
+        [" ".join([*rng.choice(COMMON, 2), *rng.choice(TOPICS[topic], 3, replace=False)]) for topic in topics]
+    )
+
+
 def _score(rng: np.random.Generator, n: int, shifted: bool) -> Sample:
     return rng.normal(0.6 if shifted else 0.0, 1.0, n)
 
@@ -64,6 +78,7 @@ def _regeneration(rng: np.random.Generator, n: int, shifted: bool) -> Sample:
 
 GENERATORS: dict[str, Generator] = {
     "embedding": _embedding,
+    "text": _text,
     "score": _score,
     "flag": _flag,
     "category": _category,

@@ -12,7 +12,7 @@ def test_registry_names_are_the_detectors_own_names() -> None:
     for name, spec in DETECTORS.items():
         assert spec.name == name
         assert type(build(name)).name == name
-    assert len(DETECTORS) == 8
+    assert len(DETECTORS) == 9
 
 
 def test_unknown_detector_names_the_known_ones() -> None:

@@ -162,3 +162,49 @@ def test_run_without_references_says_so(data_dir: Path, capsys: pytest.CaptureFi
     assert code == 0
     assert "no references pinned" in out
     assert "no reference for embedding model emb@16" in out
+
+
+def test_plain_run_states_the_estimated_power_at_the_windows_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from detectors import HashingEmbedder, embedding_model_key
+
+    embedder = HashingEmbedder()
+    builtin = embedding_model_key(embedder.model_name, embedder.dim)
+    store = Store(f"sqlite:///{tmp_path / 'ragmon.db'}")
+    store.create_schema()
+    drift = DriftStore(store.engine)
+    drift.create_schema()
+    rng = np.random.default_rng(0)
+    words = ["card", "transfer", "login", "refund", "limit", "pin", "iban", "fee"]
+
+    def batch(at: datetime, n: int, seed: int) -> BucketBatch:
+        texts = [" ".join(rng.choice(words, 3)) + f" {i % 30}" for i in range(n)]
+        vectors = embedder.embed(texts)
+        return BucketBatch(
+            "default",
+            "bank",
+            builtin,
+            at,
+            n,
+            [
+                Observation(
+                    trace_id=f"{seed:016x}{i:016x}", time=at + timedelta(seconds=i), query=t, vector=v
+                )
+                for i, (t, v) in enumerate(zip(texts, vectors, strict=True))
+            ],
+        )
+
+    drift.add_observations([batch(PAST, 200, 1), batch(NOW - timedelta(hours=2), 120, 2)])
+    store.close()
+    start, end = (PAST - timedelta(hours=1)).isoformat(), (PAST + timedelta(hours=1)).isoformat()
+    code, out, err = in_process(capsys, tmp_path, "drift", "pin", "--from", start, "--to", end)
+    assert code == 0, err
+    assert json.loads(out)["pinned"][0]["embedder"].startswith("ragmon-tfidf-v1-")
+    code, out, err = in_process(capsys, tmp_path, "drift", "run", "--app", "bank")
+    assert code == 0, err
+    lines = out.splitlines()
+    query = next(i for i, line in enumerate(lines) if "query_text_knn" in line)
+    assert "n=200/120" in lines[query]
+    power = next(line for line in lines[query + 1 : query + 4] if "power" in line)
+    assert "at n=120" in power and "estimated" in power and "absent from the reference" in power

@@ -204,7 +204,7 @@ def _trace(i: int, hour: int, *, model: str | None = "m", dim: int = 4, query: s
 
 
 async def test_window_memory_stays_bounded_whatever_the_traffic() -> None:
-    config = DriftConfig(bucket_capacity=20, max_open_buckets=3, max_models_per_app=2)
+    config = DriftConfig(reservoir_capacity=20, max_open_buckets=3, max_models_per_app=2)
     sink = DriftWindowSink(config, Metrics())
     await sink.consume_traces([_trace(i, hour=i % 6) for i in range(5000)])
     assert sink.held <= 3 * 20

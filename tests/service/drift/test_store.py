@@ -180,3 +180,48 @@ def test_sample_arrays_skip_missing_values() -> None:
     assert sample.scores("top1").size == 1 and sample.empty_flags().size == 1 and sample.hits().size == 1
     with pytest.raises(ValueError):
         sample.scores("nope")
+
+
+def test_merge_of_a_saturated_reservoir_keeps_every_trace_equally_likely() -> None:
+    # 100 old traces all kept, then a flush whose reservoir kept 250 of 1,000: keeping all 350 rows would
+    # give an old trace a 100 % chance and a new one 25 %. The merge keeps 275 rows, ~25 of them old.
+    draws = [merge_counts(100, 100, 1000, 250, 2000, np.random.default_rng(seed)) for seed in range(400)]
+    assert {old + new for old, new in draws} == {275}
+    assert all(old <= 100 and new <= 250 for old, new in draws)
+    olds = np.array([old for old, _ in draws], dtype=float)
+    # each old trace's chance (mean old rows / 100) equals each new trace's ((275 - mean) / 1,000)
+    assert abs(olds.mean() / 100 - (275 - olds.mean()) / 1000) < 0.002
+
+
+def test_draw_keeps_only_rows_inside_the_range_where_a_bucket_straddles_its_edge(store: Store) -> None:
+    drift = DriftStore(store.engine, bucket_capacity=100)
+    drift.create_schema()
+    rows = [_obs(i, T0 + timedelta(minutes=i)) for i in range(60)]
+    drift.add_observations([BucketBatch("default", "app", "m@8", T0, 60, rows)])
+    sample, represented, _ = drift.draw(
+        "default",
+        "app",
+        "m@8",
+        since=T0 + timedelta(minutes=20),
+        until=T0 + timedelta(minutes=50),
+        capacity=100,
+    )
+    assert sorted(int(o.trace_id, 16) for o in sample.observations) == list(range(20, 50))
+    assert represented == 30
+
+
+def test_compact_cuts_old_buckets_only_and_keeps_their_traffic_count(store: Store) -> None:
+    drift = DriftStore(store.engine, bucket_capacity=200)
+    drift.create_schema()
+    old, recent = T0, T0 + timedelta(hours=30)
+    drift.add_observations([_batch(0, 150, old, seen=600), _batch(1000, 150, recent, seen=600)])
+    gone = drift.compact(T0 + timedelta(hours=24), 40)
+    assert gone == 110
+    old_sample, old_seen, _ = drift.draw(
+        "default", "app", "m@8", since=old, until=old + timedelta(hours=1), capacity=1000
+    )
+    recent_sample, _, _ = drift.draw(
+        "default", "app", "m@8", since=recent, until=recent + timedelta(hours=1), capacity=1000
+    )
+    assert (len(old_sample), old_seen, len(recent_sample)) == (40, 600, 150)
+    assert drift.compact(T0 + timedelta(hours=24), 40) == 0
