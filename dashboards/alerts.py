@@ -272,8 +272,8 @@ def _quality(t: Thresholds) -> list[Alert]:
 _TOP_GROUP = (
     # tenant="" matches the series without the label (metrics.tenant_label off)
     '{{ with printf "ragmon_drift_top_group_info{tenant=%q,app=%q,detector=%q}"'
-    " $labels.tenant $labels.app $labels.detector | query }}{{ with first . }} Top group: {{ .Labels.terms }} ({{ .Labels.share }} of queries)."
-    "{{ end }}{{ end }}"
+    " $labels.tenant $labels.app $labels.detector | query }}"
+    "{{ with first . }} Top group: {{ .Labels.terms }} ({{ .Labels.share }} of queries).{{ end }}{{ end }}"
 )
 
 
