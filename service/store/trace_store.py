@@ -818,18 +818,7 @@ class Store:
                 params = {"for_tenant": tenant, "keys": trace_ids}
                 rows = conn.execute(_FEEDBACK_OF_TRACES, params).mappings().all()
                 for row in rows:
-                    found.setdefault((row["tenant"], row["trace_id"]), []).append(
-                        Feedback(
-                            event_id=row["event_id"],
-                            trace_id=row["trace_id"],
-                            tenant=row["tenant"],
-                            app=row["app"],
-                            kind=row["kind"],
-                            reason=row["reason"],
-                            text=row["text"],
-                            time=to_utc(row["time"]),
-                        )
-                    )
+                    found.setdefault((row["tenant"], row["trace_id"]), []).append(_feedback_of(row))
         return found
 
     def trace_labels(self, keys: Iterable[tuple[str, str]]) -> dict[str, tuple[str, str | None]]:
