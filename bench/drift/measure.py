@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from scipy import stats
@@ -79,3 +79,25 @@ def rate(hits: int, trials: int, confidence: float = 0.95) -> Rate:
         return Rate(0, 0, float("nan"), float("nan"))
     interval = stats.binomtest(hits, trials).proportion_ci(confidence_level=confidence, method="exact")
     return Rate(hits, trials, float(interval.low), float(interval.high))
+
+
+@dataclass
+class Tally:
+    """Alarms over trials of one test, with the time and peak memory of each trial."""
+
+    alarms: int = 0
+    trials: int = 0
+    times: list[float] = field(default_factory=list)
+    peaks: list[int] = field(default_factory=list)
+
+    def add(self, drifted: bool, measured: Measured) -> None:
+        self.alarms += int(drifted)
+        self.trials += 1
+        self.times.append(measured.seconds)
+        self.peaks.append(measured.peak_bytes)
+
+    def merge(self, other: Tally) -> None:
+        self.alarms += other.alarms
+        self.trials += other.trials
+        self.times += other.times
+        self.peaks += other.peaks

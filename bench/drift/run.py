@@ -33,14 +33,14 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from measure import Measured, measure, rate
+from measure import Tally, measure, rate
 from queries import QuerySet, embed_hashing, load_banking77, load_clinc150
 
 from detectors.base import Reference, Window
@@ -118,26 +118,6 @@ def draw(
     if shifted:
         window = np.concatenate([window, rng.choice(pool, shifted, replace=shifted > pool.size)])
     return picked[:N_REFERENCE], window
-
-
-@dataclass
-class Tally:
-    alarms: int = 0
-    trials: int = 0
-    times: list[float] = field(default_factory=list)
-    peaks: list[int] = field(default_factory=list)
-
-    def add(self, drifted: bool, measured: Measured) -> None:
-        self.alarms += int(drifted)
-        self.trials += 1
-        self.times.append(measured.seconds)
-        self.peaks.append(measured.peak_bytes)
-
-    def merge(self, other: Tally) -> None:
-        self.alarms += other.alarms
-        self.trials += other.trials
-        self.times += other.times
-        self.peaks += other.peaks
 
 
 Test = Callable[[npt.NDArray[np.intp], npt.NDArray[np.intp], int], bool]

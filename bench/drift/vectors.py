@@ -30,14 +30,14 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from measure import Measured, measure, rate
+from measure import Tally, measure, rate
 from vector_data import Queries, data_dir, embed_hashing, embed_minilm, load_queries
 
 from detectors.base import Reference, Window
@@ -132,20 +132,6 @@ def draw(
         source = pool[scenario]
         current = np.concatenate([current, rng.choice(source, size=shifted, replace=shifted > source.size)])
     return picked[:n], current
-
-
-@dataclass
-class Tally:
-    alarms: int = 0
-    trials: int = 0
-    times: list[float] = field(default_factory=list)
-    peaks: list[int] = field(default_factory=list)
-
-    def add(self, drifted: bool, measured: Measured) -> None:
-        self.alarms += int(drifted)
-        self.trials += 1
-        self.times.append(measured.seconds)
-        self.peaks.append(measured.peak_bytes)
 
 
 Test = Callable[[npt.NDArray[np.float32], npt.NDArray[np.float32], int], bool]
