@@ -120,16 +120,22 @@ def _children() -> dict[int, list[int]]:
     return children
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of `pid` and its living descendants (each with the children it has waited for)."""
-    children, total, todo = _children(), 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        todo += children.get(current, [])
-        with suppress(OSError, IndexError, ValueError):
-            fields = (Path("/proc") / str(current) / "stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(v) for v in fields[11:15]) / _TICK  # utime stime cutime cstime
-    return total
+def roles_cpu_s(roles: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds of each role's processes and their living descendants (each with the children it has
+    waited for), from one reading of the process table."""
+    children = _children()
+
+    def tree(pid: int) -> float:
+        total, todo = 0.0, [pid]
+        while todo:
+            current = todo.pop()
+            todo += children.get(current, [])
+            with suppress(OSError, IndexError, ValueError):
+                fields = (Path("/proc") / str(current) / "stat").read_text().rsplit(")", 1)[1].split()
+                total += sum(int(v) for v in fields[11:15]) / _TICK  # utime stime cutime cstime
+        return total
+
+    return {role: sum(tree(pid) for pid in pids) for role, pids in roles.items()}
 
 
 def postmaster_pid(admin_url: str) -> int:
@@ -339,7 +345,7 @@ def run_mode(
         sampler = threading.Thread(target=sample_lag, daemon=True)
         roles = {"ingest": [procs[0].pid], "workers": [p.pid for p in procs[1:]]}
         roles.update({name: [pid] for name, pid in others.items()})
-        cpu_before = {role: sum(tree_cpu_s(pid) for pid in pids) for role, pids in roles.items()}
+        cpu_before = roles_cpu_s(roles)
         started = time.perf_counter()
         sampler.start()
         ingest_s = send_all(f"http://127.0.0.1:{port}", bodies, args.concurrency)
@@ -348,8 +354,9 @@ def run_mode(
                 raise RuntimeError(f"{mode}: only {rows(store_url)} of {args.traces} stored")
             time.sleep(0.1)
         end_to_end_s = time.perf_counter() - started
+        cpu_after = roles_cpu_s(roles)
         cpu_ms = {
-            role: (sum(tree_cpu_s(pid) for pid in pids) - cpu_before[role]) / args.traces * 1000
+            role: (cpu_after[role] - cpu_before[role]) / args.traces * 1000
             for role, pids in roles.items()
             if pids and (role != "broker" or bootstrap is not None)
         }
