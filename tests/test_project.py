@@ -116,28 +116,41 @@ def test_ingest_workers_end_when_the_server_is_killed(tmp_path: Path) -> None:
     assert wait_gone(workers, timeout_s=20) == set()
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
-def test_sigterm_while_the_demo_sends_traffic_stops_ragmon_too(tmp_path: Path) -> None:
-    """The interrupt used to leave the demo at once, past the server's stop: the process then hung at
-    exit joining its ingest workers, which nobody had stopped."""
-    demo, _ = _serve_or_demo(tmp_path, "demo", "--requests", "100000", "--rate", "20", "--seed", "1")
+def _sigterm_demo(
+    tmp_path: Path, args: tuple[str, ...], on_line: str, wait_s: float, signals: int, timeout_s: float
+) -> tuple[int, str, set[int]]:
+    """Run `ragmon demo args`, send SIGTERM `signals` times (0.3 s apart) `wait_s` after a stderr line
+    containing `on_line`; its return code, the rest of its stderr, and its processes when signalled."""
+    demo, _ = _serve_or_demo(tmp_path, "demo", *args)
     assert demo.stderr is not None
-    watchdog = threading.Timer(180, demo.kill)
+    watchdog = threading.Timer(180, demo.kill)  # a demo that hangs must not hang the suite
     watchdog.start()
     try:
-        for line in demo.stderr:
-            if "sending demo traffic" in line:
+        for line in demo.stderr:  # ends at EOF if the demo dies first
+            if on_line in line:
                 break
         workers = descendants(demo.pid)
-        time.sleep(2.0)  # well into the traffic
-        demo.send_signal(signal.SIGTERM)
-        _, rest = demo.communicate(timeout=90)
+        time.sleep(wait_s)
+        for _ in range(signals):
+            demo.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+        _, rest = demo.communicate(timeout=timeout_s)
     finally:
         watchdog.cancel()
         if demo.poll() is None:
             demo.kill()
             demo.communicate(timeout=30)
-    assert demo.returncode == 130, rest
+    return demo.returncode, rest, workers
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
+def test_sigterm_while_the_demo_sends_traffic_stops_ragmon_too(tmp_path: Path) -> None:
+    """The interrupt used to leave the demo at once, past the server's stop: the process then hung at
+    exit joining its ingest workers, which nobody had stopped."""
+    args = ("--requests", "100000", "--rate", "20", "--seed", "1")
+    # 2 s: well into the traffic
+    code, rest, workers = _sigterm_demo(tmp_path, args, "sending demo traffic", 2.0, 1, timeout_s=90)
+    assert code == 130, rest
     assert not any(sign in rest for sign in ("Traceback", "leaked", "did not stop", "ERROR")), rest
     assert wait_gone(workers, timeout_s=20) == set()
 
@@ -146,25 +159,9 @@ def test_sigterm_while_the_demo_sends_traffic_stops_ragmon_too(tmp_path: Path) -
 @pytest.mark.parametrize("signals", [1, 2], ids=["once", "twice"])
 def test_sigterm_stops_the_running_demo_cleanly(tmp_path: Path, signals: int) -> None:
     """Twice: `timeout make demo` signals make and the demo both; the second must not cut the stop short."""
-    demo, _ = _serve_or_demo(tmp_path, "demo", "--requests", "3", "--seed", "1")
-    assert demo.stderr is not None
-    watchdog = threading.Timer(180, demo.kill)  # a demo that hangs must not hang the suite
-    watchdog.start()
-    try:
-        for line in demo.stderr:  # ends at EOF if the demo dies first
-            if "keeps running" in line:
-                break
-        workers = descendants(demo.pid)
-        assert workers, "the demo's ragmon runs ingest worker processes"
-        for _ in range(signals):
-            demo.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
-        _, rest = demo.communicate(timeout=60)
-    finally:
-        watchdog.cancel()
-        if demo.poll() is None:
-            demo.kill()
-            demo.communicate(timeout=30)
-    assert demo.returncode == 0, rest
+    args = ("--requests", "3", "--seed", "1")
+    code, rest, workers = _sigterm_demo(tmp_path, args, "keeps running", 0.0, signals, timeout_s=60)
+    assert workers, "the demo's ragmon runs ingest worker processes"
+    assert code == 0, rest
     assert not any(sign in rest for sign in ("Traceback", "leaked", "Exception ignored", "ERROR")), rest
     assert wait_gone(workers, timeout_s=20) == set()
