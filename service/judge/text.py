@@ -10,6 +10,7 @@ import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 __all__ = [
     "INSTRUCTION_WORDS",
@@ -107,7 +108,10 @@ _SUFFIX = 3
 
 def fold(text: str) -> str:
     """Case and accents folded: answers and sources differ in both ("Beyonce" / "Beyoncé")."""
-    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    folded = text.casefold()
+    if folded.isascii():  # most text: nothing to decompose, and the per-character walk was half a judgment
+        return folded
+    decomposed = unicodedata.normalize("NFKD", folded)
     return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
 
 
@@ -149,8 +153,10 @@ def sentences(text: str) -> list[str]:
     return [s for s in found if s.strip()]
 
 
-def _prefixes(word: str) -> Iterable[str]:
-    return (word[:n] for n in range(_PREFIX, len(word) + 1))
+@lru_cache(maxsize=1 << 16)
+def _prefixes(word: str) -> tuple[str, ...]:
+    # cached: a context repeats its words, and building the prefix sets was a third of an index
+    return tuple(word[:n] for n in range(_PREFIX, len(word) + 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +197,7 @@ class ContextIndex:
                     _Span(
                         i,
                         frozenset(found),
-                        frozenset(p for w in found for p in _prefixes(w)),
+                        frozenset().union(*map(_prefixes, found)),
                         _negated(_WORD.findall(fold(sentence))),
                     )
                 )
@@ -217,7 +223,7 @@ class ContextIndex:
         ]
         self.text = f" {' '.join(all_words)} "  # for phrase lookups
         self.words = frozenset(all_words)
-        self.prefixes = frozenset(p for w in self.words for p in _prefixes(w))
+        self.prefixes = frozenset().union(*map(_prefixes, self.words))
         self.numbers = frozenset(numbers("\n".join(self.chunks)))
 
     def has_phrase(self, phrase: Sequence[str]) -> bool:
