@@ -25,13 +25,34 @@ FeedbackKind = Literal["up", "down", "regenerate"]
 TraceKind = Literal["request", "embedding", "other"]
 
 
-def _unpickled(cls: type[_Frozen], values: dict[str, Any], fields_set: set[str]) -> _Frozen:
+def _unpickled(cls: type[_Frozen], values: dict[str, Any], fields_set: set[str] | None) -> _Frozen:
     record = cls.__new__(cls)
     object.__setattr__(record, "__dict__", values)
-    object.__setattr__(record, "__pydantic_fields_set__", fields_set)
+    # None: every field was given. Records of one class then share one set (frozen models never
+    # change it: pydantic's model_copy copies it before adding to it), one container fewer a record
+    # for the unpickling and for the server's garbage collector.
+    object.__setattr__(
+        record, "__pydantic_fields_set__", _every_field(cls) if fields_set is None else fields_set
+    )
     object.__setattr__(record, "__pydantic_extra__", None)
     object.__setattr__(record, "__pydantic_private__", None)
     return record
+
+
+_EVERY_FIELD: dict[type[BaseModel], set[str]] = {}
+
+
+def _every_field(cls: type[BaseModel]) -> set[str]:
+    every = _EVERY_FIELD.get(cls)
+    if every is None:
+        every = _EVERY_FIELD[cls] = set(cls.model_fields)
+    return every
+
+
+def _given(record: BaseModel) -> set[str] | None:
+    """The record's set of given fields as pickled: None when every field was given."""
+    given = record.__pydantic_fields_set__
+    return None if len(given) == len(_every_field(type(record))) else given
 
 
 class _Frozen(BaseModel):
@@ -41,7 +62,7 @@ class _Frozen(BaseModel):
         # Every trace is pickled out of a builder process (service/ingest/pool.py). Pydantic's
         # generic state (a dict of four dicts, rebuilt through __setstate__) took ~40 % more CPU
         # both ways than the field values alone; these models have no extra or private state.
-        return (_unpickled, (type(self), self.__dict__, self.__pydantic_fields_set__))
+        return (_unpickled, (type(self), self.__dict__, _given(self)))
 
 
 class Chunk(_Frozen):
@@ -97,7 +118,9 @@ class ModelUsage(_Frozen):
     cost_source: CostSource = "unpriced"
 
 
-def _embedding_unpickled(model: str | None, packed: array[float], fields_set: set[str]) -> QueryEmbedding:
+def _embedding_unpickled(
+    model: str | None, packed: array[float], fields_set: set[str] | None
+) -> QueryEmbedding:
     values = {"model": model, "vector": tuple(packed)}
     return _unpickled(QueryEmbedding, values, fields_set)  # type: ignore[return-value]
 
@@ -115,7 +138,7 @@ class QueryEmbedding(_Frozen):
     def __reduce__(self) -> tuple[Any, ...]:
         # The vector as one block of doubles: a tuple of hundreds of floats pickles item by
         # item, ~40 % of a trace's pickle both ways (bench/ingest, 256 dimensions).
-        return (_embedding_unpickled, (self.model, array("d", self.vector), self.__pydantic_fields_set__))
+        return (_embedding_unpickled, (self.model, array("d", self.vector), _given(self)))
 
 
 class RagTrace(_Frozen):

@@ -67,3 +67,22 @@ def test_a_query_vector_comes_back_as_the_same_exact_floats() -> None:
     assert back.model is None and back.model_fields_set == embedding.model_fields_set == {"model", "vector"}
     # a model left unset stays unset
     assert pickle.loads(pickle.dumps(QueryEmbedding(vector=(1.0,)))).model_fields_set == {"vector"}
+
+
+def test_records_with_every_field_given_share_no_state_that_changes() -> None:
+    # Unpickled records whose fields were all given share one set of given fields; a copy with
+    # changes (the one pydantic path that adds to that set) must not reach the others.
+    full = Timings(total_s=1.0, embedding_s=0.1, retrieval_s=0.2, rerank_s=0.0, generation_s=0.5, ttft_s=0.3)
+    assert full.model_fields_set == set(Timings.model_fields)
+    a, b = pickle.loads(pickle.dumps([full, full.model_copy()], pickle.HIGHEST_PROTOCOL))
+    changed = a.model_copy(update={"total_s": 2.0})
+    assert changed.total_s == 2.0 and a.total_s == b.total_s == 1.0
+    assert a.model_fields_set == b.model_fields_set == set(Timings.model_fields)
+    partial = pickle.loads(pickle.dumps(Timings(total_s=1.0)))
+    assert partial.model_fields_set == {"total_s"}
+    assert partial.model_dump(exclude_unset=True) == {"total_s": 1.0}
+    assert pickle.loads(pickle.dumps(partial.model_copy(update={"ttft_s": 0.1}))).model_fields_set == {
+        "total_s",
+        "ttft_s",
+    }
+    assert Timings.model_fields.keys() == a.model_fields_set  # the shared set itself is untouched
