@@ -127,10 +127,13 @@ class _ContextGrams:
         return best / len(claim)
 
 
-def answer_features(question: str, context: Sequence[str], answer: str) -> AnswerFeatures:
-    """Feature rows of the answer's claims against the context (no rows for an answer without claims)."""
-    verdict = _HEURISTIC.verdict(question, context, answer)
-    claims = split_claims(answer)
+def answer_features(
+    question: str, context: Sequence[str], answer: str, titles: Sequence[str] = ()
+) -> AnswerFeatures:
+    """Feature rows of the answer's claims against the context (no rows for an answer without claims);
+    `titles` are the chunks' titles, which an answer may cite by (`split_claims`)."""
+    verdict = _HEURISTIC.verdict(question, context, answer, titles)
+    claims = split_claims(answer, titles)
     if claims != verdict.claims:  # the heuristic splits with the same function; guard the alignment
         raise AssertionError("claims differ from the heuristic's")
     ctx = ContextIndex(context)

@@ -124,15 +124,19 @@ class LearnedJudge(HeuristicJudge):
     def version(self) -> str:
         return self.model.version
 
-    def score(self, question: str, context: Sequence[str], answer: str) -> float | None:
+    def score(
+        self, question: str, context: Sequence[str], answer: str, titles: Sequence[str] = ()
+    ) -> float | None:
         """The answer's score (faithful at or above `model.threshold`), None for an answer without claims."""
-        found = answer_features(question, context, answer)
+        found = answer_features(question, context, answer, titles)
         if not found.claims:
             return None
         return float(self.model.scores(aggregate(found.matrix)[None, :])[0])
 
-    def verdict(self, question: str, context: Sequence[str], answer: str) -> Verdict:
-        found = answer_features(question, context, answer)
+    def verdict(
+        self, question: str, context: Sequence[str], answer: str, titles: Sequence[str] = ()
+    ) -> Verdict:
+        found = answer_features(question, context, answer, titles)
         claims = found.claims
         if not claims:
             return Verdict(
