@@ -5,7 +5,9 @@ answer's features (`features.py`): per claim feature its minimum and mean over t
 claims, then the answer-level features. Its parameters are a JSON file in this package
 (`learned_judge.json`), written by `bench/judge/train_learned.py` from the `tune` half of the dev
 set only, with the command, the training data's hash and the version recorded in it. At judge
-time it needs numpy alone: no model hub, no network, deterministic.
+time it needs numpy alone: no model hub, no network, deterministic. The last stump is set by the
+training script, not learned: a claim with under half its content words in the context fails the
+answer, however well the rest is supported. It is the default offline judge (`judge.offline`).
 
 An answer is faithful when its score reaches the file's threshold (chosen on out-of-fold scores of
 the tune half). Claims keep the judgment contract: when the answer passes, every claim is
