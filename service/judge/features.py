@@ -5,10 +5,13 @@ against the context's words: shares of its words, bigrams and trigrams found, th
 weighted by how rare each word is in the context (IDF over the context's own sentences: a claim
 whose only new word is a rare name is worse off than one whose new word is "said"), the longest
 common subsequence with the context sentences that match it best, new numbers, new capitalised
-words and quantifiers, a negation on one side only, and the heuristic judge's verdict on the
-claim. Answer-level values (the whole answer's overlap, the heuristic's share of supported
-claims) are repeated on each claim's vector, so one model scores every claim in its answer's
-setting.
+words and quantifiers, a negation on one side only, the heuristic judge's verdict on the
+claim, and how the claim's words are arranged there: trigrams whose middle word is swapped in a
+frame the context has (an edited copy: "the council approved the plan" / "the council rejected
+the plan"), neighbouring claim words that lie near each other in the context or far apart (a
+recombination of the context's own words), and the share of them one sentence holds.
+Answer-level values (the whole answer's overlap, the heuristic's share of supported claims) are
+repeated on each claim's vector, so one model scores every claim in its answer's setting.
 
 No feature says how long the answer is, how many claims it has or how much of the question the
 context covers: on the dev set those tell the sources' styles apart (HaluEval's faithful answers
@@ -20,6 +23,8 @@ Deterministic and pure: the same (question, context, answer) always gives the sa
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.judge.heuristic import HeuristicJudge, split_claims
-from service.judge.text import ContextIndex, content, fold, numbers, sentences, words
+from service.judge.text import STOPWORDS, ContextIndex, content, fold, numbers, sentences, words
 
 __all__ = ["FEATURE_NAMES", "AnswerFeatures", "answer_features"]
 
@@ -48,6 +53,17 @@ FEATURE_NAMES: tuple[str, ...] = (
     "negation_only_claim",  # the claim negates, its best window does not
     "negation_only_context",  # the best window negates, the claim does not
     "heuristic_supported",  # heuristic/3's verdict on this claim
+    # A claim recombined from the context's words, or copied with one word swapped, has all or most of
+    # its words there but not their arrangement:
+    "swap_share",  # claim word trigrams (a, b, c) whose (a, _, c) is in the context but (a, b, c) is not
+    "swap_any",
+    "swap_content",  # ... how many of those have a content word in the middle (capped at 3)
+    "swap_new",  # ... and that word is not in the context at all: a copied frame, one word replaced
+    "near_3",  # neighbouring content words of the claim found within 3 words of each other in one chunk
+    "near_10",
+    "near_25",
+    "near_skip_10",  # content words two apart in the claim, within 10 words of each other in the context
+    "sentence_share",  # content words in the one context sentence holding most of them
     "answer_content_share",
     "answer_bigram_share",
     "heuristic_supported_share",
@@ -55,6 +71,10 @@ FEATURE_NAMES: tuple[str, ...] = (
 _QUANTIFIERS = frozenset({"all", "always", "every", "everyone", "never", "none", "nobody", "only", "entire"})
 _NEGATIONS = frozenset({"not", "no", "never", "nor", "neither", "none", "cannot", "without"})
 _LCS_SENTENCES = 3
+_NEAR = (3, 10, 25)  # word distances for the near_* features
+_FAR = 1 << 30  # distance of two words not both in one chunk
+# word forms for the arrangement features: the first 5 letters ("produced" / "production")
+_FORM = 5
 _HEURISTIC = HeuristicJudge()
 
 
@@ -91,6 +111,10 @@ def _lcs(a: Sequence[str], b: Sequence[str]) -> int:
     return previous[-1]
 
 
+def _form(word: str) -> str:
+    return word[:_FORM]
+
+
 def _negated(found: Sequence[str]) -> bool:
     return any(w in _NEGATIONS or w.endswith("n't") or w.endswith("n’t") for w in found)
 
@@ -115,6 +139,51 @@ class _ContextGrams:
         n = len(self.sentences)
         self.idf = {w: math.log((n + 1) / (d + 1)) + 1 for w, d in df.items()}
         self.unseen_idf = math.log(n + 1) + 1
+        # (a, c) of every trigram (a, b, c): the frame a swapped middle word sits in
+        self.skip_bigrams: set[tuple[str, str]] = set()
+        # word form -> its positions, chunk by chunk (chunk * _FAR + position), sorted
+        self.positions: dict[str, list[int]] = {}
+        for c, chunk in enumerate(chunks):
+            found = words(chunk)
+            self.skip_bigrams.update(zip(found, found[2:], strict=False))
+            for i, w in enumerate(found):
+                self.positions.setdefault(_form(w), []).append(c * _FAR + i)
+        self.sentence_forms = [{_form(w) for w in sentence} for sentence in self.sentences]
+
+    def distance(self, a: str, b: str) -> int:
+        """The fewest words between a form of `a` and a form of `b` in one chunk (`_FAR` if none)."""
+        first, second = self.positions.get(_form(a)), self.positions.get(_form(b))
+        if not first or not second:
+            return _FAR
+        best = _FAR
+        for p in first:
+            j = bisect.bisect_left(second, p)
+            if j < len(second):
+                best = min(best, second[j] - p)
+            if j:
+                best = min(best, p - second[j - 1])
+        return best
+
+    def arrangement(self, claim: Sequence[str]) -> list[float]:
+        """The swap_*, near_* and sentence_share features of a claim's words (see `FEATURE_NAMES`)."""
+        trigrams = [tuple(claim[i : i + 3]) for i in range(len(claim) - 2)]
+        swapped = [t for t in trigrams if (t[0], t[2]) in self.skip_bigrams and t not in self.trigrams]
+        swapped_content = [t for t in swapped if t[1] not in STOPWORDS]
+        swapped_new = [t for t in swapped_content if _form(t[1]) not in self.positions]
+        claim_content = content(claim)
+        near = [self.distance(a, b) for a, b in itertools.pairwise(claim_content)]
+        skip = [self.distance(a, b) for a, b in zip(claim_content, claim_content[2:], strict=False)]
+        forms = [_form(w) for w in claim_content]
+        in_sentence = max((sum(f in s for f in forms) for s in self.sentence_forms), default=0)
+        return [
+            _share(len(swapped), len(trigrams)) if trigrams else 0.0,
+            float(bool(swapped)),
+            float(min(len(swapped_content), 3)),
+            float(min(len(swapped_new), 3)),
+            *(_share(sum(d <= n for d in near), len(near)) for n in _NEAR),
+            _share(sum(d <= 10 for d in skip), len(skip)),
+            _share(in_sentence, len(forms)),
+        ]
 
     def lcs_share(self, claim: Sequence[str]) -> float:
         if not claim:
@@ -127,10 +196,13 @@ class _ContextGrams:
         return best / len(claim)
 
 
-def answer_features(question: str, context: Sequence[str], answer: str) -> AnswerFeatures:
-    """Feature rows of the answer's claims against the context (no rows for an answer without claims)."""
-    verdict = _HEURISTIC.verdict(question, context, answer)
-    claims = split_claims(answer)
+def answer_features(
+    question: str, context: Sequence[str], answer: str, titles: Sequence[str] = ()
+) -> AnswerFeatures:
+    """Feature rows of the answer's claims against the context (no rows for an answer without claims);
+    `titles` are the chunks' titles, which an answer may cite by (`split_claims`)."""
+    verdict = _HEURISTIC.verdict(question, context, answer, titles)
+    claims = split_claims(answer, titles)
     if claims != verdict.claims:  # the heuristic splits with the same function; guard the alignment
         raise AssertionError("claims differ from the heuristic's")
     ctx = ContextIndex(context)
@@ -173,6 +245,7 @@ def answer_features(question: str, context: Sequence[str], answer: str) -> Answe
                 float(claim_negated and not window_negated),
                 float(window_negated and not claim_negated),
                 float(i not in unsupported),
+                *grams.arrangement(claim_words),
                 *shared,
             ]
         )

@@ -8,7 +8,8 @@ trace, same verdict) and makes no network call. How it decides:
   semicolons and contrastive conjunctions; a sentence that only hedges or
   refuses ("Note: the passage does not mention ...", "I don't know") is no
   claim, the other sentences still are; citation markers (`[1]`, `[doc-3]`)
-  and an opening "According to <source>:" are not part of a claim;
+  and an opening "According to <source>:" are not part of a claim (a source
+  that is one of the chunks' titles is cut as a whole, colons in it included);
 * a claim is supported when every number in it occurs in the context, every
   multi-word proper name occurs there as a phrase and every single proper
   name as a word, an absolute quantifier (all, never, ...) is not new, and at
@@ -31,6 +32,7 @@ trace, same verdict) and makes no network call. How it decides:
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 from collections.abc import Sequence
@@ -80,12 +82,14 @@ _TASK_VERBS = frozenset(
     }
 )
 _CITATION = re.compile(r"\s*\[(?:\d+(?:\s*[,-]\s*\d+)*|[A-Za-z][\w.-]{0,40})\]")
-# the source may be quoted, and a quoted title may hold its own colon ("Account: two-factor login")
+_CITING = r"^\s*(?:according\s+to|as\s+(?:stated|described)\s+in|per)\s+"
+# A source not among the chunk titles: it may be quoted, and a quoted title may hold its own colon
+# ("Account: two-factor login"); unquoted, it ends at the first colon or comma.
 _ACCORDING_TO = re.compile(
-    r"^\s*(?:according\s+to|as\s+(?:stated|described)\s+in|per)\s+"
-    r"(?:\"[^\"]{1,120}\"|\u201c[^\u201d]{1,120}\u201d|'[^']{1,120}'|[^:,]{1,120})\s*[:,]\s*",
+    _CITING + r"(?:\"[^\"]{1,120}\"|\u201c[^\u201d]{1,120}\u201d|'[^']{1,120}'|[^:,]{1,120})\s*[:,]\s*",
     re.IGNORECASE,
 )
+_TITLE_CHARS = 200  # longer metadata values (a path, a URL) are no title an answer cites in a sentence
 _NEGATION = re.compile(r"\b(?:not|never|no|neither|nor|cannot)\b|n['’]t\b")
 _CLAUSE_SPLIT = re.compile(r";\s+|,\s+(?:but|while|whereas|although)\s+", re.IGNORECASE)
 _WORD = re.compile(r"\w+(?:['’]\w+)*")
@@ -133,11 +137,38 @@ def _conversational(clause: str) -> str:
     return "" if short and _ABOUT_THE_SPEAKER.match(clause) else clause
 
 
-def split_claims(answer: str) -> list[str]:
+@functools.lru_cache(maxsize=256)
+def _citing_a_title(titles: tuple[str, ...]) -> re.Pattern[str] | None:
+    """The pattern of an opening "According to <one of the titles>:", the title quoted or not, any
+    case, the longest title first: a cited title is the source as a whole, colons and commas in it
+    included ("Troubleshooting: can't sign in")."""
+    names = sorted({" ".join(t.split()) for t in titles if 0 < len(t) <= _TITLE_CHARS}, key=len, reverse=True)
+    if not names:
+        return None
+    name = "(?:" + "|".join(r"\s+".join(map(re.escape, n.split())) for n in names) + ")"
+    return re.compile(
+        _CITING + rf"(?:\"{name}\"|\u201c{name}\u201d|['\u2018]{name}['\u2019]|{name})\s*[:,]\s*",
+        re.IGNORECASE,
+    )
+
+
+def _without_source(sentence: str, citing_a_title: re.Pattern[str] | None) -> str:
+    if citing_a_title is not None:
+        cut, n = citing_a_title.subn("", sentence, count=1)
+        if n:
+            return cut
+    return _ACCORDING_TO.sub("", sentence)
+
+
+def split_claims(answer: str, titles: Sequence[str] = ()) -> list[str]:
     """The answer's claims: sentences, split further into clauses, without the sentences that only
-    hedge or refuse, citation markers, an opening "According to <source>:" or conversation about
-    the speaker ("i love it"); empty for a refusal."""
-    kept = [_ACCORDING_TO.sub("", s) for s in sentences(_CITATION.sub("", answer)) if not _REFUSAL.search(s)]
+    hedge or refuse, citation markers, an opening "According to <source>:" (a source among `titles`,
+    the chunks' titles, as a whole) or conversation about the speaker ("i love it"); empty for a
+    refusal."""
+    citing = _citing_a_title(tuple(titles))
+    kept = [
+        _without_source(s, citing) for s in sentences(_CITATION.sub("", answer)) if not _REFUSAL.search(s)
+    ]
     claims = [_conversational(part).strip(" ,.:!?") for s in kept for part in _CLAUSE_SPLIT.split(s)]
     return [c for c in claims if _WORD.search(c)]
 
@@ -159,13 +190,16 @@ class HeuristicJudge:
     async def aclose(self) -> None:
         return None
 
-    def verdict(self, question: str, context: Sequence[str], answer: str) -> Verdict:
-        """The verdict for one (question, context, answer); the same inputs always give the same verdict."""
+    def verdict(
+        self, question: str, context: Sequence[str], answer: str, titles: Sequence[str] = ()
+    ) -> Verdict:
+        """The verdict for one (question, context, answer); the same inputs always give the same verdict.
+        `titles` are the chunks' titles (also in `context`), which an answer may cite by."""
         ctx = ContextIndex(context, window=self.config.window_sentences)
         all_question_words = set(content(words(question)))
         question_words = all_question_words - INSTRUCTION_WORDS
         covered = sum(1 for w in question_words if w in ctx.words)
-        claims = split_claims(answer)
+        claims = split_claims(answer, titles)
         supported: list[int] = []
         unsupported: list[int] = []
         failure_mode: FailureMode = "none"
@@ -250,11 +284,13 @@ class HeuristicJudge:
         # in a thread: ~20 ms for a long answer, which on the event loop delays ingest requests;
         # titles join the context (an answer cites its source by name) but do not make it non-empty
         return await asyncio.to_thread(
-            self._judgment, trace, [*texts, *titles] if texts else texts, started, judged_at
+            self._judgment, trace, [*texts, *titles] if texts else texts, titles, started, judged_at
         )
 
-    def _judgment(self, trace: RagTrace, context: list[str], started: float, judged_at: datetime) -> Judgment:
-        verdict = self.verdict(trace.query or "", context, trace.answer or "")
+    def _judgment(
+        self, trace: RagTrace, context: list[str], titles: list[str], started: float, judged_at: datetime
+    ) -> Judgment:
+        verdict = self.verdict(trace.query or "", context, trace.answer or "", titles)
         return Judgment.from_verdict(
             trace,
             verdict,

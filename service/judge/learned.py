@@ -5,7 +5,9 @@ answer's features (`features.py`): per claim feature its minimum and mean over t
 claims, then the answer-level features. Its parameters are a JSON file in this package
 (`learned_judge.json`), written by `bench/judge/train_learned.py` from the `tune` half of the dev
 set only, with the command, the training data's hash and the version recorded in it. At judge
-time it needs numpy alone: no model hub, no network, deterministic.
+time it needs numpy alone: no model hub, no network, deterministic. The last stump is set by the
+training script, not learned: a claim with under half its content words in the context fails the
+answer, however well the rest is supported. It is the default offline judge (`judge.offline`).
 
 An answer is faithful when its score reaches the file's threshold (chosen on out-of-fold scores of
 the tune half). Claims keep the judgment contract: when the answer passes, every claim is
@@ -124,15 +126,19 @@ class LearnedJudge(HeuristicJudge):
     def version(self) -> str:
         return self.model.version
 
-    def score(self, question: str, context: Sequence[str], answer: str) -> float | None:
+    def score(
+        self, question: str, context: Sequence[str], answer: str, titles: Sequence[str] = ()
+    ) -> float | None:
         """The answer's score (faithful at or above `model.threshold`), None for an answer without claims."""
-        found = answer_features(question, context, answer)
+        found = answer_features(question, context, answer, titles)
         if not found.claims:
             return None
         return float(self.model.scores(aggregate(found.matrix)[None, :])[0])
 
-    def verdict(self, question: str, context: Sequence[str], answer: str) -> Verdict:
-        found = answer_features(question, context, answer)
+    def verdict(
+        self, question: str, context: Sequence[str], answer: str, titles: Sequence[str] = ()
+    ) -> Verdict:
+        found = answer_features(question, context, answer, titles)
         claims = found.claims
         if not claims:
             return Verdict(

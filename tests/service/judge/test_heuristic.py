@@ -12,6 +12,7 @@ from scipy.stats import norm
 
 from service.judge.heuristic import HeuristicJudge, split_claims
 from service.judge.judgment import Judge
+from service.judge.learned import LearnedJudge
 from service.model import Chunk, RagTrace, Retrieval
 
 CONTEXT = [
@@ -138,6 +139,66 @@ async def test_citations_of_a_chunk_title_or_number_are_not_claims_to_check() ->
         cited.model_copy(update={"answer": "According to Refund policy: 60 days [1]."})
     )
     assert wrong.faithfulness == 0.0
+
+
+HELP_CENTRE = (
+    Chunk(
+        id="kb-112",
+        rank=0,
+        content="Open the sign-in page and choose Forgot password. "
+        "We email a reset link that works for 24 hours.",
+        metadata={"title": "Troubleshooting: can't sign in"},
+    ),
+    Chunk(
+        id="kb-7",
+        rank=1,
+        content="Passwords must be at least 12 characters long.",
+        metadata={"title": "Account: passwords"},
+    ),
+)
+
+
+@pytest.mark.parametrize("judge", [HeuristicJudge(), LearnedJudge()], ids=["heuristic", "learned"])
+async def test_a_cited_title_with_its_own_colon_is_matched_against_the_chunk_titles(judge: Judge) -> None:
+    """A help-centre title such as "Troubleshooting: can't sign in", cited without quotes (or with
+    single quotes, which the apostrophe ends early), is the cited source as a whole: cut at its
+    first colon, "can't sign in" stayed in the claim and its negation made a faithful answer a
+    contradiction."""
+    question = "I forgot my password, what now?"
+    base = RagTrace(
+        trace_id="cf" * 16,
+        start_time=datetime(2026, 1, 1, tzinfo=UTC),
+        query=question,
+        retrieval=Retrieval(chunks=HELP_CENTRE),
+    )
+    for answer in (
+        "According to Troubleshooting: can't sign in: We email a reset link that works for 24 hours.",
+        "According to troubleshooting: can't sign in, we email a reset link that works for 24 hours.",
+        "According to 'Troubleshooting: can't sign in': We email a reset link that works for 24 hours.",
+        "As described in \u201cTroubleshooting: can't sign in\u201d: We email a reset link that works "
+        "for 24 hours.",
+        "Open the sign-in page and choose Forgot password. "
+        "Per Troubleshooting: can't sign in: we email a reset link that works for 24 hours.",
+    ):
+        judgment = await judge.judge(base.model_copy(update={"answer": answer}))
+        assert judgment.claims[-1].casefold() == "we email a reset link that works for 24 hours", answer
+        assert judgment.faithfulness == 1.0, (answer, judgment.claims)
+    # the longer of two titles that share a start is the one cited
+    judgment = await judge.judge(
+        base.model_copy(
+            update={
+                "answer": "According to Account: passwords: Passwords must be at least 12 characters long."
+            }
+        )
+    )
+    assert judgment.claims == ("Passwords must be at least 12 characters long",)
+    # matching the title takes nothing from the claim: a wrong number after it is still wrong
+    wrong = await judge.judge(
+        base.model_copy(
+            update={"answer": "According to Troubleshooting: can't sign in: the link works for 48 hours."}
+        )
+    )
+    assert wrong.claims == ("the link works for 48 hours",) and wrong.faithfulness == 0.0
 
 
 def trace(answer: str | None, chunks: tuple[str | None, ...], query: str = QUESTION) -> RagTrace:

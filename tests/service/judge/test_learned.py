@@ -158,5 +158,24 @@ def test_the_training_data_hash_is_stable_and_order_free() -> None:
 def test_the_offline_setting_chooses_the_learned_judge(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
         monkeypatch.delenv(name, raising=False)
-    assert build_judge(JudgeConfig()).version.startswith("heuristic/")
-    assert build_judge(JudgeConfig(offline="learned")).version == load_model().version
+    assert build_judge(JudgeConfig()).version == load_model().version  # the default since learned/2
+    assert build_judge(JudgeConfig(offline="heuristic")).version.startswith("heuristic/")
+
+
+@pytest.mark.parametrize(
+    "made_up",
+    [
+        "It was discontinued last year and replaced by the premium option.",
+        "Only administrators can visit it, from the legacy console.",
+    ],
+)
+def test_a_made_up_sentence_among_supported_ones_fails_the_answer(made_up: str) -> None:
+    """The veto stump: a claim with under half its words in the context is unsupported, however well
+    the rest is supported (the learned stumps alone passed these, as they passed 4 of the demo's 53
+    planted sentences)."""
+    model = load_model()
+    assert model.stumps[-1].left == -100.0  # the set stump, last in the file
+    verdict = LearnedJudge(model).verdict(QUESTION, CONTEXT, f"{SUPPORTED} {made_up}")
+    assert verdict.claims[-1] == made_up.rstrip(".") and verdict.unsupported == [2]
+    without = model.model_copy(update={"stumps": model.stumps[:-1]})
+    assert LearnedJudge(without).verdict(QUESTION, CONTEXT, f"{SUPPORTED} {made_up}").unsupported == []
