@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from service.judge.text import INSTRUCTION_WORDS, TITLE_KEYS, ContextIndex, content, words
+from service.judge.text import INSTRUCTION_WORDS, TITLE_KEYS, content, context_index, words
 from service.model import Chunk
 
 __all__ = ["ClaimEvidence", "DiagnosisEvidence", "diagnosis_evidence"]
@@ -74,7 +74,7 @@ def diagnosis_evidence(
 ) -> DiagnosisEvidence:
     """The evidence for a verdict on (question, chunks): see the module docstring."""
     ids, texts = chunk_texts(chunks)
-    ctx = ContextIndex(texts)
+    ctx = context_index(texts)
     held = set(supported)
     per_claim = []
     for i, claim in enumerate(claims):

@@ -33,7 +33,15 @@ import numpy as np
 import numpy.typing as npt
 
 from service.judge.heuristic import HeuristicJudge, split_claims
-from service.judge.text import STOPWORDS, ContextIndex, content, fold, numbers, sentences, words
+from service.judge.text import (
+    STOPWORDS,
+    content,
+    context_index,
+    fold,
+    numbers,
+    sentences,
+    words,
+)
 
 __all__ = ["FEATURE_NAMES", "AnswerFeatures", "answer_features"]
 
@@ -123,12 +131,15 @@ class _ContextGrams:
     """The context's word n-grams, per-sentence word lists and IDF, built once per answer."""
 
     def __init__(self, chunks: Sequence[str]) -> None:
-        self.sentences: list[list[str]] = [words(s) for chunk in chunks for s in sentences(chunk)]
+        per_chunk = [[words(s) for s in sentences(chunk)] for chunk in chunks]
+        self.sentences: list[list[str]] = [s for chunk in per_chunk for s in chunk]
+        # a chunk's words across its sentence ends, as text runs on: the same as words(chunk), since
+        # sentences end only at whitespace after punctuation, which no word spans
+        chunk_words = [[w for s in chunk for w in s] for chunk in per_chunk]
         self.unigrams: set[str] = set()
         self.bigrams: set[tuple[str, ...]] = set()
         self.trigrams: set[tuple[str, ...]] = set()
-        for chunk in chunks:
-            found = words(chunk)  # across sentence ends within a chunk, as text runs on
+        for found in chunk_words:
             self.unigrams.update(found)
             self.bigrams |= _ngrams(found, 2)
             self.trigrams |= _ngrams(found, 3)
@@ -143,8 +154,7 @@ class _ContextGrams:
         self.skip_bigrams: set[tuple[str, str]] = set()
         # word form -> its positions, chunk by chunk (chunk * _FAR + position), sorted
         self.positions: dict[str, list[int]] = {}
-        for c, chunk in enumerate(chunks):
-            found = words(chunk)
+        for c, found in enumerate(chunk_words):
             self.skip_bigrams.update(zip(found, found[2:], strict=False))
             for i, w in enumerate(found):
                 self.positions.setdefault(_form(w), []).append(c * _FAR + i)
@@ -205,7 +215,7 @@ def answer_features(
     claims = split_claims(answer, titles)
     if claims != verdict.claims:  # the heuristic splits with the same function; guard the alignment
         raise AssertionError("claims differ from the heuristic's")
-    ctx = ContextIndex(context)
+    ctx = context_index(context)
     grams = _ContextGrams(context)
     answer_words = words(answer)
     answer_content = content(answer_words)

@@ -46,6 +46,7 @@ from service.judge.text import (
     TITLE_KEYS,
     ContextIndex,
     content,
+    context_index,
     fold,
     numbers,
     sentences,
@@ -195,7 +196,7 @@ class HeuristicJudge:
     ) -> Verdict:
         """The verdict for one (question, context, answer); the same inputs always give the same verdict.
         `titles` are the chunks' titles (also in `context`), which an answer may cite by."""
-        ctx = ContextIndex(context, window=self.config.window_sentences)
+        ctx = context_index(context, window=self.config.window_sentences)
         all_question_words = set(content(words(question)))
         question_words = all_question_words - INSTRUCTION_WORDS
         covered = sum(1 for w in question_words if w in ctx.words)

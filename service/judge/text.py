@@ -18,6 +18,7 @@ __all__ = [
     "TITLE_KEYS",
     "ContextIndex",
     "content",
+    "context_index",
     "fold",
     "numbers",
     "sentences",
@@ -125,9 +126,26 @@ def _stem(word: str) -> str:
     return word
 
 
+class _Stems(dict[str, str]):
+    """word -> `_stem(word)`, filled as words are met: a judgment stems the same words many times
+    (every index, feature and claim), and a dictionary hit costs a fraction of the call."""
+
+    LIMIT = 1 << 17  # words are untrusted text: the memo is emptied rather than let grow
+
+    def __missing__(self, word: str) -> str:
+        if len(self) >= self.LIMIT:
+            self.clear()
+        stem = self[word] = _stem(word)
+        return stem
+
+
+_STEMS = _Stems()
+
+
 def words(text: str) -> list[str]:
     """The text's words, folded, possessives and plural s removed."""
-    return [_stem(w) for w in _WORD.findall(fold(text))]
+    stems = _STEMS
+    return [stems[w] for w in _WORD.findall(fold(text))]
 
 
 def content(found: Sequence[str]) -> list[str]:
@@ -174,6 +192,13 @@ _NEGATIONS = frozenset({"not", "no", "never", "nor", "neither", "none", "cannot"
 
 def _negated(found: Iterable[str]) -> bool:
     return any(w in _NEGATIONS or w.endswith("n't") or w.endswith("n’t") for w in found)
+
+
+def context_index(chunks: Sequence[str], window: int = 2) -> ContextIndex:
+    """The `ContextIndex` of `chunks`, shared: one judgment asks for the same context's index more
+    than once (the verdict, the learned judge's features), and building one is most of a judgment.
+    Indexes are read-only after they are built."""
+    return _cached_index(tuple(chunks), window)
 
 
 class ContextIndex:
@@ -235,11 +260,12 @@ class ContextIndex:
         """Whether `word`, or a form of it, is in the context (or in the given word and prefix sets)."""
         words_ = self.words if words_ is None else words_
         prefixes = self.prefixes if prefixes is None else prefixes
-        if word in words_:
-            return True
-        if len(word) < _PREFIX:
-            return False
-        return any(word[:n] in prefixes for n in range(max(_PREFIX, len(word) - _SUFFIX), len(word) + 1))
+        return word in words_ or not prefixes.isdisjoint(_forms(word))
+
+    def _hits(
+        self, claim_words: Sequence[str], found_words: frozenset[str], found_prefixes: frozenset[str]
+    ) -> int:
+        return sum(1 for w in claim_words if w in found_words or not found_prefixes.isdisjoint(_forms(w)))
 
     def best_window(self, claim_words: Sequence[str]) -> tuple[float, list[int], bool]:
         """(share of `claim_words` found in the best window, the chunks of that window, whether
@@ -248,7 +274,7 @@ class ContextIndex:
             return 1.0, [], False
         best: tuple[float, list[int], bool] = (0.0, [], False)
         for found_words, found_prefixes, chunk, negated in self._windows:
-            share = sum(self.has(w, found_words, found_prefixes) for w in claim_words) / len(claim_words)
+            share = self._hits(claim_words, found_words, found_prefixes) / len(claim_words)
             if share > best[0]:
                 best = (share, [chunk], negated)
                 if share == 1.0:
@@ -262,6 +288,20 @@ class ContextIndex:
         return [
             i
             for i, (found_words, found_prefixes) in enumerate(self._chunk_sets)
-            if sum(self.has(w, found_words, found_prefixes) for w in claim_words)
-            >= min_share * len(claim_words)
+            if self._hits(claim_words, found_words, found_prefixes) >= min_share * len(claim_words)
         ]
+
+
+@lru_cache(maxsize=1 << 16)
+def _forms(word: str) -> tuple[str, ...]:
+    """The prefixes of `word` that make another form of it (see `_PREFIX`, `_SUFFIX`): a context
+    word with one of them as its prefix matches. Cached: a claim's words are looked up in every
+    window of the context."""
+    if len(word) < _PREFIX:
+        return ()
+    return tuple(word[:n] for n in range(max(_PREFIX, len(word) - _SUFFIX), len(word) + 1))
+
+
+@lru_cache(maxsize=8)
+def _cached_index(chunks: tuple[str, ...], window: int) -> ContextIndex:
+    return ContextIndex(chunks, window)
