@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _RETENTION_EVERY_S = 3600.0
+_STORE_SETUP_MAX_DELAY_S = 30.0
 
 
 class MetricsSink:
@@ -253,6 +254,7 @@ class Pipeline:
         if self.distributed:
             self._assemble_in_workers(keep)
         self._retention_task: asyncio.Task[None] | None = None
+        self._store_setup_task: asyncio.Task[None] | None = None
         self.started = False
         state = self.metrics.state
         state.add(
@@ -504,8 +506,15 @@ class Pipeline:
             self.golden.create_schema()
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.create_schema)
-        await asyncio.to_thread(restore_probe_gauges, self.golden, self.metrics, self.config.probes)
+        if self.kafka is not None:
+            # Distributed ingest only publishes (its 200 is the brokers' acknowledgement), so it starts
+            # and takes spans while PostgreSQL is down; the schema and the probe gauges it serves
+            # follow when the store answers.
+            self._store_setup_task = asyncio.create_task(
+                self._set_up_store_when_reachable(), name="store-setup"
+            )
+        else:
+            await self._set_up_store()
         if not self.distributed:
             if self.config.drift.enabled:
                 await self.drift.start()
@@ -524,9 +533,31 @@ class Pipeline:
         self._retention_task = asyncio.create_task(self._retention(), name="retention")
         self.started = True
 
+    async def _set_up_store(self) -> None:
+        await asyncio.to_thread(self.create_schema)
+        await asyncio.to_thread(restore_probe_gauges, self.golden, self.metrics, self.config.probes)
+
+    async def _set_up_store_when_reachable(self) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await self._set_up_store()
+                return
+            except Exception as exc:  # the store's own errors vary by driver; none may end ingest
+                log.warning(
+                    "store not reachable (%s); ingest takes spans anyway and sets the store up in %.0f s",
+                    type(exc).__name__,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _STORE_SETUP_MAX_DELAY_S)
+
     async def stop(self) -> None:
         """Flush open traces, drain the bus, close the store. Safe twice and before start."""
         self.started = False
+        if self._store_setup_task is not None:
+            self._store_setup_task.cancel()
+            self._store_setup_task = None
         if self._retention_task is not None:
             self._retention_task.cancel()
             self._retention_task = None

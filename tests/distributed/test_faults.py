@@ -35,7 +35,7 @@ from tests.distributed.conftest import (
 )
 from tests.distributed.traffic import json_traces, otlp_body, trace_ids, traces
 from tests.fake_openai import FakeOpenAI, Reply
-from tests.live_server import live_server
+from tests.live_server import free_port, live_server
 
 pytestmark = pytest.mark.slow
 
@@ -219,6 +219,34 @@ def test_postgres_restart_workers_retry_and_resume(
     assert len(stored) == 500 and set(span_ids) <= set(stored) and set(stored.values()) == {1}
     assert _counted(a, b) == 500
     print(f"\nPostgreSQL restart: sent 500 (100 as spans while it was down), acked 500, stored {len(stored)}")
+
+
+def test_ingest_starts_and_takes_spans_while_its_postgres_is_unreachable(
+    kafka_bootstrap: str,
+    pg_url: str,
+    tmp_path: Path,
+    workers: Callable[..., WorkerProcess],
+    ingests: Callable[[dict[str, Any]], IngestProcess],
+) -> None:
+    # Distributed ingest only publishes: a PostgreSQL outage at its start (a rollout during a
+    # database restart) must not keep it from answering 200 for what the brokers acknowledged.
+    settings = _settings(kafka_bootstrap, pg_url, tmp_path)
+    nowhere = f"postgresql+psycopg://ragmon:secret-pw@127.0.0.1:{free_port()}/ragmon"
+    ingest = ingests({**settings, "store": {**settings["store"], "url": nowhere}})
+    ingest.wait_ready(timeout=60)
+    assert ingest.readiness() == (200, "ok")
+    ids = trace_ids(120)
+    _post_spans(ingest, ids, per_request=40)
+    worker = workers(settings, "sinks")  # its store answers: it stores what ingest published
+    _until(lambda: count_rows(pg_url) == len(ids), what="every acknowledged trace stored")
+    stored = stored_ids(pg_url)
+    assert set(stored) == set(ids) and set(stored.values()) == {1}
+    assert worker.metric("ragmon_traces_total") == len(ids)
+    log_text = ingest.log_path.read_text(errors="replace")
+    assert "store not reachable" in log_text and "secret-pw" not in log_text
+    print(
+        f"\ningest with its PostgreSQL unreachable: sent {len(ids)}, acked {len(ids)}, stored {len(stored)}"
+    )
 
 
 def test_broker_down_at_ingest_503_not_ready_then_200_once_it_returns(
