@@ -209,7 +209,11 @@ class Pipeline:
         # embedded mode's durable acknowledgement; Kafka mode's is the broker's (acks=all)
         self.durable = (
             DurableAcks(
-                config.wal, config.wal.dir or config.data_dir / "wal", self.metrics, config.bus.retry_after_s
+                config.wal,
+                config.wal.dir or config.data_dir / "wal",
+                self.metrics,
+                config.bus.retry_after_s,
+                store_sync=self.store.sync_to_disk,
             )
             if not self.distributed and config.wal.ack == "durable"
             else None

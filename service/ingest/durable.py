@@ -32,8 +32,18 @@ Replay = Callable[[LoggedRequest], Awaitable[None]]
 class DurableAcks:
     """The log in `directory` and what of it is not stored yet."""
 
-    def __init__(self, config: WalConfig, directory: Path, metrics: Metrics, retry_after_s: float) -> None:
+    def __init__(
+        self,
+        config: WalConfig,
+        directory: Path,
+        metrics: Metrics,
+        retry_after_s: float,
+        store_sync: Callable[[], None] | None = None,
+    ) -> None:
         self.config = config
+        # makes what the store committed survive power loss; run before the log lets go of it
+        self.store_sync = store_sync
+        self._synced_below = 0
         self.metrics = metrics
         self.wal = WriteAheadLog(
             directory,
@@ -90,17 +100,40 @@ class DurableAcks:
         return len(records)
 
     def checkpoint(self) -> int:
-        """Delete the segments every record of which is stored; returns how many went."""
+        """Delete the segments every record of which is stored (and synced to disk by the store);
+        returns how many went."""
+        watermark = self.ledger.watermark(self.wal.next_seq)
+        if self._needs_sync(watermark):
+            assert self.store_sync is not None
+            self.store_sync()
+            self._synced_below = watermark
+        return self._release(watermark)
+
+    async def _checkpoint(self) -> int:
+        """`checkpoint`, with the store's fsync in a thread: it may take milliseconds, which on the
+        event loop would hold every request. The watermark is read before the sync, so only what was
+        stored before it is let go."""
+        watermark = self.ledger.watermark(self.wal.next_seq)
+        if self._needs_sync(watermark):
+            assert self.store_sync is not None
+            await asyncio.to_thread(self.store_sync)
+            self._synced_below = watermark
+        return self._release(watermark)
+
+    def _needs_sync(self, watermark: int) -> bool:
+        return self.store_sync is not None and watermark > self._synced_below
+
+    def _release(self, watermark: int) -> int:
         fsyncs = self.wal.fsyncs
         self.metrics.wal_fsyncs.inc(fsyncs - self._fsyncs_counted)
         self._fsyncs_counted = fsyncs
-        return self.wal.release_below(self.ledger.watermark(self.wal.next_seq))
+        return self.wal.release_below(watermark)
 
     async def _checkpoint_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.checkpoint_s)
             try:
-                self.checkpoint()
+                await self._checkpoint()
             except OSError:
                 log.exception("write-ahead log checkpoint failed; retrying")
 
