@@ -6,7 +6,7 @@ samples into `DriftResult`s (and, for query drift, explains what changed).
 
 from detectors.base import BatchDetector, DriftResult, Reference, StreamingMonitor, Window
 from detectors.embedder import HashingEmbedder
-from detectors.explain import QueryGroup, explain_query_drift
+from detectors.explain import QueryGroup, explain_query_drift, explain_query_text_drift
 from detectors.hits import HitDistributionDrift
 from detectors.mmd import MmdDrift
 from detectors.model_change import EmbeddingModelChange, embedding_model_key
@@ -47,4 +47,5 @@ __all__ = [
     "embedding_model_key",
     "estimated_power",
     "explain_query_drift",
+    "explain_query_text_drift",
 ]

@@ -35,7 +35,10 @@ import numpy.typing as npt
 from scipy import stats
 from scipy.cluster.vq import kmeans2
 
-__all__ = ["QueryGroup", "explain_query_drift"]
+from detectors.text_space import compact_columns, nearest_centres, spherical_kmeans
+from detectors.tfidf import TfidfEmbedder
+
+__all__ = ["QueryGroup", "explain_query_drift", "explain_query_text_drift"]
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 
@@ -52,6 +55,8 @@ class QueryGroup:
     significant: bool
     terms: tuple[str, ...]
     examples: tuple[str, ...]
+    members: tuple[int, ...] = ()
+    """Positions of the group's window rows in the window as given (not in `to_json`: it can be long)."""
 
     @property
     def share_change(self) -> float:
@@ -122,6 +127,62 @@ def _holm(p_values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return adjusted
 
 
+def _groups(
+    labels: npt.NDArray[np.intp],
+    k: int,
+    n_ref: int,
+    closeness: npt.NDArray[np.float64],
+    window_texts: Sequence[str],
+    examples: int,
+    terms: int,
+    alpha: float,
+) -> list[QueryGroup]:
+    """The growing groups of a clustering of the pooled rows (reference first), most significant first."""
+    n_win = labels.shape[0] - n_ref
+    reference_counts = np.bincount(labels[:n_ref], minlength=k)
+    window_counts = np.bincount(labels[n_ref:], minlength=k)
+    p_values = np.array(
+        [
+            stats.fisher_exact(
+                [
+                    [window_counts[g], n_win - window_counts[g]],
+                    [reference_counts[g], n_ref - reference_counts[g]],
+                ],
+                alternative="greater",
+            ).pvalue
+            for g in range(k)
+        ],
+        dtype=np.float64,
+    )
+    adjusted = _holm(p_values)
+    window_labels = labels[n_ref:]
+    background: Counter[str] = Counter()
+    for text in window_texts:
+        background.update(set(_WORD.findall(text.lower())))
+    result: list[QueryGroup] = []
+    for g in range(k):
+        share_window, share_reference = window_counts[g] / n_win, reference_counts[g] / n_ref
+        if share_window <= share_reference:
+            continue
+        members = np.flatnonzero(window_labels == g)
+        closest = members[np.argsort(-closeness[members], kind="stable")[:examples]]
+        result.append(
+            QueryGroup(
+                share_window=float(share_window),
+                share_reference=float(share_reference),
+                n_window=int(window_counts[g]),
+                n_reference=int(reference_counts[g]),
+                p_value=float(adjusted[g]),
+                significant=bool(adjusted[g] <= alpha),
+                terms=_terms([window_texts[int(i)] for i in members], background, n_win, terms),
+                examples=tuple(window_texts[int(i)] for i in closest),
+                members=tuple(int(i) for i in members),
+            )
+        )
+    result.sort(key=lambda group: (group.p_value, -group.share_change))
+    return result
+
+
 def explain_query_drift(
     reference: npt.ArrayLike,
     window: npt.ArrayLike,
@@ -169,45 +230,49 @@ def explain_query_drift(
     k = max(2, min(groups, sample.shape[0] // 20))
     centres = _tightest_kmeans(sample, k, restarts, rng)
     labels = _nearest(pooled, centres)
-    reference_counts = np.bincount(labels[:n_ref], minlength=k)
-    window_counts = np.bincount(labels[n_ref:], minlength=k)
-    p_values = np.array(
-        [
-            stats.fisher_exact(
-                [
-                    [window_counts[g], n_win - window_counts[g]],
-                    [reference_counts[g], n_ref - reference_counts[g]],
-                ],
-                alternative="greater",
-            ).pvalue
-            for g in range(k)
-        ],
-        dtype=np.float64,
-    )
-    adjusted = _holm(p_values)
     window_labels = labels[n_ref:]
-    background: Counter[str] = Counter()
-    for text in window_texts:
-        background.update(set(_WORD.findall(text.lower())))
-    result: list[QueryGroup] = []
-    for g in range(k):
-        share_window, share_reference = window_counts[g] / n_win, reference_counts[g] / n_ref
-        if share_window <= share_reference:
-            continue
-        members = np.flatnonzero(window_labels == g)
-        distances = np.linalg.norm(window_points[members] - centres[g], axis=1)
-        closest = members[np.argsort(distances, kind="stable")[:examples]]
-        result.append(
-            QueryGroup(
-                share_window=float(share_window),
-                share_reference=float(share_reference),
-                n_window=int(window_counts[g]),
-                n_reference=int(reference_counts[g]),
-                p_value=float(adjusted[g]),
-                significant=bool(adjusted[g] <= alpha),
-                terms=_terms([window_texts[int(i)] for i in members], background, n_win, terms),
-                examples=tuple(window_texts[int(i)] for i in closest),
-            )
-        )
-    result.sort(key=lambda group: (group.p_value, -group.share_change))
-    return result
+    # Closeness of a window row to its group's centre: the examples are the closest ones.
+    closeness = -np.linalg.norm(window_points - centres[window_labels], axis=1)
+    return _groups(labels, k, n_ref, closeness, window_texts, examples, terms, alpha)
+
+
+def explain_query_text_drift(
+    embedder: TfidfEmbedder,
+    reference_texts: Sequence[str],
+    window_texts: Sequence[str],
+    *,
+    groups: int = 40,
+    examples: int = 5,
+    terms: int = 5,
+    alpha: float = 0.05,
+    max_points: int = 4000,
+    restarts: int = 4,
+    seed: int = 0,
+) -> list[QueryGroup]:
+    """`explain_query_drift` in the fitted TF-IDF space of the query-text test (`detectors.text_space`).
+
+    The reference and window texts are embedded together by `embedder` and
+    grouped by spherical k-means; the canonical order is the texts' sorted
+    order (equal texts are equal rows), so shuffled windows give the same
+    groups. ValueError when `groups` is below 2 or `restarts` below 1.
+    """
+    if groups < 2:
+        raise ValueError(f"groups must be at least 2, got {groups}")
+    if restarts < 1:
+        raise ValueError(f"restarts must be at least 1, got {restarts}")
+    n_ref, n_win = len(reference_texts), len(window_texts)
+    if n_ref == 0 or n_win == 0:
+        return []
+    texts = [str(t) for t in (*reference_texts, *window_texts)]
+    rows = compact_columns(embedder.transform(texts))
+    canonical = np.argsort(np.array(texts, dtype=str), kind="stable")
+    rng = np.random.default_rng(seed)
+    sample = (
+        canonical
+        if canonical.size <= max_points
+        else canonical[rng.choice(canonical.size, max_points, replace=False)]
+    )
+    k = max(2, min(groups, sample.size // 20))
+    centres = spherical_kmeans(rows[sample], k, restarts, rng)
+    labels, similarity = nearest_centres(rows, centres)
+    return _groups(labels, k, n_ref, similarity[n_ref:], texts[n_ref:], examples, terms, alpha)

@@ -52,7 +52,7 @@ DETECTORS: Mapping[str, DetectorSpec] = MappingProxyType(
         for spec in (
             _spec(MmdDrift, "batch", "embedding", "query embeddings: MMD permutation test (quadratic)"),
             _spec(RffMmdDrift, "batch", "embedding", "query embeddings: random-Fourier-feature MMD (linear)"),
-            _spec(TextKnnDrift, "batch", "text", "query texts: k-nearest-neighbour test on fitted TF-IDF"),
+            _spec(TextKnnDrift, "batch", "text", "query texts: k-NN mixing + novelty, min-p, fitted TF-IDF"),
             _spec(TopScoreDrift, "batch", "score", "top-1 retrieval score: KS / Cramér–von Mises"),
             _spec(TopkScoreDrift, "batch", "score", "mean top-k retrieval score: KS / Cramér–von Mises"),
             _spec(EmptyRetrievalDrift, "batch", "flag", "share of empty retrievals: Fisher exact"),

@@ -4,6 +4,8 @@
     python bench/drift/run.py --smoke         # seconds: checks the script runs
     python bench/drift/run.py --quick         # ~10 minutes
     python bench/drift/run.py --full --write  # the recorded run; rewrites its section of RESULTS.md
+    python bench/drift/run.py --power        # shifted windows and power curve of the text test alone
+    python bench/drift/null_splits.py --splits 1000   # only no-shift windows of the text test
 
 Run it with an interpreter that has ragmon installed; alibi-detect (PyTorch
 backend, CPU) is the peer and is measured in the same run on the same windows
@@ -11,8 +13,11 @@ when importable (see bench/RESULTS.md for the venv). A query set whose data is
 absent is skipped with a note; without any, the script says so and exits 0.
 
 Tests, all on the queries alone (what ragmon has when the app sends no vectors):
-  ragmon text k-NN   `TextKnnDrift` (the service's query test now): TF-IDF fitted on a
-                     fifth of the reference (1,000 of 5,000), k-NN test against the other 4,000
+  ragmon text        `TextKnnDrift` (the service's query test now): TF-IDF fitted on a
+                     fifth of the reference (1,000 of 5,000), k-NN mixing and novelty statistics
+                     against the other 4,000, combined by min-p in one permutation test
+  ragmon text k-NN   the k-NN statistic's own permutation p-value from the same call (the
+                     service's test before the novelty statistic; identical to it)
   ragmon MMD (hash)  `MmdDrift` on the 384-d hashing embedder (the query test before),
                      on the same reference (subsampled to 2,500 by its own bound)
   alibi MMDDrift     alibi-detect's MMD on the same 384-d hashing vectors (few windows: it is slow)
@@ -64,6 +69,8 @@ class Plan:
     curve_reps: int
     peer_reps: int
     mmd_null_reps: int
+    text_only: bool = False
+    """Only the service's query test (no hashing MMD, no peer)."""
 
 
 SMOKE = Plan(null_reps=2, shift_reps=1, curve_sizes=(250,), curve_reps=1, peer_reps=1, mmd_null_reps=2)
@@ -77,6 +84,17 @@ FULL = Plan(
     mmd_null_reps=150,
 )
 """300 no-shift windows in all (150 per query set); sized for about half an hour on 2 shared cores."""
+POWER = Plan(
+    null_reps=0,
+    shift_reps=10,
+    curve_sizes=(250, 500, 1000),
+    curve_reps=5,
+    peer_reps=0,
+    mmd_null_reps=0,
+    text_only=True,
+)
+"""The shifted windows and the power curve of FULL for the service's query test alone (no-shift windows
+come from --null-splits)."""
 
 
 @dataclass(frozen=True)
@@ -120,19 +138,47 @@ def draw(
     return picked[:N_REFERENCE], window
 
 
-Test = Callable[[npt.NDArray[np.intp], npt.NDArray[np.intp], int], bool]
+TEXT, TEXT_KNN = "ragmon text", "ragmon text k-NN"
+"""The service's query test (k-NN + novelty, min-p) and its k-NN statistic alone, from one call."""
+
+
+def null_draw(
+    queries: QuerySet, sets: list[HeldOut], rep: int
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """No-shift split number `rep`: reference and window from the pool without one held-out set (in turn)."""
+    held = sets[rep % len(sets)]
+    if held.kind == "oos":
+        held = sets[(rep + 1) % len(sets)]
+    rng = np.random.default_rng([1, rep])
+    return draw(rng, base_pool(queries, held), np.flatnonzero(held.mask), TARGET_N, 0.0)
+
+
+Test = Callable[[npt.NDArray[np.intp], npt.NDArray[np.intp], int], dict[str, bool]]
+"""One call of a test on (reference, window, seed): whether each test it reports alarmed."""
+
+
+def text_p_values(texts: npt.NDArray[np.str_], ref: Any, win: Any, seed: int) -> dict[str, float]:
+    """The p-values of the service's query test and of its k-NN and novelty statistics alone."""
+    detector = TextKnnDrift(alpha=ALPHA, seed=seed).fit(Reference("b", texts[ref], T0, T0))
+    result = detector.score(Window(texts[win], T0, T0))
+    details = result.details
+    return {
+        TEXT: float(result.p_value or 1.0),
+        TEXT_KNN: float(details["knn_p_value"]),  # type: ignore[arg-type]
+        "novelty": float(details["novelty_p_value"]),  # type: ignore[arg-type]
+    }
 
 
 def tests(queries: QuerySet, vectors: npt.NDArray[np.float32]) -> dict[str, Test]:
-    def text_knn(ref: npt.NDArray[np.intp], win: npt.NDArray[np.intp], seed: int) -> bool:
-        detector = TextKnnDrift(alpha=ALPHA, seed=seed).fit(Reference("b", queries.texts[ref], T0, T0))
-        return detector.score(Window(queries.texts[win], T0, T0)).drifted
+    def text(ref: npt.NDArray[np.intp], win: npt.NDArray[np.intp], seed: int) -> dict[str, bool]:
+        found = text_p_values(queries.texts, ref, win, seed)
+        return {TEXT: found[TEXT] <= ALPHA, TEXT_KNN: found[TEXT_KNN] <= ALPHA}
 
-    def hash_mmd(ref: npt.NDArray[np.intp], win: npt.NDArray[np.intp], seed: int) -> bool:
+    def hash_mmd(ref: npt.NDArray[np.intp], win: npt.NDArray[np.intp], seed: int) -> dict[str, bool]:
         detector = MmdDrift(alpha=ALPHA, seed=seed).fit(Reference("b", vectors[ref], T0, T0))
-        return detector.score(Window(vectors[win], T0, T0)).drifted
+        return {"ragmon MMD (hash)": detector.score(Window(vectors[win], T0, T0)).drifted}
 
-    found: dict[str, Test] = {"ragmon text k-NN": text_knn, "ragmon MMD (hash)": hash_mmd}
+    found: dict[str, Test] = {TEXT: text, "ragmon MMD (hash)": hash_mmd}
     try:
         import torch
         from alibi_detect.cd import MMDDrift
@@ -140,11 +186,11 @@ def tests(queries: QuerySet, vectors: npt.NDArray[np.float32]) -> dict[str, Test
         return found
     torch.set_num_threads(1)
 
-    def alibi_mmd(ref: npt.NDArray[np.intp], win: npt.NDArray[np.intp], seed: int) -> bool:
+    def alibi_mmd(ref: npt.NDArray[np.intp], win: npt.NDArray[np.intp], seed: int) -> dict[str, bool]:
         torch.manual_seed(seed)
         # alibi keeps its whole reference in the kernel; give it the 2,500 rows ragmon's MMD uses.
         detector = MMDDrift(vectors[ref[:2500]], backend="pytorch", p_val=ALPHA, device="cpu")
-        return bool(detector.predict(vectors[win])["data"]["is_drift"])
+        return {"alibi MMDDrift (hash)": bool(detector.predict(vectors[win])["data"]["is_drift"])}
 
     found["alibi MMDDrift (hash)"] = alibi_mmd
     return found
@@ -161,23 +207,22 @@ def run_set(name: str, plan: Plan) -> tuple[dict[Key, Tally], list[str], float]:
         return {}, [], 0.0
     vectors, throughput = embed_hashing(queries.texts)
     available = tests(queries, vectors)
+    if plan.text_only:
+        available = {TEXT: available[TEXT]}
     tallies: dict[Key, Tally] = defaultdict(Tally)
     sets = held_out_sets(queries)
     log: list[str] = []
 
     def trial(test: str, held: str, kind: str, n: int, share: float, ref: Any, win: Any, seed: int) -> None:
-        drifted, measured = measure(lambda: available[test](ref, win, seed))
-        tallies[(test, held, kind, n, share)].add(drifted, measured)
+        alarms, measured = measure(lambda: available[test](ref, win, seed))
+        for name, drifted in alarms.items():
+            tallies[(name, held, kind, n, share)].add(drifted, measured)
 
     started = time.perf_counter()
     for rep in range(plan.null_reps):
-        held = sets[rep % len(sets)]
-        if held.kind == "oos":
-            held = sets[(rep + 1) % len(sets)]
-        rng = np.random.default_rng([1, rep])
-        ref, win = draw(rng, base_pool(queries, held), np.flatnonzero(held.mask), TARGET_N, 0.0)
-        trial("ragmon text k-NN", "none", "none", TARGET_N, 0.0, ref, win, rep)
-        if rep < plan.mmd_null_reps:
+        ref, win = null_draw(queries, sets, rep)
+        trial(TEXT, "none", "none", TARGET_N, 0.0, ref, win, rep)
+        if rep < plan.mmd_null_reps and "ragmon MMD (hash)" in available:
             trial("ragmon MMD (hash)", "none", "none", TARGET_N, 0.0, ref, win, rep)
         if rep < plan.peer_reps and "alibi MMDDrift (hash)" in available:
             trial("alibi MMDDrift (hash)", "none", "none", TARGET_N, 0.0, ref, win, rep)
@@ -188,7 +233,7 @@ def run_set(name: str, plan: Plan) -> tuple[dict[Key, Tally], list[str], float]:
         for rep in range(plan.shift_reps):
             rng = np.random.default_rng([2, index, rep])
             ref, win = draw(rng, base, pool, TARGET_N, TARGET_SHARE)
-            for test in ("ragmon text k-NN", "ragmon MMD (hash)"):
+            for test in (t for t in (TEXT, "ragmon MMD (hash)") if t in available):
                 trial(test, held.name, held.kind, TARGET_N, TARGET_SHARE, ref, win, rep)
             if rep < plan.peer_reps and index == 0 and "alibi MMDDrift (hash)" in available:
                 trial("alibi MMDDrift (hash)", held.name, held.kind, TARGET_N, TARGET_SHARE, ref, win, rep)
@@ -197,7 +242,7 @@ def run_set(name: str, plan: Plan) -> tuple[dict[Key, Tally], list[str], float]:
                 for rep in range(plan.curve_reps):
                     rng = np.random.default_rng([3, index, n, rep])
                     ref, win = draw(rng, base, pool, n, TARGET_SHARE)
-                    trial("ragmon text k-NN", held.name, held.kind, n, TARGET_SHARE, ref, win, rep)
+                    trial(TEXT, held.name, held.kind, n, TARGET_SHARE, ref, win, rep)
         log.append(f"{name}: held-out {held.name} in {time.perf_counter() - started:.0f} s")
         print(log[-1], file=sys.stderr, flush=True)
     return dict(tallies), log, throughput
@@ -223,18 +268,19 @@ def report(name: str, source: str, tallies: dict[Key, Tally], throughput: float,
         if tally and tally.trials:
             out.append(f"| {test} | {rate(tally.alarms, tally.trials)} |")
     out.append(f"\nPower at n = {TARGET_N:,}, {TARGET_SHARE:.0%} of the window from the held-out set:\n")
-    out.append("| held-out set | kind | ragmon text k-NN | ragmon MMD (hash) | alibi MMDDrift (hash) |")
-    out.append("|---|---|---|---|---|")
+    columns = (TEXT, TEXT_KNN, "ragmon MMD (hash)", "alibi MMDDrift (hash)")
+    out.append("| held-out set | kind | " + " | ".join(columns) + " |")
+    out.append("|---|---|" + "---|" * len(columns))
     held_names = sorted({(k[2], k[1]) for k in tallies if k[1] != "none"}, key=lambda x: (x[0], x[1]))
     for kind, held in held_names:
         cells = []
-        for test in ("ragmon text k-NN", "ragmon MMD (hash)", "alibi MMDDrift (hash)"):
+        for test in columns:
             tally = tallies.get((test, held, kind, TARGET_N, TARGET_SHARE))
             cells.append(f"{tally.alarms}/{tally.trials}" if tally and tally.trials else "–")
         out.append(f"| {held} | {kind} | " + " | ".join(cells) + " |")
     for kind in sorted({k for k, _ in held_names}):
         cells = []
-        for test in ("ragmon text k-NN", "ragmon MMD (hash)"):
+        for test in columns[:3]:
             merged = Tally()
             for key, tally in tallies.items():
                 if key[0] == test and key[2] == kind and key[3] == TARGET_N:
@@ -247,7 +293,7 @@ def curve(all_tallies: dict[str, dict[Key, Tally]], sizes: tuple[int, ...], out:
     """The power curve of the text test over the new-intent sets of every query set (POWER_CURVES)."""
     points = []
     out.append(
-        f"\nPower curve of ragmon text k-NN, {TARGET_SHARE:.0%} new intents (clinc150 new domains and "
+        f"\nPower curve of ragmon text, {TARGET_SHARE:.0%} new intents (clinc150 new domains and "
         f"banking77 intent pairs together; reference {N_REFERENCE:,}: 1,000 fit the embedder, 4,000 are "
         "compared):\n"
     )
@@ -257,7 +303,7 @@ def curve(all_tallies: dict[str, dict[Key, Tally]], sizes: tuple[int, ...], out:
         merged = Tally()
         for tallies in all_tallies.values():
             for key, tally in tallies.items():
-                if key[0] == "ragmon text k-NN" and key[3] == n and key[2] in ("new domain", "2 new intents"):
+                if key[0] == TEXT and key[3] == n and key[2] in ("new domain", "2 new intents"):
                     merged.merge(tally)
         if merged.trials:
             out.append(f"| {n:,} | {rate(merged.alarms, merged.trials)} |")
@@ -276,25 +322,26 @@ def timing(all_tallies: dict[str, dict[Key, Tally]], out: list[str]) -> None:
         for (test, _, _, n, _), tally in tallies.items():
             per[(test, n)].merge(tally)
     for (test, n), tally in sorted(per.items()):
+        if test == TEXT_KNN:
+            continue  # the same calls as TEXT
         peaks = [p / 1e6 for p in tally.peaks]
         out.append(
             f"| {test} | {n:,} | {_median(tally.times):.2f} | {max(tally.times):.2f} | "
             f"{_median(peaks):.0f} | {max(peaks):.0f} | {len(tally.times)} |"
         )
-    ours = per.get(("ragmon text k-NN", TARGET_N))
+    ours = per.get((TEXT, TARGET_N))
     old = per.get(("ragmon MMD (hash)", TARGET_N))
     peer = per.get(("alibi MMDDrift (hash)", TARGET_N))
     out.append("\nRatios at n = 2,000 (medians):\n")
     if ours and peer:
         out.append(
-            "* alibi MMDDrift / ragmon text k-NN: wall time "
+            "* alibi MMDDrift / ragmon text: wall time "
             f"{_median(peer.times) / _median(ours.times):.1f}×, peak memory "
             f"{_median(peer.peaks) / max(1.0, _median(ours.peaks)):.1f}×"
         )
     if ours and old:
         out.append(
-            "* ragmon text k-NN / ragmon MMD (hash): wall time "
-            f"{_median(ours.times) / _median(old.times):.1f}×"
+            f"* ragmon text / ragmon MMD (hash): wall time {_median(ours.times) / _median(old.times):.1f}×"
         )
 
 
@@ -311,10 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="few windows (default)")
     mode.add_argument("--full", action="store_true", help="the recorded run: 300 no-shift windows in all")
     mode.add_argument("--smoke", action="store_true", help="a handful of windows: checks the script runs")
+    mode.add_argument("--power", action="store_true", help="--full's shifted windows, the text test alone")
     parser.add_argument("--jobs", type=int, default=2, help="query sets run in parallel, one core each")
     parser.add_argument("--write", action="store_true", help="rewrite the drift section of bench/RESULTS.md")
     args = parser.parse_args(argv)
-    plan = FULL if args.full else SMOKE if args.smoke else QUICK
+    plan = FULL if args.full else SMOKE if args.smoke else POWER if args.power else QUICK
     names = [n for n, q in (("clinc150", load_clinc150()), ("banking77", load_banking77())) if q is not None]
     if not names:
         print("skipped: neither clinc150 (../shared/data) nor banking77 (bench/drift/banking77.py) found")

@@ -12,10 +12,11 @@ run. A side with fewer than `min_window` usable observations gives outcome
 `insufficient_data` (drifted False, statistic 0); a detector that refuses its
 input gives `error` with the message in `details["error"]`. A drifted query
 test carries an explanation: the groups of current queries that are
-over-represented against the reference (`detectors.explain`). Every query
-test's details carry `power`: the power the bench measured for that test at
-this window's size (`detectors.power`, an estimate, stated as one), or None
-where no curve was measured.
+over-represented against the reference (`detectors.explain`), grouped in
+the query-text test's fitted TF-IDF space when that test ran, else in the
+app's vectors. Every query test's details carry `power`: the power the bench
+measured for that test at this window's size (`detectors.power`, an
+estimate, stated as one), or None where no curve was measured.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from detectors import (
     embedding_detector,
     estimated_power,
     explain_query_drift,
+    explain_query_text_drift,
 )
 from detectors.base import BatchDetector
 from service.drift.embedders import text_detector
@@ -191,12 +193,20 @@ def check_samples(
     checks: list[Check] = []
     ref_vectors, _ = reference.vectors()
     win_vectors, win_texts = current.vectors()
+    # The query-text test's detector once fitted: its embedder places the explanation's groups.
+    text_test: list[TextKnnDrift] = []
     if text is not None:
         text_alpha = settings.alpha_for(TextKnnDrift.name)
         state = text.embedder_state
+
+        def fitted_text_test(pinned: Reference) -> TextKnnDrift:
+            detector = text_detector(pinned, state, alpha=text_alpha, seed=settings.seed)
+            text_test.append(detector)
+            return detector
+
         embedding = _run(
             TextKnnDrift,
-            lambda pinned: text_detector(pinned, state, alpha=text_alpha, seed=settings.seed),
+            fitted_text_test,
             np.array(reference.texts(), dtype=str),
             np.array(current.texts(), dtype=str),
             reference_id,
@@ -223,7 +233,22 @@ def check_samples(
             embedding_alpha,
         )
     embedding = with_power(embedding)
-    if embedding.result.drifted and ref_vectors.shape[0] >= 2 and win_vectors.shape[0] >= 2:
+    embedder = text_test[0].embedder if text_test else None
+    if embedding.result.drifted and embedder is not None:
+        # Group the queries in the space the text test compared them in (its fitted TF-IDF).
+        groups = explain_query_text_drift(
+            embedder,
+            reference.texts(),
+            current.texts(),
+            groups=settings.explain_groups,
+            examples=settings.explain_examples,
+            alpha=embedding.result.alpha or settings.alpha,
+            seed=settings.seed,
+        )
+        embedding = Check(
+            embedding.result, embedding.outcome, [g.to_json() for g in groups[: settings.explain_limit]]
+        )
+    elif embedding.result.drifted and ref_vectors.shape[0] >= 2 and win_vectors.shape[0] >= 2:
         groups = explain_query_drift(
             ref_vectors,
             win_vectors,

@@ -19,6 +19,7 @@ TOPICS = {
     "account": ["password", "login", "email", "profile", "address", "verify"],
 }
 NEW = ["visa", "passport", "flight", "hotel", "luggage", "embassy"]
+LETTERS = list("abcdefghijklmnopqrstuvwxyz")
 
 
 def _queries(rng: np.random.Generator, n: int, new_share: float = 0.0) -> np.ndarray:
@@ -27,6 +28,14 @@ def _queries(rng: np.random.Generator, n: int, new_share: float = 0.0) -> np.nda
         words = NEW if rng.random() < new_share else TOPICS[str(rng.choice(sorted(TOPICS)))]
         out.append("how do i " + " ".join(rng.choice(words, 3, replace=False)) + f" {int(rng.integers(50))}")
     return np.array(out)
+
+
+def _diverse(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Queries unlike the reference and unlike each other (made-up words): out-of-scope traffic."""
+    words = ["".join(rng.choice(LETTERS, 6)) for _ in range(3 * n)]
+    return np.array(
+        [f"how do i {' '.join(words[3 * i : 3 * i + 3])} {int(rng.integers(50))}" for i in range(n)]
+    )
 
 
 def test_embedder_is_deterministic_and_round_trips_through_its_state() -> None:
@@ -105,3 +114,35 @@ def test_power_estimate_follows_the_curve_and_says_what_it_is() -> None:
     assert "estimated" in middle.describe() and middle.to_json()["shift"] == curve.shift
     assert estimated_power("retrieval_top1_score", 2000) is None
     assert estimated_power("query_text_knn", 2000, alpha=0.01) is None
+
+
+def test_diverse_unseen_queries_are_caught_by_the_novelty_statistic() -> None:
+    # 10 % out-of-scope queries: each far from the reference, but no cluster, so they mix with both sides in
+    # the neighbour graph. Before the novelty statistic the test's p-value was the k-NN one: 0 of 10 caught.
+    caught = knn_caught = 0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        detector = TextKnnDrift(seed=seed).fit(Reference("r", _queries(rng, 600), T, T))
+        result = detector.score(Window(np.concatenate([_queries(rng, 360), _diverse(rng, 40)]), T, T))
+        caught += result.drifted
+        knn_caught += float(result.details["knn_p_value"]) <= 0.05  # type: ignore[arg-type]
+        assert float(result.details["window_share_unlike_reference"]) > 0.1  # type: ignore[arg-type]
+    assert caught == 10
+    assert knn_caught <= 2
+
+
+def test_the_k_nn_part_alone_is_the_earlier_test_and_both_parts_are_reported() -> None:
+    rng = np.random.default_rng(3)
+    detector = TextKnnDrift(seed=3).fit(Reference("r", _queries(rng, 600), T, T))
+    result_window = _queries(rng, 400, new_share=0.1)
+    result = detector.score(Window(result_window, T, T))
+    details = result.details
+    assert details["statistic_name"] == "min_p_neg_log10"
+    assert float(details["knn_p_value"]) == pytest.approx(1 / 201)  # type: ignore[arg-type]
+    assert 0.0 < float(details["novelty_p_value"]) <= 1.0  # type: ignore[arg-type]
+    # min-p: never below the smaller part's p-value, at most that times the number of parts plus one draw.
+    smaller = min(float(details["knn_p_value"]), float(details["novelty_p_value"]))  # type: ignore[arg-type]
+    assert smaller <= float(result.p_value or 0.0) <= 2 * smaller + 1 / 201
+    assert result.statistic == pytest.approx(-np.log10(smaller))
+    restored = TextKnnDrift.from_state(detector.to_state()).score(Window(result_window, T, T))
+    assert restored.p_value == result.p_value and restored.details == details
