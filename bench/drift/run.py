@@ -374,8 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         results = dict(zip(names, pool.map(run_set, names, [plan] * len(names)), strict=True))
     elapsed = time.perf_counter() - started
     out = [
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}; {len(names)} query sets in parallel, one core "
-        f"each, on a 2-core machine shared with other work; took {elapsed / 60:.0f} min; alpha = {ALPHA})."
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}; {len(names)} query sets, {max(1, args.jobs)} at "
+        f"a time, one core each, on a 2-core machine shared with other work; took {elapsed / 60:.0f} min; "
+        f"alpha = {ALPHA})."
     ]
     missing = {"clinc150", "banking77"} - set(names)
     if missing:
