@@ -210,7 +210,7 @@ async function listPage() {
     await call("DELETE", `${API}/session`);
     window.location.assign("/review/login");
   });
-  await Promise.all([renderItems(form), renderProgress(), renderCalibration()]);
+  // keys work as soon as the rows are there, not only once progress and calibration have loaded
   document.addEventListener("keydown", (event) => {
     if (typing(event) || event.ctrlKey || event.metaKey || event.altKey) return;
     const rows = [...document.querySelectorAll("#items tbody tr")];
@@ -223,6 +223,7 @@ async function listPage() {
     else return;
     event.preventDefault();
   });
+  await Promise.all([renderItems(form), renderProgress(), renderCalibration()]);
 }
 
 // -- item ---------------------------------------------------------------------------------------
