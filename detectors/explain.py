@@ -183,6 +183,27 @@ def _groups(
     return result
 
 
+def _check_grouping(groups: int, restarts: int) -> None:
+    if groups < 2:
+        raise ValueError(f"groups must be at least 2, got {groups}")
+    if restarts < 1:
+        raise ValueError(f"restarts must be at least 1, got {restarts}")
+
+
+def _clustered_sample(
+    canonical: npt.NDArray[np.intp], groups: int, max_points: int, rng: np.random.Generator
+) -> tuple[npt.NDArray[np.intp], int]:
+    """(the rows k-means is fitted on, in canonical order or a seeded draw of `max_points` of them,
+    and the number of groups k)."""
+    sample = (
+        canonical
+        if canonical.size <= max_points
+        else canonical[rng.choice(canonical.size, max_points, replace=False)]
+    )
+    # Fine clusters keep a small new topic from being merged into a large old one; at least ~20 points each.
+    return sample, max(2, min(groups, sample.size // 20))
+
+
 def explain_query_drift(
     reference: npt.ArrayLike,
     window: npt.ArrayLike,
@@ -211,24 +232,14 @@ def explain_query_drift(
         raise ValueError("reference and window must be 2-D arrays of the same width")
     if len(window_texts) != window_points.shape[0]:
         raise ValueError(f"{len(window_texts)} texts for {window_points.shape[0]} window vectors")
-    if groups < 2:
-        raise ValueError(f"groups must be at least 2, got {groups}")
-    if restarts < 1:
-        raise ValueError(f"restarts must be at least 1, got {restarts}")
+    _check_grouping(groups, restarts)
     n_ref, n_win = reference_points.shape[0], window_points.shape[0]
     if n_ref == 0 or n_win == 0:
         return []
     pooled = np.concatenate([reference_points, window_points])
     rng = np.random.default_rng(seed)
-    canonical = pooled[np.lexsort(pooled.T[::-1])]
-    sample = (
-        canonical
-        if canonical.shape[0] <= max_points
-        else canonical[rng.choice(canonical.shape[0], max_points, replace=False)]
-    )
-    # Fine clusters keep a small new topic from being merged into a large old one; at least ~20 points each.
-    k = max(2, min(groups, sample.shape[0] // 20))
-    centres = _tightest_kmeans(sample, k, restarts, rng)
+    sample, k = _clustered_sample(np.lexsort(pooled.T[::-1]), groups, max_points, rng)
+    centres = _tightest_kmeans(pooled[sample], k, restarts, rng)
     labels = _nearest(pooled, centres)
     window_labels = labels[n_ref:]
     # Closeness of a window row to its group's centre: the examples are the closest ones.
@@ -256,23 +267,15 @@ def explain_query_text_drift(
     order (equal texts are equal rows), so shuffled windows give the same
     groups. ValueError when `groups` is below 2 or `restarts` below 1.
     """
-    if groups < 2:
-        raise ValueError(f"groups must be at least 2, got {groups}")
-    if restarts < 1:
-        raise ValueError(f"restarts must be at least 1, got {restarts}")
+    _check_grouping(groups, restarts)
     n_ref, n_win = len(reference_texts), len(window_texts)
     if n_ref == 0 or n_win == 0:
         return []
     texts = [str(t) for t in (*reference_texts, *window_texts)]
     rows = compact_columns(embedder.transform(texts))
-    canonical = np.argsort(np.array(texts, dtype=str), kind="stable")
     rng = np.random.default_rng(seed)
-    sample = (
-        canonical
-        if canonical.size <= max_points
-        else canonical[rng.choice(canonical.size, max_points, replace=False)]
-    )
-    k = max(2, min(groups, sample.size // 20))
+    canonical = np.argsort(np.array(texts, dtype=str), kind="stable")
+    sample, k = _clustered_sample(canonical, groups, max_points, rng)
     centres = spherical_kmeans(rows[sample], k, restarts, rng)
     labels, similarity = nearest_centres(rows, centres)
     return _groups(labels, k, n_ref, similarity[n_ref:], texts[n_ref:], examples, terms, alpha)
