@@ -34,6 +34,7 @@ from detectors import (
     EmbeddingModelChange,
     EmptyRetrievalDrift,
     HitDistributionDrift,
+    QueryGroup,
     Reference,
     TextKnnDrift,
     TopkScoreDrift,
@@ -234,33 +235,28 @@ def check_samples(
         )
     embedding = with_power(embedding)
     embedder = text_test[0].embedder if text_test else None
-    if embedding.result.drifted and embedder is not None:
-        # Group the queries in the space the text test compared them in (its fitted TF-IDF).
-        groups = explain_query_text_drift(
-            embedder,
-            reference.texts(),
-            current.texts(),
-            groups=settings.explain_groups,
-            examples=settings.explain_examples,
-            alpha=embedding.result.alpha or settings.alpha,
-            seed=settings.seed,
-        )
-        embedding = Check(
-            embedding.result, embedding.outcome, [g.to_json() for g in groups[: settings.explain_limit]]
-        )
-    elif embedding.result.drifted and ref_vectors.shape[0] >= 2 and win_vectors.shape[0] >= 2:
-        groups = explain_query_drift(
-            ref_vectors,
-            win_vectors,
-            win_texts,
-            groups=settings.explain_groups,
-            examples=settings.explain_examples,
-            alpha=embedding.result.alpha or settings.alpha,
-            seed=settings.seed,
-        )
-        embedding = Check(
-            embedding.result, embedding.outcome, [g.to_json() for g in groups[: settings.explain_limit]]
-        )
+    if embedding.result.drifted:
+        alpha = embedding.result.alpha or settings.alpha
+        groups, examples, seed = settings.explain_groups, settings.explain_examples, settings.seed
+        found: list[QueryGroup] | None = None
+        if embedder is not None:
+            # Group the queries in the space the text test compared them in (its fitted TF-IDF).
+            found = explain_query_text_drift(
+                embedder,
+                reference.texts(),
+                current.texts(),
+                groups=groups,
+                examples=examples,
+                alpha=alpha,
+                seed=seed,
+            )
+        elif ref_vectors.shape[0] >= 2 and win_vectors.shape[0] >= 2:
+            found = explain_query_drift(
+                ref_vectors, win_vectors, win_texts, groups=groups, examples=examples, alpha=alpha, seed=seed
+            )
+        if found is not None:
+            explained = [g.to_json() for g in found[: settings.explain_limit]]
+            embedding = Check(embedding.result, embedding.outcome, explained)
     checks.append(embedding)
     factories: list[tuple[Callable[[float], BatchDetector], Callable[[Sample], npt.NDArray[Any]]]] = [
         (lambda a: TopScoreDrift(alpha=a, min_size=2), lambda s: s.scores("top1")),
