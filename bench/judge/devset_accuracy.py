@@ -24,6 +24,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -141,13 +142,12 @@ def tune_threshold(score: np.ndarray, label: np.ndarray) -> float:
     return float(candidates[int(np.argmax(accuracies))])
 
 
-def bootstrap(
-    pred: np.ndarray, label: np.ndarray, strata: list[np.ndarray], n_boot: int, seed: int = 7
-) -> tuple[tuple[float, float], tuple[float, float]]:
-    """95 % intervals of (balanced accuracy, false approval); `strata` lists each source's row
-    indexes per group, resampled groups within source."""
+def _group_resamples(
+    label: np.ndarray, strata: list[np.ndarray], n_boot: int, seed: int
+) -> Iterator[np.ndarray]:
+    """The row indexes of `n_boot` bootstrap resamples (groups drawn with replacement within each
+    source), skipping those that hold one class only."""
     rng = np.random.default_rng(seed)
-    ba, fa = [], []
     for _ in range(n_boot):
         rows = np.concatenate(
             [
@@ -157,6 +157,16 @@ def bootstrap(
         )
         if label[rows].all() or not label[rows].any():
             continue
+        yield rows
+
+
+def bootstrap(
+    pred: np.ndarray, label: np.ndarray, strata: list[np.ndarray], n_boot: int, seed: int = 7
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """95 % intervals of (balanced accuracy, false approval); `strata` lists each source's row
+    indexes per group, resampled groups within source."""
+    ba, fa = [], []
+    for rows in _group_resamples(label, strata, n_boot, seed):
         ba.append(balanced(pred[rows], label[rows]))
         fa.append(false_approval(pred[rows], label[rows]))
     return (
@@ -174,17 +184,8 @@ def paired_difference(
     seed: int = 7,
 ) -> tuple[float, float]:
     """95 % interval of balanced accuracy (first) - (second) over the same group resamples."""
-    rng = np.random.default_rng(seed)
     diffs = []
-    for _ in range(n_boot):
-        rows = np.concatenate(
-            [
-                np.concatenate([groups[i] for i in rng.integers(0, len(groups), len(groups))])
-                for groups in strata
-            ]
-        )
-        if label[rows].all() or not label[rows].any():
-            continue
+    for rows in _group_resamples(label, strata, n_boot, seed):
         diffs.append(balanced(first[rows], label[rows]) - balanced(second[rows], label[rows]))
     return float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))
 
