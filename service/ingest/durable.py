@@ -104,9 +104,7 @@ class DurableAcks:
         returns how many went."""
         watermark = self.ledger.watermark(self.wal.next_seq)
         if self._needs_sync(watermark):
-            assert self.store_sync is not None
-            self.store_sync()
-            self._synced_below = watermark
+            self._sync_store(watermark)
         return self._release(watermark)
 
     async def _checkpoint(self) -> int:
@@ -115,13 +113,16 @@ class DurableAcks:
         stored before it is let go."""
         watermark = self.ledger.watermark(self.wal.next_seq)
         if self._needs_sync(watermark):
-            assert self.store_sync is not None
-            await asyncio.to_thread(self.store_sync)
-            self._synced_below = watermark
+            await asyncio.to_thread(self._sync_store, watermark)
         return self._release(watermark)
 
     def _needs_sync(self, watermark: int) -> bool:
         return self.store_sync is not None and watermark > self._synced_below
+
+    def _sync_store(self, watermark: int) -> None:
+        assert self.store_sync is not None
+        self.store_sync()
+        self._synced_below = watermark
 
     def _release(self, watermark: int) -> int:
         fsyncs = self.wal.fsyncs

@@ -526,7 +526,7 @@ class Store:
         On SQLite (synchronous=NORMAL) a commit is written to the WAL file but fsynced only at the
         next checkpoint; this fsyncs the WAL file. Checkpoints fsync the database file themselves.
         PostgreSQL commits are durable when they return: nothing to do."""
-        if self._plain_inserts is None:
+        if self.engine.dialect.name != "sqlite":
             return
         database = self.engine.url.database
         if not database or database == ":memory:":
