@@ -16,7 +16,10 @@ Load: `--concurrency` senders post JSON batches of `--batch` traces to
 retried after its Retry-After). Reported per mode:
 
 * ingest traces/s: accepted traces / time until the last POST was answered;
-* end-to-end traces/s: traces / time until all are rows in PostgreSQL;
+* end-to-end traces/s: traces / time until all are rows in the store;
+* steady traces/s: rows stored per second between 10 % and 90 % of the
+  traces stored (the store's row count sampled every 0.25 s), without the
+  start and the tail, which weigh more the shorter the run;
 * consumer lag (distributed): `ragmon_kafka_consumer_lag` summed over the
   workers' partitions, sampled every 0.25 s while the load runs (max, mean);
 * CPU per stored trace of each role, from the start of the load until every
@@ -24,7 +27,7 @@ retried after its Retry-After). Reported per mode:
   PostgreSQL server (all its backends) and the broker (/proc utime + stime,
   children included). CPU seconds hold better than rates on a shared machine,
   and they are what a capacity plan divides by;
-* the ratios of each distributed mode to embedded.
+* the ratios of each mode to the first (`--modes`; embedded by default).
 
     python bench/scale/run.py [--traces 20000] [--concurrency 4] [--json out.json]
 
@@ -78,6 +81,8 @@ class Result:
     lag_samples: list[float] = field(default_factory=list, repr=False)
     queued_max: float = 0.0
     cpu_ms_per_trace: dict[str, float] = field(default_factory=dict)
+    # (seconds since the load started, rows in the store), sampled while the load runs
+    stored: list[tuple[float, int]] = field(default_factory=list, repr=False)
 
     @property
     def ingest_rate(self) -> float:
@@ -86,6 +91,28 @@ class Result:
     @property
     def end_to_end_rate(self) -> float:
         return self.traces / self.end_to_end_s
+
+    @property
+    def steady_rate(self) -> float | None:
+        """Rows stored per second between 10 % and 90 % of the traces stored: the rate without the
+        start (first fetches, caches warming) and the tail, which weigh more the shorter the run."""
+        low, high = 0.1 * self.traces, 0.9 * self.traces
+        t_low = _time_reaching(self.stored, low)
+        t_high = _time_reaching(self.stored, high)
+        if t_low is None or t_high is None or t_high <= t_low:
+            return None
+        return (high - low) / (t_high - t_low)
+
+
+def _time_reaching(samples: list[tuple[float, int]], level: float) -> float | None:
+    """When the stored count first reached `level`, interpolated between samples."""
+    previous = (0.0, 0)
+    for t, n in samples:
+        if n >= level:
+            (t0, n0) = previous
+            return t if n == n0 else t0 + (t - t0) * (level - n0) / (n - n0)
+        previous = (t, n)
+    return None
 
 
 @contextmanager
@@ -342,18 +369,30 @@ def run_mode(
                         lag.append(sum(scrape_sum(p, "ragmon_kafka_consumer_lag") for p in worker_ports))
                 time.sleep(0.25)
 
+        stored: list[tuple[float, int]] = []
+
+        def sample_stored() -> None:
+            while not done.is_set():
+                with suppress(sa.exc.SQLAlchemyError):
+                    n = rows(store_url)
+                    stored.append((time.perf_counter() - started, n))
+                time.sleep(0.25)
+
         sampler = threading.Thread(target=sample_lag, daemon=True)
+        stored_sampler = threading.Thread(target=sample_stored, daemon=True)
         roles = {"ingest": [procs[0].pid], "workers": [p.pid for p in procs[1:]]}
         roles.update({name: [pid] for name, pid in others.items()})
         cpu_before = roles_cpu_s(roles)
         started = time.perf_counter()
         sampler.start()
+        stored_sampler.start()
         ingest_s = send_all(f"http://127.0.0.1:{port}", bodies, args.concurrency)
         while rows(store_url) < args.traces:
             if time.perf_counter() - started > args.timeout:
                 raise RuntimeError(f"{mode}: only {rows(store_url)} of {args.traces} stored")
             time.sleep(0.1)
         end_to_end_s = time.perf_counter() - started
+        stored.append((end_to_end_s, args.traces))
         cpu_after = roles_cpu_s(roles)
         cpu_ms = {
             role: (cpu_after[role] - cpu_before[role]) / args.traces * 1000
@@ -369,6 +408,7 @@ def run_mode(
             end_to_end_s,
             queued_max=max(queued, default=0),
             cpu_ms_per_trace=cpu_ms,
+            stored=stored,
         )
         if lag:
             result.lag_max = max(lag)
@@ -405,25 +445,38 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--modes",
+        default="embedded,embedded-sqlite,distributed-1,distributed-2",
+        help="comma-separated subset of the modes, in this order (the ratios are to the first)",
+    )
     args = parser.parse_args()
+    modes = args.modes.split(",")
     results: list[Result] = []
     with postgres() as admin_url, broker() as (bootstrap, broker_pid), tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         others = {"postgresql": postmaster_pid(admin_url), "broker": broker_pid}
-        results.append(run_mode(admin_url, None, 0, args, work, others))
-        results.append(run_mode(admin_url, None, 0, args, work, others, sqlite=True))
-        for n in (1, 2):
-            results.append(run_mode(admin_url, bootstrap, n, args, work, others))
+        for mode in modes:
+            if mode == "embedded":
+                results.append(run_mode(admin_url, None, 0, args, work, others))
+            elif mode == "embedded-sqlite":
+                results.append(run_mode(admin_url, None, 0, args, work, others, sqlite=True))
+            elif mode.startswith("distributed-"):
+                results.append(run_mode(admin_url, bootstrap, int(mode.split("-")[1]), args, work, others))
+            else:
+                parser.error(f"unknown mode {mode!r}")
     base = results[0]
     print(f"{args.traces} traces, batches of {args.batch}, {args.concurrency} senders, PostgreSQL store")
     print(
-        f"{'mode':<15}{'ingest tr/s':>12}{'e2e tr/s':>10}{'x ingest':>10}{'x e2e':>8}"
+        f"{'mode':<15}{'ingest tr/s':>12}{'e2e tr/s':>10}{'steady tr/s':>12}{'x ingest':>10}{'x e2e':>8}"
+        f"{'x steady':>9}"
         f"{'lag max':>9}{'lag mean':>9}{'ingest queue max':>18}"
     )
     for r in results:
         print(
-            f"{r.mode:<15}{r.ingest_rate:>12.0f}{r.end_to_end_rate:>10.0f}"
+            f"{r.mode:<15}{r.ingest_rate:>12.0f}{r.end_to_end_rate:>10.0f}{_rate(r.steady_rate):>12}"
             f"{r.ingest_rate / base.ingest_rate:>10.2f}{r.end_to_end_rate / base.end_to_end_rate:>8.2f}"
+            f"{_ratio(r.steady_rate, base.steady_rate):>9}"
             f"{'' if r.lag_max is None else f'{r.lag_max:.0f}':>9}"
             f"{'' if r.lag_mean is None else f'{r.lag_mean:.0f}':>9}{r.queued_max:>18.0f}"
         )
@@ -434,12 +487,25 @@ def main() -> None:
         args.json.write_text(
             json.dumps(
                 [
-                    {**asdict(r), "ingest_rate": r.ingest_rate, "end_to_end_rate": r.end_to_end_rate}
+                    {
+                        **asdict(r),
+                        "ingest_rate": r.ingest_rate,
+                        "end_to_end_rate": r.end_to_end_rate,
+                        "steady_rate": r.steady_rate,
+                    }
                     for r in results
                 ],
                 indent=2,
             )
         )
+
+
+def _rate(rate: float | None) -> str:
+    return "" if rate is None else f"{rate:.0f}"
+
+
+def _ratio(rate: float | None, base: float | None) -> str:
+    return "" if rate is None or not base else f"{rate / base:.2f}"
 
 
 if __name__ == "__main__":
