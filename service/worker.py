@@ -24,8 +24,9 @@ Roles (`--role`, repeatable; default `worker.roles`):
 The topology is `Pipeline`'s (service/pipeline.py); a worker starts the parts
 of it its roles need. Each worker serves `/metrics`, `/healthz` and `/readyz` on
 `worker.host:worker.port`: `/healthz` (liveness) answers 503 once a sinks worker's consume loop
-has ended, `/readyz` also while the store does not answer. Start-up waits for the store
-(PostgreSQL may be restarting); once running, every stage retries on its own.
+has ended or is stuck in one turn (`Worker.alive`), `/readyz` also while the store does not
+answer. Start-up waits for the store (PostgreSQL may be restarting); once running, every stage
+retries on its own.
 """
 
 from __future__ import annotations
@@ -54,11 +55,14 @@ from service.runtime import tune_for_service
 if TYPE_CHECKING:
     from service.bus.kafka import KafkaReceiver
 
-__all__ = ["DRIFT_LOCK", "Worker", "create_worker_app", "main"]
+__all__ = ["DRIFT_LOCK", "STUCK_TURNS", "Worker", "create_worker_app", "main"]
 
 log = logging.getLogger(__name__)
 
 DRIFT_LOCK = "drift-scheduler"
+# a consume-loop turn this many times `kafka.max_poll_interval_s` old fails liveness: one interval is
+# what the broker allows a batch; the second keeps a slow batch that finishes from a needless restart
+STUCK_TURNS = 2
 _SCHEMA_RETRY_S = 1.0
 
 
@@ -165,11 +169,24 @@ class Worker:
         return (False, problem) if problem else (True, "ok")
 
     def alive(self) -> tuple[bool, str]:
-        """Liveness: False once the Kafka consume loop of a started sinks worker has ended. Nothing
-        restarts that loop in the process, and its consumer may still hold partitions that nobody
-        then consumes: the pod must be restarted (the chart's livenessProbe on /healthz)."""
-        if self.started and self.receiver is not None and not self.receiver.running:
-            return False, f"kafka consume loop ended ({self.receiver.failure})"
+        """Liveness: False once the Kafka consume loop of a started sinks worker has ended, or while
+        one turn of it has run longer than `STUCK_TURNS` x `kafka.max_poll_interval_s` (a call that
+        never returns: a frozen database answers no statement, and its kernel still acknowledges
+        the bytes, so no timeout of ours fires). Nothing restarts that loop in the process, and its
+        consumer may still hold partitions that nobody then consumes: the pod must be restarted
+        (the chart's livenessProbe on /healthz)."""
+        receiver = self.receiver
+        if not self.started or receiver is None:
+            return True, "ok"
+        if not receiver.running:
+            return False, f"kafka consume loop ended ({receiver.failure})"
+        limit = STUCK_TURNS * self.config.kafka.max_poll_interval_s
+        age = receiver.turn_age_s()
+        if age > limit:
+            return False, (
+                f"kafka consume loop stuck: its current turn has run {age:.0f}s, over "
+                f"{STUCK_TURNS} x kafka.max_poll_interval_s ({limit:g}s)"
+            )
         return True, "ok"
 
     def health(self) -> dict[str, Any]:
@@ -181,6 +198,7 @@ class Worker:
             "roles": sorted(self.roles),
             "partitions": [f"{topic}/{partition}" for topic, partition in assigned],
             "batches": self.receiver.batches if self.receiver is not None else 0,
+            "consume_turn_s": round(self.receiver.turn_age_s(), 1) if self.receiver is not None else 0.0,
             "drift_leader": self.leader.held,
         }
 
@@ -205,7 +223,9 @@ def create_worker_app(
     app.state.worker = worker
 
     @app.get(
-        "/healthz", tags=["ops"], summary="Liveness (503 once the consume loop ended), roles, partitions"
+        "/healthz",
+        tags=["ops"],
+        summary="Liveness (503 once the consume loop ended or is stuck), roles, partitions",
     )
     async def healthz() -> Response:
         health = worker.health()

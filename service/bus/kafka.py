@@ -527,6 +527,9 @@ class KafkaReceiver:
         self._lag = LagExporter(metrics.kafka_consumer_lag, self.group)
         self._outage = OutageLog(log, f"Kafka (sinks worker, group {self.group})")
         self._task: asyncio.Task[None] | None = None
+        # when the consume loop's current turn (poll, hand-on, commit) began: a turn that never ends
+        # (a store call hanging on a frozen server) leaves the loop "running" but doing nothing
+        self._turn_began: float | None = None
         self.assigned: frozenset[tuple[str, int]] = frozenset()
         self.batches = 0
         if offsets is not None:
@@ -699,6 +702,7 @@ class KafkaReceiver:
         backoff = _MIN_BACKOFF_S
         spans_topic = self.config.spans_topic if self.spans is not None else None
         while True:
+            self._turn_began = time.monotonic()
             try:
                 polled = await self._thread(self._poll)
             except (KafkaError, OSError) as exc:
@@ -765,6 +769,13 @@ class KafkaReceiver:
     def running(self) -> bool:
         """The consume loop is alive (a consumer with no partitions assigned still counts)."""
         return self._task is not None and not self._task.done()
+
+    def turn_age_s(self) -> float:
+        """Seconds the consume loop's current turn has run; 0 while the loop does not run. A turn
+        polls, hands the batch on and commits, waiting at most its retry backoff: one that lasts
+        several `kafka.max_poll_interval_s` is stuck, and the group has given its partitions away."""
+        began = self._turn_began
+        return time.monotonic() - began if began is not None and self.running else 0.0
 
     @property
     def failure(self) -> str | None:

@@ -13,6 +13,7 @@ other's records even on a shared broker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -233,6 +234,18 @@ class Postgres:
             [str(ROOT / ".ci" / "stop_postgres.sh"), str(self.base)], capture_output=True, check=True
         )
 
+    def processes(self) -> list[int]:
+        """The server's pids: the postmaster (first line of its postmaster.pid) and its children
+        (backends, checkpointer, writers)."""
+        postmaster = int((self.base / "data" / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # the field after the parenthesised command is the state, then the parent pid
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
+                    children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
     def database(self) -> str:
         """A new empty database; its URL."""
         name = f"ragmon_dist_{uuid.uuid4().hex[:16]}"
@@ -254,6 +267,26 @@ def postgres() -> Iterator[Postgres]:
     try:
         yield server
     finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[Postgres]:
+    """A PostgreSQL server of the test's own, for faults that would hurt other tests (freezing it)."""
+    if _pg_bindir() is None:
+        pytest.skip(_NO_POSTGRES)
+    # not under tmp_path: the server runs as the postgres user, who cannot enter pytest's 0700 folders
+    base = Path(tempfile.mkdtemp(prefix="ragmon-dist-pg-"))
+    base.chmod(0o755)
+    server = Postgres(base, free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        for pid in server.processes():  # resumed if the test left it frozen, or stop would hang
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
 

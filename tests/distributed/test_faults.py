@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -219,6 +221,46 @@ def test_postgres_restart_workers_retry_and_resume(
     assert len(stored) == 500 and set(span_ids) <= set(stored) and set(stored.values()) == {1}
     assert _counted(a, b) == 500
     print(f"\nPostgreSQL restart: sent 500 (100 as spans while it was down), acked 500, stored {len(stored)}")
+
+
+def test_a_worker_stuck_on_a_frozen_postgres_fails_liveness_and_loses_nothing(
+    kafka_bootstrap: str,
+    private_postgres: Postgres,
+    tmp_path: Path,
+    workers: Callable[..., WorkerProcess],
+) -> None:
+    """A database that stops answering without closing its connections (a frozen VM or stuck
+    storage: here SIGSTOP, so the kernel still acknowledges every byte and no timeout fires) leaves
+    the worker's store call waiting for ever. The consume loop has not ended, so before this check
+    /healthz said ok and the pod was never restarted; now a turn older than 2 x
+    max_poll_interval_s fails liveness. Once the server resumes, every trace is stored once."""
+    url = private_postgres.database()
+    settings = _settings(kafka_bootstrap, url, tmp_path, kafka={"max_poll_interval_s": 5})
+    worker = workers(settings, "sinks")
+    worker.wait(lambda h: bool(h["partitions"]), timeout=60)
+    _publish(settings, 60)
+    _until(lambda: count_rows(url) == 60, what="first traces stored")
+    assert worker.health()["status"] == "ok"
+    frozen = private_postgres.processes()
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        _publish(settings, 90)  # Kafka takes them; the worker's batch then waits on the frozen server
+        dead = worker.wait(lambda h: h["status"] == "dead", timeout=60)
+        assert dead["detail"].startswith("kafka consume loop stuck: its current turn has run"), dead
+        assert dead["consume_turn_s"] > 2 * 5
+        with httpx.Client() as client:
+            assert client.get(f"http://127.0.0.1:{worker.port}/healthz", timeout=5).status_code == 503
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    worker.wait(lambda h: h["status"] == "ok", timeout=60)
+    _until(lambda: count_rows(url) == 150, what="all traces stored once the server resumed")
+    _until(lambda: _counted(worker) >= 150, what="all traces counted")
+    stored = stored_ids(url)
+    assert len(stored) == 150 and set(stored.values()) == {1}
+    assert _counted(worker) == 150
+    print(f"\nfrozen PostgreSQL: sent 150 (90 while frozen), stored {len(stored)}; liveness failed meanwhile")
 
 
 def test_ingest_starts_and_takes_spans_while_its_postgres_is_unreachable(
