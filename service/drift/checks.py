@@ -37,6 +37,7 @@ from detectors import (
     QueryGroup,
     Reference,
     TextKnnDrift,
+    TfidfEmbedder,
     TopkScoreDrift,
     TopScoreDrift,
     Window,
@@ -55,6 +56,7 @@ __all__ = [
     "TextReference",
     "check_model_change",
     "check_samples",
+    "explain_queries",
     "insufficient",
     "with_power",
 ]
@@ -193,7 +195,7 @@ def check_samples(
     """Query (text or embedding), top-1 score, top-k score, empty-retrieval and hit-distribution checks."""
     checks: list[Check] = []
     ref_vectors, _ = reference.vectors()
-    win_vectors, win_texts = current.vectors()
+    win_vectors, _ = current.vectors()
     # The query-text test's detector once fitted: its embedder places the explanation's groups.
     text_test: list[TextKnnDrift] = []
     if text is not None:
@@ -234,26 +236,16 @@ def check_samples(
             embedding_alpha,
         )
     embedding = with_power(embedding)
-    embedder = text_test[0].embedder if text_test else None
     if embedding.result.drifted:
-        alpha = embedding.result.alpha or settings.alpha
-        groups, examples, seed = settings.explain_groups, settings.explain_examples, settings.seed
-        found: list[QueryGroup] | None = None
-        if embedder is not None:
-            # Group the queries in the space the text test compared them in (its fitted TF-IDF).
-            found = explain_query_text_drift(
-                embedder,
-                reference.texts(),
-                current.texts(),
-                groups=groups,
-                examples=examples,
-                alpha=alpha,
-                seed=seed,
-            )
-        elif ref_vectors.shape[0] >= 2 and win_vectors.shape[0] >= 2:
-            found = explain_query_drift(
-                ref_vectors, win_vectors, win_texts, groups=groups, examples=examples, alpha=alpha, seed=seed
-            )
+        found = explain_queries(
+            reference,
+            current,
+            text_test[0].embedder if text_test else None,
+            alpha=embedding.result.alpha or settings.alpha,
+            groups=settings.explain_groups,
+            examples=settings.explain_examples,
+            seed=settings.seed,
+        )
         if found is not None:
             explained = [g.to_json() for g in found[: settings.explain_limit]]
             embedding = Check(embedding.result, embedding.outcome, explained)
@@ -282,6 +274,38 @@ def check_samples(
             )
         )
     return checks
+
+
+def explain_queries(
+    reference: Sample,
+    current: Sample,
+    embedder: TfidfEmbedder | None,
+    *,
+    alpha: float,
+    groups: int = 40,
+    examples: int = 5,
+    seed: int = 0,
+) -> list[QueryGroup] | None:
+    """The groups of window queries over- or under-represented against the reference, found in the
+    space the query test compared them in: `embedder`'s fitted TF-IDF when ragmon embedded the
+    queries (the query-text test), else the app's own vectors. None when there is too little to group."""
+    if embedder is not None:
+        return explain_query_text_drift(
+            embedder,
+            reference.texts(),
+            current.texts(),
+            groups=groups,
+            examples=examples,
+            alpha=alpha,
+            seed=seed,
+        )
+    ref_vectors, _ = reference.vectors()
+    win_vectors, win_texts = current.vectors()
+    if ref_vectors.shape[0] < 2 or win_vectors.shape[0] < 2:
+        return None
+    return explain_query_drift(
+        ref_vectors, win_vectors, win_texts, groups=groups, examples=examples, alpha=alpha, seed=seed
+    )
 
 
 def _scaled_keys(counts: Mapping[str, int], limit: int) -> npt.NDArray[np.str_]:

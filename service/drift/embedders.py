@@ -23,10 +23,17 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from detectors import Reference, TextKnnDrift
+from detectors import HashingEmbedder, Reference, TextKnnDrift, embedding_model_key
 from detectors.base import detector_params
+from detectors.tfidf import TfidfEmbedder
 
-__all__ = ["fit_reference_embedder", "text_detector"]
+__all__ = ["builtin_model_key", "fit_reference_embedder", "reference_text_embedder", "text_detector"]
+
+
+def builtin_model_key(dim: int) -> str:
+    """The model key of queries ragmon embedded itself (the built-in hashing embedder at `dim`): a
+    reference under this key is compared by the query-text test, in its own fitted space."""
+    return embedding_model_key(HashingEmbedder(dim=dim).model_name, dim)
 
 
 def _encode(detector: TextKnnDrift) -> bytes:
@@ -86,3 +93,13 @@ def text_detector(reference: Reference, state: bytes | None, *, alpha: float, se
         }
     )
     return detector
+
+
+def reference_text_embedder(texts: Sequence[str], state: bytes | None, *, seed: int) -> TfidfEmbedder | None:
+    """The query-text test's fitted embedder for a reference with these `texts`: the stored `state`,
+    or fitted now when none was stored. None for fewer than 3 texts (nothing was fitted at pin time)."""
+    if len(texts) < 3:
+        return None
+    epoch = datetime.fromtimestamp(0, UTC)
+    reference = Reference("pin", np.array(list(texts), dtype=str), epoch, epoch)
+    return text_detector(reference, state, alpha=0.05, seed=seed).embedder

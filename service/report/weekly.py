@@ -32,9 +32,10 @@ import numpy.typing as npt
 import sqlalchemy as sa
 from scipy import stats
 
-from detectors import explain_query_drift
 from detectors.regeneration_band import binomial_band
 from service.config import JudgingConfig, RagmonConfig
+from service.drift.checks import explain_queries
+from service.drift.embedders import builtin_model_key, reference_text_embedder
 from service.drift.store import DriftStore, RunRecord
 from service.judge.judging import FaithfulnessEstimator
 from service.judge.store import JudgmentStore, Reading
@@ -350,7 +351,8 @@ def _new_groups(
         return
     notes = []
     for reference in references:
-        ref_vectors, _ = drift.reference_sample(reference.id).vectors()
+        reference_sample = drift.reference_sample(reference.id)
+        ref_vectors, _ = reference_sample.vectors()
         window, _, _ = drift.draw(
             tenant,
             report.app,
@@ -360,12 +362,26 @@ def _new_groups(
             capacity=config.drift.window_capacity,
             seed=config.drift.seed,
         )
-        win_vectors, texts = window.vectors()
+        win_vectors, _ = window.vectors()
         if ref_vectors.shape[0] < 2 or win_vectors.shape[0] < 2:
             notes.append(f"{reference.label}: too few query vectors in the period ({win_vectors.shape[0]}).")
             continue
-        groups = explain_query_drift(
-            ref_vectors, win_vectors, texts, alpha=config.drift.alpha, seed=config.drift.seed
+        embedder = None
+        if reference.model_key == builtin_model_key(config.drift.embedder_dim):
+            # ragmon embedded these queries: group them where `drift run`'s query-text test compared them
+            stored = drift.reference_embedder(reference.id)
+            embedder = reference_text_embedder(
+                reference_sample.texts(), None if stored is None else stored[1], seed=config.drift.seed
+            )
+        groups = (
+            explain_queries(
+                reference_sample,
+                window,
+                embedder,
+                alpha=config.drift.alpha,
+                seed=config.drift.seed,
+            )
+            or []
         )
         significant = [g.to_json() | {"reference": reference.label} for g in groups if g.significant]
         report.groups.extend(significant[:10])

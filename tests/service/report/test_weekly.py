@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from detectors.regeneration_band import binomial_band
 from service.cli import main as cli_main
 from service.judge.store import judgments
-from service.report.weekly import mean_interval, quantile_interval, rate_interval
+from service.report.weekly import build_report, mean_interval, quantile_interval, rate_interval
 from tests.live_server import live_server
 from tests.service.drift.drift_traffic import send, traces
 
@@ -155,6 +155,51 @@ def test_report_with_data_has_plots_numbers_and_is_served(
     assert "crypto" in markdown.split("New query groups")[1]
 
 
+def test_queries_ragmon_embedded_are_grouped_as_drift_run_groups_them(tmp_path: Path) -> None:
+    """Queries sent without vectors are embedded by ragmon and compared by the query-text test in
+    TF-IDF fitted on the reference. The report's "new query groups" come from that same space (they
+    came from the hashing vectors before), so over the same window they are the groups `drift run`
+    named: the same shares and examples, the new topic on top."""
+    data = tmp_path / "data"
+    now = datetime.now(UTC)
+    past = now - timedelta(days=2)
+    with (
+        live_server(data, drift={"min_window": 30, "flush_s": 3600.0}) as server,
+        server.client() as client,
+    ):
+        send(client, traces(300, seed=21, start=past, span=timedelta(hours=6), model=None))
+        server.flush()
+        pinned = client.post(
+            "/api/v1/drift/references",
+            json={"from": (past - timedelta(hours=1)).isoformat(), "to": (past + timedelta(hours=7)).isoformat()},
+        )
+        assert [r["model_key"].startswith("ragmon-hashing") for r in pinned.json()["pinned"]] == [True]
+        after = traces(
+            300, seed=22, start=now - timedelta(hours=3), span=timedelta(hours=2), shift=0.35, model=None
+        )
+        send(client, after)
+        server.flush()
+        items = client.post("/api/v1/drift/runs", json={}).json()["items"]
+        query = next(r for r in items if r["detector"] == "query_text_knn")
+        assert query["alarm"] or query["outcome"] == "drift", query
+        named = [g for g in query["explanation"] if g["significant"]]
+        report = build_report(
+            server.pipeline.config,
+            server.pipeline.store,
+            server.pipeline.drift_store,
+            tenant="default",
+            since=now - timedelta(hours=4),  # the run's window: the traces after the reference
+            until=datetime.now(UTC),
+        )
+    (app,) = report.apps
+    grouped = [{k: v for k, v in g.items() if k != "reference"} for g in app.groups]
+    assert grouped == named[:10]
+    new_topic = sum("crypto" in r["query"] for r in after)
+    assert all("crypto" in e for e in grouped[0]["examples"]) and grouped[0]["share_reference"] == 0.0
+    crypto_groups = [g for g in grouped if all("crypto" in e for e in g["examples"])]
+    assert sum(g["n_window"] for g in crypto_groups) >= 0.8 * new_topic, (new_topic, crypto_groups)
+
+
 def test_intervals_cover_their_estimates() -> None:
     values = np.random.default_rng(0).exponential(1.0, 500)
     for q in (0.5, 0.95):
@@ -204,7 +249,11 @@ def test_a_week_with_one_day_of_traces_spans_the_week_and_draws_the_detectors_ba
         assert [r.outcome for r in judged] == ["ok", "insufficient_data"]
         baseline = float(str(judged[0].result.details["baseline_rate"]))
         out = tmp_path / "week"
-        assert cli_main(["report", "--since", "7d", "--out", str(out), "--data-dir", str(data)]) == 0
+        # whole days, so today is a whole day of the axis also just after midnight (a period ending
+        # now would end today's part, and its band, minutes after the day began)
+        since, until = (today - timedelta(days=6)).isoformat(), (today + timedelta(days=1)).isoformat()
+        args = ["report", "--since", since, "--until", until, "--out", str(out), "--data-dir", str(data)]
+        assert cli_main(args) == 0
     html = (out / "report.html").read_text()
     charts = _charts(html)
     week = {f"{now - timedelta(days=d):%m-%d}" for d in range(7)}
