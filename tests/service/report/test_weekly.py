@@ -171,7 +171,10 @@ def test_queries_ragmon_embedded_are_grouped_as_drift_run_groups_them(tmp_path: 
         server.flush()
         pinned = client.post(
             "/api/v1/drift/references",
-            json={"from": (past - timedelta(hours=1)).isoformat(), "to": (past + timedelta(hours=7)).isoformat()},
+            json={
+                "from": (past - timedelta(hours=1)).isoformat(),
+                "to": (past + timedelta(hours=7)).isoformat(),
+            },
         )
         assert [r["model_key"].startswith("ragmon-hashing") for r in pinned.json()["pinned"]] == [True]
         after = traces(
