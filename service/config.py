@@ -189,7 +189,12 @@ class KafkaConfig(_Section):
         10.0, ge=1, description="consumer group session timeout (real Kafka accepts >= 6)"
     )
     heartbeat_interval_s: float = Field(3.0, gt=0, description="consumer heartbeat; < 1/3 of the session")
-    max_poll_interval_s: float = Field(300.0, gt=0, description="longest a worker may spend on one batch")
+    max_poll_interval_s: float = Field(
+        300.0,
+        gt=0,
+        description="longest a worker may spend on one batch; a consume-loop turn older than twice this "
+        "fails the worker's liveness (/healthz 503: stuck)",
+    )
     poll_timeout_s: float = Field(0.5, gt=0, description="how long one consumer poll waits for records")
     max_poll_records: int = Field(500, gt=0, description="largest batch a worker takes from the broker")
     buffer_records: int = Field(
