@@ -197,6 +197,34 @@ def group_index(rows: list[dict[str, object]], mask: np.ndarray) -> list[np.ndar
     return [np.array(v) for v in groups.values()]
 
 
+def source_table(
+    rows: list[dict[str, object]],
+    source: np.ndarray,
+    label: np.ndarray,
+    chosen: np.ndarray,
+    predictions: tuple[np.ndarray, ...],
+    boot: int,
+) -> list[str]:
+    """Print a table row per source and overall (rows, then each prediction's balanced accuracy and
+    false approval with group-bootstrap intervals, over the `chosen` rows); returns the paired
+    difference of the first prediction's balanced accuracy against the second's, per row."""
+    first, second = predictions[0], predictions[1]
+    differences: list[str] = []
+    for name in [*sorted(set(source)), "overall"]:
+        mask = chosen & (source == name) if name != "overall" else chosen
+        strata = [group_index(rows, mask & (source == s)) for s in sorted(set(source[mask]))]
+        cells = []
+        for pred in predictions:
+            (ba_lo, ba_hi), (fa_lo, fa_hi) = bootstrap(pred, label, strata, boot)
+            ba, fa = balanced(pred[mask], label[mask]), false_approval(pred[mask], label[mask])
+            cells += [f"{ba:.3f} [{ba_lo:.3f}, {ba_hi:.3f}]", f"{fa:.3f} [{fa_lo:.3f}, {fa_hi:.3f}]"]
+        print(f"| {name} | {int(mask.sum())} ({int(label[mask].sum())}) | " + " | ".join(cells) + " |")
+        lo, hi = paired_difference(first, second, label, strata, boot)
+        diff = balanced(first[mask], label[mask]) - balanced(second[mask], label[mask])
+        differences.append(f"{name}: {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    return differences
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -242,21 +270,7 @@ def main() -> int:
         "| baseline balanced acc. | baseline false approval |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    names = [*sorted(set(source)), "overall"]
-    differences: list[str] = []
-    for name in names:
-        mask = chosen & (source == name) if name != "overall" else chosen
-        sources = sorted(set(source[mask]))
-        strata = [group_index(rows, mask & (source == s)) for s in sources]
-        cells = []
-        for pred in (learned, heuristic, baseline):
-            (ba_lo, ba_hi), (fa_lo, fa_hi) = bootstrap(pred, label, strata, args.boot)
-            ba, fa = balanced(pred[mask], label[mask]), false_approval(pred[mask], label[mask])
-            cells += [f"{ba:.3f} [{ba_lo:.3f}, {ba_hi:.3f}]", f"{fa:.3f} [{fa_lo:.3f}, {fa_hi:.3f}]"]
-        print(f"| {name} | {int(mask.sum())} ({int(label[mask].sum())}) | " + " | ".join(cells) + " |")
-        lo, hi = paired_difference(learned, heuristic, label, strata, args.boot)
-        diff = balanced(learned[mask], label[mask]) - balanced(heuristic[mask], label[mask])
-        differences.append(f"{name}: {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    differences = source_table(rows, source, label, chosen, (learned, heuristic, baseline), args.boot)
     print(
         f"{learned_judge.version} - {judge.version}, balanced accuracy (paired bootstrap): "
         + "; ".join(differences)

@@ -53,20 +53,13 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.judge.devset_accuracy import (
-    balanced,
-    bootstrap,
-    false_approval,
-    group_index,
     overlap_ratio,
-    paired_difference,
+    source_table,
     tune_threshold,
 )
 from bench.judge.train_learned import (
-    FOLDS,
-    GRID,
-    TIE,
-    best_threshold,
     cell_weights,
+    cross_validate,
     fit_stumps,
     fold_of,
     merge,
@@ -221,29 +214,6 @@ def cpu_per_row(rows: list[dict[str, Any]], n: int, threads: int) -> tuple[float
     return load, float(np.median(spent)), float(np.mean(spent))
 
 
-def cross_validate(
-    x: Floats, y: npt.NDArray[np.bool_], source: npt.NDArray[np.str_], folds: npt.NDArray[np.int64]
-) -> tuple[float, int, float, float, dict[str, float]]:
-    """train_learned.py's selection: (oof balanced accuracy, stumps, rate, threshold, per source)."""
-    results = []
-    for n_stumps, rate in GRID:
-        oof = np.zeros(len(y))
-        for k in range(FOLDS):
-            train = folds != k
-            base, stumps = fit_stumps(
-                x[train], y[train], cell_weights(source[train], y[train]), n_stumps, rate
-            )
-            oof[~train] = predict(base, [*stumps, veto_stump()], x[~train])
-        threshold, accuracy = best_threshold(oof, y)
-        per_source = {
-            s: round(balanced(oof[source == s] >= threshold, y[source == s]), 4) for s in sorted(set(source))
-        }
-        results.append((accuracy, n_stumps, rate, threshold, per_source))
-        print(f"  {n_stumps} stumps, rate {rate}: out-of-fold balanced accuracy {accuracy:.3f} {per_source}")
-    top = max(r[0] for r in results)
-    return min((r for r in results if r[0] >= top - TIE), key=lambda r: (r[1], -r[0]))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -344,19 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         "| baseline balanced acc. | baseline false approval |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    differences = []
-    for name in [*sorted(set(source)), "overall"]:
-        mask = chosen & (source == name) if name != "overall" else chosen
-        strata = [group_index(rows, mask & (source == s)) for s in sorted(set(source[mask]))]
-        cells = []
-        for pred in (embed, learned, baseline):
-            (ba_lo, ba_hi), (fa_lo, fa_hi) = bootstrap(pred, label, strata, args.boot)
-            ba, fa = balanced(pred[mask], label[mask]), false_approval(pred[mask], label[mask])
-            cells += [f"{ba:.3f} [{ba_lo:.3f}, {ba_hi:.3f}]", f"{fa:.3f} [{fa_lo:.3f}, {fa_hi:.3f}]"]
-        print(f"| {name} | {int(mask.sum())} ({int(label[mask].sum())}) | " + " | ".join(cells) + " |")
-        lo, hi = paired_difference(embed, learned, label, strata, args.boot)
-        diff = balanced(embed[mask], label[mask]) - balanced(learned[mask], label[mask])
-        differences.append(f"{name}: {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    differences = source_table(rows, source, label, chosen, (embed, learned, baseline), args.boot)
     print(
         f"learned-embed - {learned_judge.version}, balanced accuracy (paired bootstrap): "
         + "; ".join(differences)

@@ -172,6 +172,31 @@ def fold_of(source: str, group: str) -> int:
     return hashlib.sha256(f"fold/{source}/{group}".encode()).digest()[0] % FOLDS
 
 
+def cross_validate(
+    x: Floats, y: npt.NDArray[np.bool_], source: npt.NDArray[np.str_], folds: npt.NDArray[np.int64]
+) -> tuple[float, int, float, float, dict[str, float]]:
+    """The stumps and threshold chosen by group cross-validation over GRID: (out-of-fold balanced
+    accuracy, stumps, rate, threshold, out-of-fold balanced accuracy per source)."""
+    results = []
+    for n_stumps, rate in GRID:
+        oof = np.zeros(len(y))
+        for k in range(FOLDS):
+            train = folds != k
+            base, stumps = fit_stumps(
+                x[train], y[train], cell_weights(source[train], y[train]), n_stumps, rate
+            )
+            oof[~train] = predict(base, [*stumps, veto_stump()], x[~train])
+        threshold, accuracy = best_threshold(oof, y)
+        per_source = {
+            s: round(balanced(oof[source == s] >= threshold, y[source == s]), 4) for s in sorted(set(source))
+        }
+        results.append((accuracy, n_stumps, rate, threshold, per_source))
+        print(f"  {n_stumps} stumps, rate {rate}: out-of-fold balanced accuracy {accuracy:.3f} {per_source}")
+    # the fewest stumps within TIE of the best: a difference that small is noise, a smaller file is not
+    top = max(r[0] for r in results)
+    return min((r for r in results if r[0] >= top - TIE), key=lambda r: (r[1], -r[0]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -200,26 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     source = np.array([r["source"] for r in kept])
     folds = np.array([fold_of(r["source"], str(r["group"])) for r in kept])
 
-    results = []
-    for n_stumps, rate in GRID:
-        oof = np.zeros(len(y))
-        for k in range(FOLDS):
-            train = folds != k
-            base, stumps = fit_stumps(
-                x[train], y[train], cell_weights(source[train], y[train]), n_stumps, rate
-            )
-            oof[~train] = predict(base, [*stumps, veto_stump()], x[~train])
-        threshold, accuracy = best_threshold(oof, y)
-        per_source = {
-            s: round(balanced(oof[source == s] >= threshold, y[source == s]), 4) for s in sorted(set(source))
-        }
-        results.append((accuracy, n_stumps, rate, threshold, per_source))
-        print(f"  {n_stumps} stumps, rate {rate}: out-of-fold balanced accuracy {accuracy:.3f} {per_source}")
-    # the fewest stumps within TIE of the best: a difference that small is noise, a smaller file is not
-    top = max(r[0] for r in results)
-    accuracy, n_stumps, rate, threshold, per_source = min(
-        (r for r in results if r[0] >= top - TIE), key=lambda r: (r[1], -r[0])
-    )
+    accuracy, n_stumps, rate, threshold, per_source = cross_validate(x, y, source, folds)
     base, stumps = merge(*fit_stumps(x, y, cell_weights(source, y), n_stumps, rate))
     stumps.append(veto_stump())
     command = "python bench/judge/train_learned.py " + shlex.join(
