@@ -6,7 +6,9 @@ import re
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import sqlalchemy as sa
@@ -81,6 +83,20 @@ def test_markdown_shows_html_from_traces_as_text(tmp_path: Path) -> None:
     assert "<img" not in markdown and "<b>" not in markdown
 
 
+def _pin_around(client: httpx.Client, start: datetime) -> list[dict[str, Any]]:
+    """Pin the references of the six hours of traffic sent from `start` (an hour of margin each side)."""
+    response = client.post(
+        "/api/v1/drift/references",
+        json={
+            "from": (start - timedelta(hours=1)).isoformat(),
+            "to": (start + timedelta(hours=7)).isoformat(),
+        },
+    )
+    assert response.status_code == 200, response.text
+    pinned: list[dict[str, Any]] = response.json()["pinned"]
+    return pinned
+
+
 def test_report_with_data_has_plots_numbers_and_is_served(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -97,14 +113,8 @@ def test_report_with_data_has_plots_numbers_and_is_served(
         after = traces(300, seed=12, start=now - timedelta(hours=3), span=timedelta(hours=2), shift=0.35)
         send(client, before)
         server.flush()
-        pinned = client.post(
-            "/api/v1/drift/references",
-            json={
-                "from": (past - timedelta(hours=1)).isoformat(),
-                "to": (past + timedelta(hours=7)).isoformat(),
-            },
-        )
-        assert pinned.json()["pinned"]
+        pinned = _pin_around(client, past)
+        assert pinned
         send(client, after)
         server.flush()
         assert client.post("/api/v1/drift/runs", json={}).status_code == 200
@@ -169,14 +179,8 @@ def test_queries_ragmon_embedded_are_grouped_as_drift_run_groups_them(tmp_path: 
     ):
         send(client, traces(300, seed=21, start=past, span=timedelta(hours=6), model=None))
         server.flush()
-        pinned = client.post(
-            "/api/v1/drift/references",
-            json={
-                "from": (past - timedelta(hours=1)).isoformat(),
-                "to": (past + timedelta(hours=7)).isoformat(),
-            },
-        )
-        assert [r["model_key"].startswith("ragmon-hashing") for r in pinned.json()["pinned"]] == [True]
+        pinned = _pin_around(client, past)
+        assert [r["model_key"].startswith("ragmon-hashing") for r in pinned] == [True]
         after = traces(
             300, seed=22, start=now - timedelta(hours=3), span=timedelta(hours=2), shift=0.35, model=None
         )
