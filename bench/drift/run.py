@@ -38,7 +38,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -84,15 +84,7 @@ FULL = Plan(
     mmd_null_reps=150,
 )
 """300 no-shift windows in all (150 per query set); sized for about half an hour on 2 shared cores."""
-POWER = Plan(
-    null_reps=0,
-    shift_reps=10,
-    curve_sizes=(250, 500, 1000),
-    curve_reps=5,
-    peer_reps=0,
-    mmd_null_reps=0,
-    text_only=True,
-)
+POWER = replace(FULL, null_reps=0, peer_reps=0, mmd_null_reps=0, text_only=True)
 """The shifted windows and the power curve of FULL for the service's query test alone (no-shift windows
 come from --null-splits)."""
 
