@@ -256,27 +256,13 @@ class Postgres:
         return sa.make_url(self.url).set(database=name).render_as_string(hide_password=False)
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[Postgres]:
+@contextlib.contextmanager
+def _own_postgres() -> Iterator[Postgres]:
+    """A PostgreSQL server started for the tests, stopped and removed afterwards (skips without one)."""
     if _pg_bindir() is None:
         pytest.skip(_NO_POSTGRES)
-    base = Path(tempfile.mkdtemp(prefix="ragmon-dist-pg-"))
-    base.chmod(0o755)  # the server runs as the postgres user when the tests run as root
-    server = Postgres(base, free_port())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def private_postgres() -> Iterator[Postgres]:
-    """A PostgreSQL server of the test's own, for faults that would hurt other tests (freezing it)."""
-    if _pg_bindir() is None:
-        pytest.skip(_NO_POSTGRES)
-    # not under tmp_path: the server runs as the postgres user, who cannot enter pytest's 0700 folders
+    # not under tmp_path: the server runs as the postgres user when the tests run as root, and that
+    # user cannot enter pytest's 0700 folders
     base = Path(tempfile.mkdtemp(prefix="ragmon-dist-pg-"))
     base.chmod(0o755)
     server = Postgres(base, free_port())
@@ -284,11 +270,25 @@ def private_postgres() -> Iterator[Postgres]:
     try:
         yield server
     finally:
-        for pid in server.processes():  # resumed if the test left it frozen, or stop would hang
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(FileNotFoundError):  # no postmaster.pid: the server is not running
+            for pid in server.processes():  # resumed if a test left it frozen, or stop would hang
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    with _own_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[Postgres]:
+    """A PostgreSQL server of the test's own, for faults that would hurt other tests (freezing it)."""
+    with _own_postgres() as server:
+        yield server
 
 
 @pytest.fixture
