@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, get_args
@@ -170,6 +171,49 @@ class _StateCollector(Collector):
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return []
+
+
+def observe_many(histogram: Any, values: Sequence[float]) -> None:
+    """`histogram.observe(v)` for each of `values` (a labelled child of a prometheus-client
+    `Histogram`), with one increment per bucket that got any and one for the sum.
+
+    prometheus-client has no batch observe, so this reads the child's bucket bounds and
+    values (`_upper_bounds`, `_buckets`, `_sum`), as `Histogram.observe` does;
+    tests/service/test_metrics_batch.py holds it to the one-by-one result, so a
+    library release that moved them fails there, not in production. A value lands
+    in the first bucket whose bound is >= it; NaN lands in none, but is summed,
+    as `observe` does."""
+    bounds = histogram._upper_bounds
+    counts: dict[int, int] = {}
+    for value in values:
+        if value == value:  # NaN compares unequal to itself, and `observe` buckets it nowhere
+            index = bisect_left(bounds, value)
+            counts[index] = counts.get(index, 0) + 1
+    buckets = histogram._buckets
+    for index, count in counts.items():
+        buckets[index].inc(count)
+    histogram._sum.inc(sum(values))
+
+
+class _Tally:
+    """One batch's counter increments and histogram observations, keyed by series
+    (metric, label values), in first-seen order."""
+
+    __slots__ = ("increments", "observations")
+
+    def __init__(self) -> None:
+        self.increments: dict[tuple[Counter, tuple[str, ...]], float] = {}
+        self.observations: dict[tuple[Histogram, tuple[str, ...]], list[float]] = {}
+
+    def inc(self, series: tuple[Counter, tuple[str, ...]], amount: float = 1) -> None:
+        self.increments[series] = self.increments.get(series, 0) + amount
+
+    def observe(self, series: tuple[Histogram, tuple[str, ...]], value: float) -> None:
+        values = self.observations.get(series)
+        if values is None:
+            self.observations[series] = [value]
+        else:
+            values.append(value)
 
 
 class Metrics:
@@ -871,16 +915,22 @@ class Metrics:
         return child
 
     def count_traces(self, batch: Sequence[RagTrace]) -> None:
-        """Count a batch of NEW traces (the caller guarantees each trace id is counted once)."""
-        child = self._child
+        """Count a batch of NEW traces (the caller guarantees each trace id is counted once).
+
+        The batch is tallied per series first and each labelled series is touched
+        once (`_Tally`): a trace feeds ~15 series, and prometheus-client takes a
+        lock and, for a histogram, walks the buckets on every call
+        (bench/RESULTS.md, session 23)."""
+        tally = _Tally()
+        inc, observe = tally.inc, tally.observe
         for trace in batch:
             app = self.scope(trace.tenant, trace.app)
-            child(self.traces, *app).inc()
+            inc((self.traces, app))
             intent = self.intent_label(trace.intent)
-            child(self.requests_by_intent, *app, intent).inc()
-            child(self.release_traces, *app, self.release_label(trace.release)).inc()
+            inc((self.requests_by_intent, (*app, intent)))
+            inc((self.release_traces, (*app, self.release_label(trace.release))))
             if trace.partial:
-                child(self.partial_traces, *app).inc()
+                inc((self.partial_traces, app))
             t = trace.timings
             for stage, value in (
                 ("total", t.total_s),
@@ -890,33 +940,38 @@ class Metrics:
                 ("generation", t.generation_s),
             ):
                 if value is not None:
-                    child(self.stage_duration, *app, stage).observe(value)
+                    observe((self.stage_duration, (*app, stage)), value)
             if t.ttft_s is not None:
-                child(self.ttft, *app).observe(t.ttft_s)
+                observe((self.ttft, app), t.ttft_s)
             for usage in trace.usage:
                 model = self.model_label(usage.model)
                 if usage.input_tokens:
-                    child(self.tokens, *app, model, "input").inc(usage.input_tokens)
+                    inc((self.tokens, (*app, model, "input")), usage.input_tokens)
                 if usage.output_tokens:
-                    child(self.tokens, *app, model, "output").inc(usage.output_tokens)
+                    inc((self.tokens, (*app, model, "output")), usage.output_tokens)
                 if usage.cost_usd is not None:
-                    child(self.cost, *app, model).inc(usage.cost_usd)
+                    inc((self.cost, (*app, model)), usage.cost_usd)
                 elif usage.cost_source == "unknown_usage":
-                    child(self.usage_unknown_calls, *app, model).inc()
+                    inc((self.usage_unknown_calls, (*app, model)))
                 else:
-                    child(self.unpriced_calls, *app, model).inc()
+                    inc((self.unpriced_calls, (*app, model)))
             cost = trace.cost_usd
             if cost is not None:
-                child(self.trace_cost, *app).observe(cost)
-            if trace.retrieval.retriever is not None or trace.retrieval.chunks:
-                child(self.retrieved_chunks, *app).observe(len(trace.retrieval.chunks))
-                if not trace.retrieval.chunks:
-                    child(self.empty_retrievals, *app).inc()
-            top1 = trace.retrieval.top1_score
+                observe((self.trace_cost, app), cost)
+            retrieval = trace.retrieval
+            if retrieval.retriever is not None or retrieval.chunks:
+                observe((self.retrieved_chunks, app), len(retrieval.chunks))
+                if not retrieval.chunks:
+                    inc((self.empty_retrievals, app))
+            top1 = retrieval.top1_score
             if top1 is not None:
-                child(self.top1_score, *app).observe(top1)
+                observe((self.top1_score, app), top1)
             if trace.is_regeneration:
-                child(self.regenerations, *app, intent, trace.regeneration_source or "attribute").inc()
+                inc((self.regenerations, (*app, intent, trace.regeneration_source or "attribute")))
+        for (counter, values), amount in tally.increments.items():
+            self._child(counter, *values).inc(amount)
+        for (histogram, values), observed in tally.observations.items():
+            observe_many(self._child(histogram, *values), observed)
 
     def count_non_requests(self, batch: Sequence[RagTrace]) -> None:
         """Count traces that are not user requests (each once, as `count_traces` counts requests)."""

@@ -1,0 +1,123 @@
+"""`Metrics.count_traces` tallies a batch and touches each series once: the exported values must
+be what observing and incrementing trace by trace gives."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram
+
+from service.metrics import DURATION_BUCKETS, Metrics, observe_many
+from service.model import Chunk, ModelUsage, RagTrace, Retrieval, Timings
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if not s.name.endswith("_created")
+    }
+
+
+def assert_same(batched: CollectorRegistry, one_by_one: CollectorRegistry) -> None:
+    got, want = samples(batched), samples(one_by_one)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if math.isnan(value):
+            assert math.isnan(got[key]), key
+        else:  # a sum added in another order may differ in its last bits
+            assert got[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+
+
+def test_observe_many_fills_the_buckets_and_sum_as_observe_does() -> None:
+    values = [
+        0.0,
+        -1.0,  # below every bound: the first bucket
+        0.005,  # exactly on a bound: that bucket (le is inclusive)
+        0.0050000001,
+        0.3,
+        2.0,
+        59.9,
+        60.0,
+        61.0,  # past the last finite bound: +Inf only
+        math.inf,
+        1e300,
+    ]
+    batched, one_by_one = CollectorRegistry(), CollectorRegistry()
+    a = Histogram("h_seconds", "h", ["app"], buckets=DURATION_BUCKETS, registry=batched)
+    b = Histogram("h_seconds", "h", ["app"], buckets=DURATION_BUCKETS, registry=one_by_one)
+    observe_many(a.labels("x"), values)
+    for value in values:
+        b.labels("x").observe(value)
+    assert_same(batched, one_by_one)
+    assert samples(batched)[("h_seconds_count", (("app", "x"),))] == len(values)
+    assert samples(batched)[("h_seconds_bucket", (("app", "x"), ("le", "0.005")))] == 3
+
+
+def test_observe_many_puts_nan_in_no_bucket_but_in_the_sum_as_observe_does() -> None:
+    batched, one_by_one = CollectorRegistry(), CollectorRegistry()
+    a = Histogram("h", "h", buckets=(1.0, 2.0), registry=batched)
+    b = Histogram("h", "h", buckets=(1.0, 2.0), registry=one_by_one)
+    observe_many(a, [0.5, math.nan, 1.5])
+    for value in (0.5, math.nan, 1.5):
+        b.observe(value)
+    assert_same(batched, one_by_one)
+    assert samples(batched)[("h_count", ())] == 2  # the +Inf bucket: NaN is not <= +Inf
+
+
+def trace(n: int, **fields: Any) -> RagTrace:
+    values: dict[str, Any] = {
+        "trace_id": f"{n:032x}",
+        "app": ("shop", "support")[n % 2],
+        "intent": ("refunds", "shipping", None)[n % 3],
+        "release": f"v{n % 4}",
+        "start_time": T0 + timedelta(seconds=n),
+        "query": f"question {n}",
+        "answer": f"answer {n}",
+        "retrieval": Retrieval(
+            retriever="bm25",
+            chunks=tuple(Chunk(id=f"d{n}-{r}", rank=r, score=0.95 - r / 7) for r in range(n % 4)),
+        ),
+        "usage": (
+            ModelUsage(model="gpt-4o-mini", input_tokens=100 + n, output_tokens=n % 5, cost_usd=1e-4 * n),
+            ModelUsage(model=f"local-{n % 3}", input_tokens=10, output_tokens=3),  # unpriced
+        ),
+        "timings": Timings(
+            total_s=0.4 * n,
+            retrieval_s=0.01 * n,
+            generation_s=None if n % 5 == 0 else 0.3 * n,
+            ttft_s=0.05 if n % 2 else None,
+        ),
+        "partial": n % 7 == 0,
+        "is_regeneration": n % 6 == 0,
+    }
+    values.update(fields)
+    return RagTrace(**values)
+
+
+def test_a_batch_counts_what_its_traces_counted_one_at_a_time() -> None:
+    batch = [trace(n) for n in range(40)]
+    batch.append(trace(99, usage=(ModelUsage(model="gpt-4o-mini", cost_source="unknown_usage"),)))
+    batch.append(trace(98, retrieval=Retrieval(retriever="bm25")))  # an empty retrieval
+    batched, one_by_one = Metrics(), Metrics()
+    batched.count_traces(batch)
+    for t in batch:
+        one_by_one.count_traces([t])
+    assert_same(batched.registry, one_by_one.registry)
+    got = samples(batched.registry)
+    assert got[("ragmon_traces_total", (("app", "shop"),))] == 21  # n = 0, 2, ... 38, 98
+    # odd n below 40 less 5, 15, 25, 35 (no generation time), and 99
+    assert got[("ragmon_stage_duration_seconds_count", (("app", "support"), ("stage", "generation")))] == 17
+    shop_input = ("ragmon_tokens_total", (("app", "shop"), ("kind", "input"), ("model", "gpt-4o-mini")))
+    assert got[shop_input] == sum(100 + n for n in (*range(0, 40, 2), 98))
+    assert got[("ragmon_empty_retrievals_total", (("app", "shop"),))] == 11  # n % 4 == 0 below 40, and 98
+    assert got[("ragmon_usage_unknown_calls_total", (("app", "support"), ("model", "gpt-4o-mini")))] == 1
+    assert (
+        got[("ragmon_unpriced_calls_total", (("app", "shop"), ("model", "local-0")))] == 7
+    )  # n % 6 == 0, 98
