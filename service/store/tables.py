@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -92,8 +92,27 @@ class UtcDateTime(sa.types.TypeDecorator[datetime]):
         utc = to_utc(value)
         return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
 
+    def bind_processor(self, dialect: Dialect) -> Callable[[datetime | None], Any] | None:
+        """On SQLite, one function for `process_bind_param` and the dialect's DATETIME text, which
+        is what they write together (tests/service/store/test_utc_datetime.py): the two layers
+        cost ~3 us a value, four values a stored trace; this ~0.5."""
+        if dialect.name != "sqlite":
+            return super().bind_processor(dialect)
+        return _sqlite_utc_text
+
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         return None if value is None else to_utc(value)
+
+
+def _sqlite_utc_text(value: datetime | None) -> str | None:
+    """`value` in UTC as SQLite's DATETIME writes it: `YYYY-MM-DD HH:MM:SS.ffffff`, naive."""
+    if value is None:
+        return None
+    if value.tzinfo is not UTC:
+        value = to_utc(value)
+    # isoformat always writes four year digits and, with "microseconds", six fraction digits;
+    # the first 26 characters leave out the UTC offset
+    return value.isoformat(" ", "microseconds")[:26]
 
 
 metadata = sa.MetaData()
