@@ -30,8 +30,6 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.ingest.payload import Batches
@@ -39,17 +37,10 @@ from bench.ingest.run import LoadResult, closed_loop
 from bench.ingest.servers import Ragmon
 
 
-def tree_cpu_s(pid: int) -> float:
-    """User + system seconds of a process and its live children."""
-    root = psutil.Process(pid)
-    total = 0.0
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
+def cpu_s(server: Ragmon) -> float:
+    """User + system seconds of the server's process tree so far (its sampler, as `run.py` counts)."""
+    assert server.rss is not None, "server not started"
+    return server.rss.cpu_seconds()
 
 
 def one_round(
@@ -69,7 +60,7 @@ def one_round(
             server = Ragmon(Path(tmp) / name, logs, source=trees[name], settings=settings[name])
             stack.enter_context(server)
             servers[name] = server
-        start = {name: tree_cpu_s(pid(s)) for name, s in servers.items()}
+        start = {name: cpu_s(s) for name, s in servers.items()}
 
         async def load() -> None:
             await asyncio.gather(
@@ -87,16 +78,11 @@ def one_round(
         while len(used) < len(servers) and time.monotonic() < deadline:
             for name, server in servers.items():
                 if name not in used and server.persisted() >= traces:
-                    used[name] = (tree_cpu_s(pid(server)) - start[name]) * 1e6 / traces
+                    used[name] = (cpu_s(server) - start[name]) * 1e6 / traces
             time.sleep(0.1)
         if len(used) < len(servers):
             raise RuntimeError(f"not every trace was persisted within 300 s: {used}")
         return used
-
-
-def pid(server: Ragmon) -> int:
-    assert server.proc is not None, "server not started"
-    return server.proc.pid
 
 
 def main(argv: list[str] | None = None) -> int:
