@@ -8,6 +8,7 @@ several sinks without copying, so no sink may change what another sees.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Literal
 
@@ -16,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 TRACE_ID_PATTERN = r"^[0-9a-f]{32}$"
 
 RegenerationSource = Literal["attribute", "feedback", "reask"]
-# "unknown_usage": the call reported no token counts and no cost (DSPy's LLM spans), so its cost is
-# unknown, never 0; "unpriced": tokens known, but no app cost and no price-table entry.
+# "unknown_usage": the call reported no token counts and no cost (DSPy's LLM spans, a streamed call
+# through the OpenInference OpenAI Node instrumentation), so its tokens and cost are unknown (None),
+# never 0; "unpriced": tokens known, but no app cost and no price-table entry.
 CostSource = Literal["app", "price_table", "unpriced", "unknown_usage"]
 FeedbackKind = Literal["up", "down", "regenerate"]
 # What a trace is (service/conventions/semconv.py decides): a user's request, or work that is not
@@ -108,12 +110,15 @@ class Timings(_Frozen):
 
 
 class ModelUsage(_Frozen):
-    """Tokens and cost of one model within a trace (summed over its calls)."""
+    """Tokens and cost of one model within a trace (summed over its calls).
+
+    A token count is None when a call reported none (its sum is unknown), never 0.
+    """
 
     model: str
     kind: Literal["llm", "embedding", "reranker"] = "llm"
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
+    input_tokens: int | None = Field(default=0, ge=0)
+    output_tokens: int | None = Field(default=0, ge=0)
     cost_usd: float | None = Field(default=None, ge=0)
     cost_source: CostSource = "unpriced"
 
@@ -196,12 +201,34 @@ class RagTrace(_Frozen):
         return tuple(u.model for u in self.usage if u.cost_source == "unknown_usage")
 
     @property
-    def input_tokens(self) -> int:
-        return sum(u.input_tokens for u in self.usage)
+    def input_tokens(self) -> int | None:
+        """Input tokens of all model calls; None when any call's are unknown (the sum is)."""
+        return sum_counts(u.input_tokens for u in self.usage)
 
     @property
-    def output_tokens(self) -> int:
-        return sum(u.output_tokens for u in self.usage)
+    def output_tokens(self) -> int | None:
+        """Output tokens of all model calls; None when any call's are unknown (the sum is)."""
+        return sum_counts(u.output_tokens for u in self.usage)
+
+    @property
+    def known_input_tokens(self) -> int:
+        """Input tokens of the calls that reported them."""
+        return sum(u.input_tokens or 0 for u in self.usage)
+
+    @property
+    def known_output_tokens(self) -> int:
+        """Output tokens of the calls that reported them."""
+        return sum(u.output_tokens or 0 for u in self.usage)
+
+
+def sum_counts(counts: Iterable[int | None]) -> int | None:
+    """The sum of token counts; None when any is None (unknown), never the sum of the known ones."""
+    total = 0
+    for count in counts:
+        if count is None:
+            return None
+        total += count
+    return total
 
 
 class Feedback(_Frozen):

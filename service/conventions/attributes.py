@@ -1,7 +1,9 @@
 """The span attribute names ragmon reads, by convention, and the kind of value each must carry.
 
 Three conventions are read side by side, so an app may mix instrumentations
-(an OpenInference LangChain chain around an OpenLLMetry Chroma query, say):
+(an OpenInference LangChain chain around an OpenLLMetry Chroma query, say),
+with what two libraries that write GenAI spans add to them (OpenLIT,
+`OpenLITAttributes`; Pydantic AI, `PydanticAIAttributes`):
 
 * OpenInference, through the constants of `openinference-semantic-conventions`;
 * OpenTelemetry GenAI (`gen_ai.*`, `GenAIAttributes`); the names are spelled
@@ -57,6 +59,8 @@ __all__ = [
     "VECTOR_KEY_SUFFIX",
     "AttributeKind",
     "GenAIAttributes",
+    "OpenLITAttributes",
+    "PydanticAIAttributes",
     "RagmonAttributes",
     "TraceloopAttributes",
     "attribute_kind",
@@ -106,6 +110,29 @@ class GenAIAttributes:
     EVENT_DETAILS = "gen_ai.client.inference.operation.details"
 
 
+class OpenLITAttributes:
+    """OpenLIT's names beside the GenAI ones it writes (`openlit` `SemanticConvention`)."""
+
+    VECTOR_DB = "vectordb"  # its `gen_ai.operation.name` on every vector-database span
+    # the first token's time on every chat span, the whole call's when it did not stream
+    # (`gen_ai.request.stream` false); the OTel GenAI metric of that name, written as a span attribute
+    SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
+    REQUEST_STREAM = "gen_ai.request.stream"
+
+
+class PydanticAIAttributes:
+    """Pydantic AI's names beside the GenAI ones it writes (`pydantic_ai.models.instrumented`)."""
+
+    # the first chunk's time on a streamed model request: the OTel GenAI client metric of that
+    # name, written as a span attribute
+    TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
+    # an embeddings span's texts and vectors, each a JSON list; `input_type` is "query" or "document"
+    EMBEDDING_INPUTS = "inputs"
+    EMBEDDING_VECTORS = "embeddings"
+    EMBEDDING_INPUT_TYPE = "input_type"
+    QUERY_INPUT = "query"
+
+
 class TraceloopAttributes:
     """OpenLLMetry names (`opentelemetry-semantic-conventions-ai`)."""
 
@@ -125,13 +152,17 @@ class TraceloopAttributes:
     SEARCH_RESULT_EVENT = "db.search.result"
     QUERY_EMBEDDINGS_EVENT = "db.query.embeddings"
     QUERY_EMBEDDINGS_VECTOR = "db.query.embeddings.vector"
-    TOP_K = (
-        "gen_ai.request.top_k",  # GenAI retrieval spans (read on retriever spans only: on an LLM span it
-        "gen_ai.retrieval.top_k",  # is a sampling setting)
+    # The k of a vector-database query; on a vector-DB span, one of these makes the span a query.
+    VECTOR_QUERY_TOP_K = (
         "db.vector.query.top_k",
         "db.chroma.query.n_results",
         "pinecone.query.top_k",
         "db.milvus.search.limit",
+    )
+    TOP_K = (
+        "gen_ai.request.top_k",  # GenAI retrieval spans (read on retriever spans only: on an LLM span it
+        "gen_ai.retrieval.top_k",  # is a sampling setting)
+        *VECTOR_QUERY_TOP_K,
     )
     FILTERS = (
         "db.chroma.query.where",
@@ -165,6 +196,8 @@ _EXACT_KINDS: dict[str, AttributeKind] = {
     **{key: "count" for key in TraceloopAttributes.TOP_K},
     RagmonAttributes.TTFT_MS: "number",
     GenAIAttributes.TIME_TO_FIRST_CHUNK: "number",
+    OpenLITAttributes.SERVER_TIME_TO_FIRST_TOKEN: "number",
+    PydanticAIAttributes.TIME_TO_FIRST_CHUNK: "number",
     "db.query.result.score": "number",
     "db.query.result.distance": "number",
     "db.search.result.score": "number",

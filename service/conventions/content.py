@@ -32,10 +32,10 @@ from openinference.semconv.trace import (
 from pydantic import JsonValue
 
 from service.conventions.attribute_values import indexed, json_object, json_safe, number, parse_json, vector
-from service.conventions.attributes import GenAIAttributes, TraceloopAttributes
+from service.conventions.attributes import GenAIAttributes, PydanticAIAttributes, TraceloopAttributes
 from service.conventions.spans import Attributes, AttrValue, Span
 
-__all__ = ["CONTENT_ID_PREFIX", "ChunkFields", "SpanContent", "langchain_document", "ranked"]
+__all__ = ["CONTENT_ID_PREFIX", "ChunkFields", "SpanContent", "has_documents", "langchain_document", "ranked"]
 
 _QUERY_KEYS = ("query", "question", "input", "user_input", "q", "prompt", "text", "content", "messages")
 _QUERY_CONTAINERS = ("inputs", "kwargs", "args")
@@ -43,6 +43,10 @@ _ANSWER_KEYS = ("answer", "output", "result", "response", "text", "content", "ch
 _ANSWER_CONTAINERS = ("outputs", "generations")
 _TEXT_MIME = OpenInferenceMimeTypeValues.TEXT.value
 _JSON_MIME = OpenInferenceMimeTypeValues.JSON.value
+
+# the longest vector read out of a JSON payload: the decoder's limit for vector attributes
+# (`service/ingest/otlp.py` MAX_VECTOR_LENGTH), which never sees inside a JSON string
+_MAX_JSON_VECTOR_LENGTH = 65_536
 
 _DOC_PREFIX = "document."
 _DOC_ID = DocumentAttributes.DOCUMENT_ID.removeprefix(_DOC_PREFIX)
@@ -162,6 +166,16 @@ class ChunkFields(TypedDict):
 CONTENT_ID_PREFIX = "sha256:"
 # where a document without an id of its own may name it in its metadata, in order
 _METADATA_ID_KEYS = ("id", "doc_id", "document_id", "chunk_id")
+# where a document without a score of its own may carry it in its metadata, in order: LangChain's
+# docs put a retriever's scores there (`metadata["score"]`, as LangChain.js apps send them), its
+# rerankers (Cohere, FlashRank) `relevance_score`
+_METADATA_SCORE_KEYS = ("score", "relevance_score")
+
+
+def has_documents(payload: str) -> bool:
+    """Whether a payload may hold LangChain documents (Python's or LangChain.js's field name): a
+    cheap test before parsing it."""
+    return "page_content" in payload or "pageContent" in payload
 
 
 def _given_id(raw_id: Any) -> str | None:
@@ -186,6 +200,17 @@ def _doc_id(raw_id: AttrValue, content: str | None, rank: int, metadata: dict[st
     return f"#{rank}"
 
 
+def _doc_score(raw_score: AttrValue, metadata: dict[str, Any] | None) -> float | None:
+    score = number(raw_score)
+    if score is not None or not metadata:
+        return score
+    for key in _METADATA_SCORE_KEYS:
+        score = number(metadata.get(key))
+        if score is not None:
+            return score
+    return None
+
+
 def _documents(docs: Iterable[dict[str, AttrValue]]) -> list[ChunkFields]:
     fields: list[ChunkFields] = []
     for rank, raw in enumerate(docs):
@@ -197,7 +222,7 @@ def _documents(docs: Iterable[dict[str, AttrValue]]) -> list[ChunkFields]:
         fields.append(
             {
                 "id": _doc_id(doc.get(_DOC_ID), content, rank, metadata),
-                "score": number(doc.get(_DOC_SCORE)),
+                "score": _doc_score(doc.get(_DOC_SCORE), metadata),
                 "content": content,
                 "metadata": metadata,
             }
@@ -208,7 +233,8 @@ def _documents(docs: Iterable[dict[str, AttrValue]]) -> list[ChunkFields]:
 def _payload_documents(value: AttrValue) -> list[dict[str, AttrValue]]:
     """Documents in a retriever's JSON output: `{"documents": [...]}` (OpenInference LangChain's
     `output.value`, OpenLLMetry's `traceloop.entity.output`) or a bare list, each a LangChain
-    `Document` (`page_content`, `metadata`, maybe `id`), also in its serialised form (`kwargs`)."""
+    `Document` (`page_content`, or LangChain.js's `pageContent`, `metadata`, maybe `id`), also in its
+    serialised form (`kwargs`)."""
     parsed = parse_json(value)
     if isinstance(parsed, dict):
         parsed = parsed.get("documents")
@@ -224,12 +250,14 @@ def _payload_documents(value: AttrValue) -> list[dict[str, AttrValue]]:
 
 
 def langchain_document(item: Any) -> dict[str, AttrValue] | None:
-    """A LangChain `Document` (plain or serialised with `lc`/`kwargs`) as document fields; else None."""
+    """A LangChain `Document` (plain or serialised with `lc`/`kwargs`; Python's `page_content` or
+    LangChain.js's `pageContent`) as document fields; else None."""
     if not isinstance(item, dict):
         return None
-    if isinstance(item.get("kwargs"), dict) and "page_content" in item["kwargs"]:
-        item = item["kwargs"]
-    content = item.get("page_content")
+    kwargs = item.get("kwargs")
+    if isinstance(kwargs, dict) and ("page_content" in kwargs or "pageContent" in kwargs):
+        item = kwargs
+    content = item.get("page_content", item.get("pageContent"))
     if not isinstance(content, str):
         return None
     metadata = item.get("metadata")
@@ -327,11 +355,16 @@ def _layout(keys: tuple[str, ...]) -> _Layout:
 class SpanContent:
     """The content of one span, read on demand; its flattened lists are grouped in one pass, on first use."""
 
-    __slots__ = ("_layout", "attributes", "span")
+    __slots__ = ("_layout", "attributes", "model_call_events", "span")
 
-    def __init__(self, span: Span) -> None:
+    def __init__(self, span: Span, *, model_call_events: bool = True) -> None:
+        """`model_call_events`: read messages from the span's events (GenAI log events, OpenLLMetry's
+        prompt events); False for a span that is not a model call, to which such an event was only
+        misattributed (OpenLIT logs a streamed call's details after its span ended, in the span
+        around it)."""
         self.span = span
         self.attributes = span.attributes
+        self.model_call_events = model_call_events
         self._layout: _Layout | None = None
 
     def indexed(self, prefix: str) -> list[dict[str, AttrValue]]:
@@ -384,7 +417,7 @@ class SpanContent:
         if listed:
             return listed
         found = []
-        for event in self.span.events:
+        for event in self.span.events if self.model_call_events else ():
             for key in (
                 genai_key,
                 GenAIAttributes.PROMPT if direction == "input" else GenAIAttributes.COMPLETION,
@@ -467,15 +500,17 @@ class SpanContent:
             TraceloopAttributes.TASK_OUTPUT,
         ):
             value = self.attributes.get(key)
-            if isinstance(value, str) and "page_content" in value:  # cheap test before parsing
+            if isinstance(value, str) and has_documents(value):  # cheap test before parsing
                 found = _payload_documents(value)
                 if found:
                     return found
         return []
 
     def embedded_texts(self) -> list[tuple[str | None, tuple[float, ...] | None]]:
-        """(text, vector) of each item of `embedding.embeddings`, in index order."""
-        return [
+        """(text, vector) of each input of an embedding span, in order: OpenInference's
+        `embedding.embeddings`, else Pydantic AI's `inputs` (with the vectors of a query's span),
+        else GenAI input messages (OpenLIT; no vectors)."""
+        found: list[tuple[str | None, tuple[float, ...] | None]] = [
             (
                 item_text
                 if isinstance(item_text := item.get(EmbeddingAttributes.EMBEDDING_TEXT), str)
@@ -483,4 +518,26 @@ class SpanContent:
                 vector(item.get(EmbeddingAttributes.EMBEDDING_VECTOR)),
             )
             for item in self.indexed(SpanAttributes.EMBEDDING_EMBEDDINGS)
+        ]
+        if found:
+            return found
+        attributes = self.attributes
+        inputs = parse_json(attributes.get(PydanticAIAttributes.EMBEDDING_INPUTS))
+        if isinstance(inputs, list) and inputs:
+            texts = [text if isinstance(text, str) else None for text in inputs]
+            return list(zip(texts, self._query_vectors(len(texts)), strict=True))
+        return [(_message_text(m), None) for m in self.messages("input")]
+
+    def _query_vectors(self, count: int) -> list[tuple[float, ...] | None]:
+        """Pydantic AI's `embeddings` (a JSON list of vectors) of a query's span, one per input; only a
+        query's are read (ragmon keeps the query's vector), so a corpus' are never parsed."""
+        attributes = self.attributes
+        if attributes.get(PydanticAIAttributes.EMBEDDING_INPUT_TYPE) != PydanticAIAttributes.QUERY_INPUT:
+            return [None] * count
+        parsed = parse_json(attributes.get(PydanticAIAttributes.EMBEDDING_VECTORS))
+        if not isinstance(parsed, list) or len(parsed) != count:
+            return [None] * count
+        return [
+            vector(item) if isinstance(item, list) and len(item) <= _MAX_JSON_VECTOR_LENGTH else None
+            for item in parsed
         ]

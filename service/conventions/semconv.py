@@ -45,8 +45,10 @@ Where each field comes from, first source first (the README has the same, per li
                      content serialised anywhere in the trace; `sha256:` of the content
   k                  a retriever's `gen_ai.request.top_k`, `gen_ai.retrieval.top_k`,
                      `db.vector.query.top_k` or vector-DB keys; metadata `k` / `top_k`
-  TTFT               `ragmon.ttft_ms`; `gen_ai.response.time_to_first_chunk` or a first-token
-                     event on the latest-ending LLM span that has one
+  TTFT               `ragmon.ttft_ms`; `gen_ai.response.time_to_first_chunk`,
+                     `gen_ai.client.operation.time_to_first_chunk` (Pydantic AI),
+                     `gen_ai.server.time_to_first_token` on a streamed call (OpenLIT) or a
+                     first-token event on the latest-ending LLM span that has one
   generation time    outermost LLM spans, each until its last streaming event if that is later
   =================  ==========================================================================
 
@@ -89,6 +91,8 @@ from service.conventions.attribute_values import (
 from service.conventions.attributes import (
     AttributeKind,
     GenAIAttributes,
+    OpenLITAttributes,
+    PydanticAIAttributes,
     RagmonAttributes,
     TraceloopAttributes,
     attribute_kind,
@@ -98,6 +102,7 @@ from service.conventions.content import (
     CONTENT_ID_PREFIX,
     ChunkFields,
     SpanContent,
+    has_documents,
     langchain_document,
     ranked,
 )
@@ -177,9 +182,16 @@ def _first_string_list(spans: Iterable[Span], key: str) -> tuple[str, ...]:
 
 def _first_token_s(span: Span) -> float | None:
     """Seconds from the span's start to its first streamed token, as the span records it."""
-    seconds = number(span.attributes.get(GenAIAttributes.TIME_TO_FIRST_CHUNK))
-    if seconds is not None and seconds >= 0:
-        return seconds
+    attributes = span.attributes
+    for key in (GenAIAttributes.TIME_TO_FIRST_CHUNK, PydanticAIAttributes.TIME_TO_FIRST_CHUNK):
+        seconds = number(attributes.get(key))
+        if seconds is not None and seconds >= 0:
+            return seconds
+    # OpenLIT writes this on every call: only a streamed one had a first token before its last
+    if flag(attributes.get(OpenLITAttributes.REQUEST_STREAM)):
+        seconds = number(attributes.get(OpenLITAttributes.SERVER_TIME_TO_FIRST_TOKEN))
+        if seconds is not None and seconds >= 0:
+            return seconds
     for event in span.events:
         if event.name in _FIRST_TOKEN_EVENTS and event.time_ns >= span.start_ns:
             return (event.time_ns - span.start_ns) / 1e9
@@ -346,7 +358,7 @@ def _named_by_trace(chunks: list[ChunkFields], spans: Sequence[Span]) -> list[Ch
     for span in spans:
         for key in _DOCUMENT_PAYLOADS:
             value = span.attributes.get(key)
-            if isinstance(value, str) and '"page_content"' in value and '"id"' in value:
+            if isinstance(value, str) and '"id"' in value and has_documents(value):
                 _documents_in(parse_json(value), found)
     if not found:
         return chunks
@@ -505,7 +517,8 @@ def build_trace(
     stages = {s.span_id: span_stage(s) for s in by_start}
     # (span, its stage, its ancestors' stages) for every span, computed once for all nesting rules
     ancestors = {s.span_id: _ancestors(s, unique) for s in by_start}
-    contents = {s.span_id: SpanContent(s) for s in by_start}
+    # a model call's events describe that call: on a span of another stage they were misattributed
+    contents = {s.span_id: SpanContent(s, model_call_events=stages[s.span_id] == "llm") for s in by_start}
     of_stage: dict[Stage, list[Span]] = {}
     for span in by_start:
         of_stage.setdefault(stages[span.span_id], []).append(span)

@@ -1,8 +1,10 @@
 """`span_stage`: which RAG stage a span is, by the first convention that says so.
 
 OpenInference's span kind wins; then GenAI's operation name, OpenLLMetry's
-request type, a vector-database query (result events, or a known vector
-database with a query operation), OpenLLMetry's span kind, and last a model
+request type, a vector-database query (result events, or a span of a known
+vector database, or one OpenLIT calls `vectordb`, with a query operation or a
+vector query's top-k: OpenLIT names Chroma's `query` `GET`, as it names `get`,
+and only the query has a top-k), OpenLLMetry's span kind, and last a model
 name, which makes an LLM call. Anything else is "other".
 """
 
@@ -12,8 +14,8 @@ from typing import Literal
 
 from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttributes
 
-from service.conventions.attribute_values import first_text
-from service.conventions.attributes import GenAIAttributes, TraceloopAttributes
+from service.conventions.attribute_values import first_count, first_text
+from service.conventions.attributes import GenAIAttributes, OpenLITAttributes, TraceloopAttributes
 from service.conventions.spans import Span
 
 __all__ = ["Stage", "span_stage"]
@@ -84,11 +86,13 @@ def span_stage(span: Span) -> Stage:
 def _is_vector_query(span: Span) -> bool:
     if any(e.name in _RESULT_EVENTS for e in span.events):
         return True
-    system = first_text(span.attributes, *TraceloopAttributes.DB_SYSTEM)
-    operation = first_text(span.attributes, *TraceloopAttributes.DB_OPERATION)
-    return (
-        system is not None
-        and system.lower() in _VECTOR_DBS
-        and operation is not None
-        and operation.lower() in _VECTOR_QUERY_OPERATIONS
-    )
+    attributes = span.attributes
+    system = first_text(attributes, *TraceloopAttributes.DB_SYSTEM)
+    if system is None or system.lower() not in _VECTOR_DBS:
+        operation_name = attributes.get(GenAIAttributes.OPERATION_NAME)
+        if not (isinstance(operation_name, str) and operation_name.lower() == OpenLITAttributes.VECTOR_DB):
+            return False
+    operation = first_text(attributes, *TraceloopAttributes.DB_OPERATION)
+    if operation is not None and operation.lower() in _VECTOR_QUERY_OPERATIONS:
+        return True
+    return first_count(attributes, *TraceloopAttributes.VECTOR_QUERY_TOP_K) is not None

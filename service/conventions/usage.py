@@ -1,12 +1,14 @@
 """Token usage and cost of the model calls in one trace, one row per (model, kind).
 
 `span_call` reads one span's call: tokens in and out (a total stands in for
-a missing input count), the app's own cost when it sent one (it wins), else
-the price table's, else "unpriced"; an LLM call with a model but no token
-counts and no cost is "unknown_usage" (its tokens read 0 but are unknown, and
-it is never priced at 0). `usage_rows` sums calls per model and kind; a row is
-"unpriced" (or "unknown_usage") when any of its calls is, so a cost is never
-understated. Nesting (which calls count) is the caller's rule.
+a missing input count; when one count is reported, the other missing one is
+0), the app's own cost when it sent one (it wins), else the price table's,
+else "unpriced"; an LLM call with a model but no token counts and no cost is
+"unknown_usage": its tokens are None (unknown), and it is never priced at 0.
+`usage_rows` sums calls per model and kind; a row's token count is None when
+any call's is, and the row is "unpriced" (or "unknown_usage") when any of its
+calls is, so neither a count nor a cost is ever understated. Nesting (which
+calls count) is the caller's rule.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from service.conventions.attribute_values import first_count, first_text, number
 from service.conventions.attributes import GenAIAttributes, TraceloopAttributes
 from service.conventions.pricing import PriceTable
 from service.conventions.spans import Span
-from service.model import CostSource
+from service.model import CostSource, sum_counts
 
 __all__ = ["Call", "UsageKind", "call_cost", "span_call", "usage_rows"]
 
@@ -56,8 +58,8 @@ class Call:
 
     model: str
     kind: UsageKind
-    input_tokens: int
-    output_tokens: int
+    input_tokens: int | None  # None: the call reported no token counts at all
+    output_tokens: int | None
     cost: float | None
     source: CostSource
 
@@ -81,6 +83,8 @@ def span_call(span: Span, kind: UsageKind, prices: PriceTable) -> Call | None:
     if not has_usage and (kind != "llm" or model is None):
         return None
     cost, source = call_cost(model, input_tokens, output_tokens, app_cost, prices, split_known=split_known)
+    if input_tokens is None and output_tokens is None:
+        return Call(model or "unknown", kind, None, None, cost, source)
     return Call(model or "unknown", kind, input_tokens or 0, output_tokens or 0, cost, source)
 
 
@@ -131,8 +135,8 @@ def usage_rows(calls: Iterable[Call]) -> list[dict[str, Any]]:
             {
                 "model": model,
                 "kind": group[0].kind,
-                "input_tokens": sum(c.input_tokens for c in group),
-                "output_tokens": sum(c.output_tokens for c in group),
+                "input_tokens": sum_counts(c.input_tokens for c in group),
+                "output_tokens": sum_counts(c.output_tokens for c in group),
                 "cost_usd": cost,
                 "cost_source": source,
             }

@@ -180,19 +180,18 @@ def trace_from_wire(record: TraceIn, tenant: str, pipeline: IngestTarget) -> Rag
     usage = []
     for u in record.usage:
         sent = u.model_fields_set  # a count not sent is unknown, not 0
-        cost, source = call_cost(
-            u.model,
-            u.input_tokens if "input_tokens" in sent else None,
-            u.output_tokens if "output_tokens" in sent else None,
-            u.cost_usd,
-            pipeline.prices,
-        )
+        input_tokens = u.input_tokens if "input_tokens" in sent else None
+        output_tokens = u.output_tokens if "output_tokens" in sent else None
+        cost, source = call_cost(u.model, input_tokens, output_tokens, u.cost_usd, pipeline.prices)
+        if input_tokens is not None or output_tokens is not None:
+            # one count sent: the other is 0, as for a span (`usage.span_call`)
+            input_tokens, output_tokens = input_tokens or 0, output_tokens or 0
         usage.append(
             ModelUsage(
                 model=u.model,
                 kind=u.kind,
-                input_tokens=u.input_tokens,
-                output_tokens=u.output_tokens,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
                 cost_usd=cost,
                 cost_source=source,
             )

@@ -164,6 +164,7 @@ def _trace_rows(store: Store, tenant: str, app: str | None, since: datetime, unt
         *(traces.c[f"{stage}_s"] for stage in STAGES),
         traces.c.cost_usd,
         traces.c.unpriced,
+        traces.c.usage_unknown,
         traces.c.is_regeneration,
         regenerate,
     ).where(traces.c.tenant == tenant, traces.c.start_time >= since, traces.c.start_time < until)
@@ -324,7 +325,7 @@ def _app_report(
         stages=stages,
         cost=mean_interval(costs),
         priced=costs.size,
-        unpriced=sum(1 for r in rows if r.unpriced),
+        unpriced=sum(1 for r in rows if r.unpriced or r.usage_unknown),
         regenerations=regenerations,
         regeneration=rate_interval(regenerations, len(rows)),
         faithfulness=faith,

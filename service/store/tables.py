@@ -61,8 +61,11 @@ __all__ = [
     "traces",
 ]
 
-SCHEMA_VERSION = 1
-"""The schema this code writes. Bump it with every change a migration must apply."""
+SCHEMA_VERSION = 2
+"""The schema this code writes. Bump it with every change a migration must apply (`MIGRATIONS`).
+
+2: `traces.usage_unknown` (a model call reported no token counts; `unpriced` no longer says so).
+"""
 
 Row = RowMapping | Mapping[str, Any]
 """A row as read (`RowMapping`) or as built by hand (a dict with the column names)."""
@@ -143,9 +146,12 @@ traces = sa.Table(
     sa.Column("rerank_s", sa.Float),
     sa.Column("generation_s", sa.Float),
     sa.Column("ttft_s", sa.Float),
+    # tokens of the calls that reported them; `usage_unknown` says some call reported none, so the
+    # trace's total is unknown (the API shows null)
     sa.Column("input_tokens", sa.BigInteger, nullable=False),
     sa.Column("output_tokens", sa.BigInteger, nullable=False),
     sa.Column("cost_usd", sa.Float),
+    # a call of a model with no price (and no app cost): the cost column is short of the whole
     sa.Column("unpriced", sa.Boolean, nullable=False),
     sa.Column("query", sa.Text),
     sa.Column("answer", sa.Text),
@@ -160,6 +166,8 @@ traces = sa.Table(
     sa.Column("span_count", sa.Integer, nullable=False),
     sa.Column("source", sa.Text, nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
+    # a call reported no token counts (schema 2): tokens unknown, and its cost unless the app sent one
+    sa.Column("usage_unknown", sa.Boolean, nullable=False, server_default=sa.false()),
     # Keyset pagination walks (start_time, trace_id) backwards within a tenant.
     sa.Index("ix_traces_tenant_time", "tenant", "start_time", "trace_id"),
     sa.Index("ix_traces_tenant_app_time", "tenant", "app", "start_time"),
@@ -316,8 +324,8 @@ def non_request_row(trace: RagTrace, *, created_at: datetime) -> dict[str, Any]:
         "start_time": trace.start_time,
         "total_s": _finite(trace.timings.total_s),
         "embedding_s": _finite(trace.timings.embedding_s),
-        "input_tokens": trace.input_tokens,
-        "output_tokens": trace.output_tokens,
+        "input_tokens": trace.known_input_tokens,
+        "output_tokens": trace.known_output_tokens,
         "cost_usd": _finite(trace.cost_usd),
         "span_count": trace.span_count,
         "created_at": created_at,
@@ -347,11 +355,11 @@ def trace_row(trace: RagTrace, *, created_at: datetime) -> dict[str, Any]:
         "rerank_s": _finite(timings.rerank_s),
         "generation_s": _finite(timings.generation_s),
         "ttft_s": _finite(timings.ttft_s),
-        "input_tokens": trace.input_tokens,
-        "output_tokens": trace.output_tokens,
+        "input_tokens": trace.known_input_tokens,
+        "output_tokens": trace.known_output_tokens,
         "cost_usd": _finite(trace.cost_usd),
-        # The cost column is short of the whole (or None): an unpriced call or an unknown usage.
-        "unpriced": bool(trace.unpriced_models or trace.usage_unknown_models),
+        "unpriced": bool(trace.unpriced_models),
+        "usage_unknown": trace.input_tokens is None or trace.output_tokens is None,
         "query": _text(trace.query),
         "answer": _text(trace.answer),
         "top1_score": _finite(trace.retrieval.top1_score),
@@ -449,6 +457,7 @@ def trace_record(
     """
     regeneration_source = row["regeneration_source"]
     is_regeneration = bool(row["is_regeneration"])
+    usage_unknown = bool(row["usage_unknown"])
     if not is_regeneration and regenerate_feedback:
         is_regeneration, regeneration_source = True, "feedback"
     record: dict[str, Any] = {
@@ -470,10 +479,12 @@ def trace_record(
             "generation_s": row["generation_s"],
             "ttft_s": row["ttft_s"],
         },
-        "input_tokens": row["input_tokens"],
-        "output_tokens": row["output_tokens"],
+        # a total of known and unknown counts is unknown
+        "input_tokens": None if usage_unknown else row["input_tokens"],
+        "output_tokens": None if usage_unknown else row["output_tokens"],
         "cost_usd": row["cost_usd"],
         "unpriced": bool(row["unpriced"]),
+        "usage_unknown": usage_unknown,
         "top1_score": row["top1_score"],
         "chunk_ids": list(row["chunk_ids"]),
         "chunk_scores": list(row["chunk_scores"]),

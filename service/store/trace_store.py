@@ -317,6 +317,23 @@ def _context_row(key: tuple[str, str], trace: RagTrace) -> dict[str, Any]:
     return {"tenant": key[0], "trace_id": key[1], "context": trace_context(trace)}
 
 
+def _add_missing_columns(conn: Connection) -> None:
+    """Add the columns of ragmon's tables that an existing database lacks (newer schema versions)."""
+    inspector = sa.inspect(conn)
+    for table in metadata.sorted_tables:
+        if not inspector.has_table(table.name):
+            continue
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            if column.server_default is None and not column.nullable:
+                raise RuntimeError(f"{table.name}.{column.name} has no default to add it to old rows with")
+            definition = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
+            preparer = conn.dialect.identifier_preparer
+            conn.execute(sa.text(f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN {definition}"))
+
+
 class Store:
     """The trace and feedback store on SQLite or PostgreSQL; thread-safe, blocking.
 
@@ -501,12 +518,16 @@ class Store:
         return self._engine
 
     def create_schema(self) -> None:
-        """Create missing tables and indexes and record `SCHEMA_VERSION`; safe to repeat.
+        """Create missing tables and indexes, add missing columns, and record `SCHEMA_VERSION`; safe
+        to repeat.
 
-        Existing tables are left as they are: changing them is a migration's job.
+        A column added to an existing table after schema 1 has a server default (`tables.py`), so a
+        database of an older schema gets it with one `ALTER TABLE ... ADD COLUMN`, its old rows the
+        default; nothing else in an existing table is changed.
         """
         with self._write("create schema") as conn:
             metadata.create_all(conn, checkfirst=True)
+            _add_missing_columns(conn)
             conn.execute(
                 self._insert(schema_version),
                 [{"version": SCHEMA_VERSION, "applied_at": datetime.now(UTC)}],

@@ -74,13 +74,25 @@ def make_handler(out: Path) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
+        def _body(self) -> bytes:
+            """The request body, sent with a content-length or chunked (Node's OTLP exporters)."""
+            if "chunked" not in (self.headers.get("transfer-encoding") or "").lower():
+                return self.rfile.read(int(self.headers.get("content-length") or 0))
+            chunks = []
+            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()  # the CRLF after each chunk
+            while self.rfile.readline().strip():  # trailers, up to the blank line
+                pass
+            return b"".join(chunks)
+
         def do_POST(self) -> None:
             path = self.path.split("?")[0]
             if path not in SIGNALS:
                 self.send_error(404)
                 return
             request_type, response_type = SIGNALS[path]
-            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = self._body()
             encoding = (self.headers.get("content-encoding") or "").lower()
             if encoding == "gzip":
                 body = gzip.decompress(body)

@@ -23,14 +23,21 @@ ROOT = HERE.parent.parent
 VENVS = ROOT / ".venvs" / "conformance"
 CAPTURES = Path("/tmp/conformance-captures")
 APP_TIMEOUT_S = 90
+# written by build_venvs.sh into a Node client's node_modules once `npm ci` succeeded
+NODE_BUILT = Path("node_modules") / ".package-lock.sha256"
 
 
 @dataclass(frozen=True)
 class Client:
     name: str
-    venv: str
+    venv: str  # the folder under clients/: a Python client's venv, a Node client's npm project
     protocol: str = "http/protobuf"
     env: tuple[tuple[str, str], ...] = ()
+    node: bool = False  # app.mjs run by node, its packages in clients/<venv>/node_modules (npm ci)
+
+    @property
+    def folder(self) -> Path:
+        return HERE / "clients" / self.venv
 
     @property
     def python(self) -> Path:
@@ -38,12 +45,27 @@ class Client:
 
     @property
     def app(self) -> Path:
-        return HERE / "clients" / self.venv / "app.py"
+        return self.folder / ("app.mjs" if self.node else "app.py")
+
+    @property
+    def command(self) -> list[str]:
+        return (
+            [shutil.which("node") or "node", str(self.app)]
+            if self.node
+            else [str(self.python), str(self.app)]
+        )
 
     @property
     def built(self) -> bool:
-        # build_venvs.sh writes the hash last, so a venv without it is half-built
+        # build_venvs.sh writes the hash last, so a venv (or node_modules) without it is half-built
+        if self.node:
+            return shutil.which("node") is not None and (self.folder / NODE_BUILT).exists()
         return self.python.exists() and (VENVS / self.venv / ".requirements.sha256").exists()
+
+    @property
+    def build_hint(self) -> str:
+        what = "node_modules (npm ci)" if self.node else "virtualenv"
+        return f"no {what} for {self.venv}: run tests/conformance/build_venvs.sh {self.venv}"
 
 
 CLIENTS = [
@@ -65,6 +87,10 @@ CLIENTS = [
     Client("phoenix_openai", "phoenix_openai"),
     Client("haystack", "haystack"),
     Client("dspy", "dspy"),
+    Client("openlit", "openlit"),
+    Client("pydantic_ai", "pydantic_ai"),
+    Client("node_openai", "node_openai", node=True),
+    Client("node_langchain", "node_langchain", node=True),
 ]
 BY_NAME = {c.name: c for c in CLIENTS}
 
@@ -108,12 +134,12 @@ def client_env(
 
 def run_client(client: Client, manifest: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(client.python), str(client.app), str(manifest)],
+        [*client.command, str(manifest)],
         env=env,
         capture_output=True,
         text=True,
         timeout=APP_TIMEOUT_S,
-        cwd=str(client.app.parent),
+        cwd=str(client.folder),
     )
 
 
@@ -129,7 +155,7 @@ def capture(names: list[str]) -> int:
             print(f"{name}: skipped (capture speaks OTLP/HTTP; the _http variant sends the same data)")
             continue
         if not client.built:
-            print(f"{name}: no venv; run tests/conformance/build_venvs.sh")
+            print(f"{name}: {client.build_hint}")
             failed += 1
             continue
         out = CAPTURES / name

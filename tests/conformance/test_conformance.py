@@ -44,6 +44,8 @@ class Expect:
     embedding_tokens: bool  # token usage of the query's embedding call, inside the request's trace
     top_k: bool  # the retriever's k
     llm_tokens: bool = True  # token counts on the LLM call
+    streamed_llm_tokens: bool = True  # token counts on the streamed LLM call
+    documents: bool = True  # the retrieved documents (ids, contents); without them no scores either
 
 
 EXPECT = {
@@ -73,6 +75,31 @@ EXPECT = {
     # has the model and messages but no token counts, so its cost is unknown, not zero
     "dspy": Expect(
         scores=True, ttft=False, query_vector=False, embedding_tokens=False, top_k=False, llm_tokens=False
+    ),
+    # OpenLIT: Chroma's query is a `vectordb` span named `GET` with `db.vector.query.top_k` and
+    # nothing of what it returned; the query from the embedding span's input messages; TTFT as
+    # `gen_ai.server.time_to_first_token` (on every call: read on streamed ones); tokens everywhere
+    "openlit": Expect(
+        scores=False, ttft=True, query_vector=False, embedding_tokens=True, top_k=True, documents=False
+    ),
+    # Pydantic AI + the app's GenAI retrieval span: TTFT as `gen_ai.client.operation.time_to_first_chunk`,
+    # the query vector in the embedding span's `embeddings` (input_type "query"), tokens everywhere
+    "pydantic_ai": Expect(scores=True, ttft=True, query_vector=True, embedding_tokens=True, top_k=True),
+    # OpenInference OpenAI for Node + the app's OpenInference RETRIEVER span: vectors (mixed int/double
+    # arrays) but no token counts on embeddings, no first-token event, and no token counts on the
+    # streamed call although the app asked for usage and got it: unknown usage
+    "node_openai": Expect(
+        scores=True,
+        ttft=False,
+        query_vector=True,
+        embedding_tokens=False,
+        top_k=False,
+        streamed_llm_tokens=False,
+    ),
+    # OpenInference LangChain.js: contents and metadata (the scores the retriever put there); ids only
+    # in output.value (`pageContent` documents); embeddings are not runnables, so no embedding span
+    "node_langchain": Expect(
+        scores=True, ttft=False, query_vector=False, embedding_tokens=False, top_k=False
     ),
 }
 
@@ -130,13 +157,13 @@ def check_question(
     same("answer", record["answer"], question["answer"])
     same("flags.partial", record["flags"]["partial"], False)
 
-    docs = question["docs"]
+    docs = question["docs"] if expect.documents else []
     same("chunk_ids (row)", record["chunk_ids"], [d["id"] for d in docs])
     chunks = context.get("chunks", [])
     same("chunk ids", [c["id"] for c in chunks], [d["id"] for d in docs])
     same("chunk ranks", [c["rank"] for c in chunks], list(range(len(docs))))
     same("chunk contents", [c["content"] for c in chunks], [d["content"] for d in docs])
-    if expect.scores:
+    if expect.scores and docs:
         got_scores = [c["score"] for c in chunks]
         want_scores = [d["score"] for d in docs]
         if len(got_scores) != len(want_scores) or any(
@@ -151,7 +178,7 @@ def check_question(
         same("retrieval k", context.get("k"), manifest["top_k"])
 
     llm = [u for u in context.get("usage", []) if u["kind"] == "llm"]
-    if expect.llm_tokens:
+    if expect.llm_tokens and (expect.streamed_llm_tokens or not question["stream"]):
         want_llm = [
             {
                 "model": question["model"],
@@ -163,8 +190,13 @@ def check_question(
             }
         ]
     else:
-        # the call is known (its model too), its usage is not: no tokens, an unknown cost
-        unknown = {"input_tokens": 0, "output_tokens": 0, "cost_usd": None, "cost_source": "unknown_usage"}
+        # the call is known (its model too), its usage is not: unknown tokens, an unknown cost
+        unknown = {
+            "input_tokens": None,
+            "output_tokens": None,
+            "cost_usd": None,
+            "cost_source": "unknown_usage",
+        }
         want_llm = [{"model": question["model"], "kind": "llm", **unknown}]
     same("llm usage", _rounded(llm), _rounded(want_llm))
     embedding = [u for u in context.get("usage", []) if u["kind"] == "embedding"]
@@ -185,15 +217,16 @@ def check_question(
             }
         ]
         same("embedding usage", _rounded(embedding), _rounded(want_embedding))
-        input_tokens += tokens
+        input_tokens = None if input_tokens is None else input_tokens + tokens
         total_cost = None if total_cost is None else total_cost + want_embedding[0]["cost_usd"]
     else:
-        same("embedding tokens (none sent)", sum(u["input_tokens"] for u in embedding), 0)
+        same("embedding tokens (none sent)", sum(u["input_tokens"] or 0 for u in embedding), 0)
     same("input_tokens", record["input_tokens"], input_tokens)
     same("output_tokens", record["output_tokens"], output_tokens)
     same("cost_usd", _round(record["cost_usd"]), _round(total_cost))
-    # a call of unknown cost leaves the trace's cost incomplete, as an unpriced one does
-    same("unpriced", record["unpriced"], total_cost is None)
+    # every model here has a price: a call without token counts is unknown usage, not unpriced
+    same("unpriced", record["unpriced"], False)
+    same("usage_unknown", record["usage_unknown"], output_tokens is None)
 
     timings = record["timings"]
     for stage in ("total_s", "retrieval_s", "generation_s"):
@@ -237,7 +270,7 @@ def _rounded(usage: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("client", CLIENTS, ids=[c.name for c in CLIENTS])
 def test_conformance(client: Client, stub: Stub, ragmon: LiveServer, tmp_path: Path) -> None:
     if not client.built:
-        pytest.skip(f"no virtualenv for {client.venv}: run tests/conformance/build_venvs.sh")
+        pytest.skip(client.build_hint)
     expect = EXPECT[client.name]
     env = client_env(
         client,

@@ -1,6 +1,7 @@
 """What every conformance client shares: the corpus, the questions and the manifest.
 
-Standard library only: each client imports this from its own virtualenv. Every client app adds
+Standard library only: each client imports this from its own virtualenv. The corpus, the questions,
+the models and the prompt are in `corpus.json`, which the Node clients' `common.mjs` reads too. Every client app adds
 this folder to `sys.path` and does
 
     run = Run("langchain")                  # reads CONFORMANCE_MANIFEST / argv[1], OPENAI_BASE_URL
@@ -28,28 +29,18 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-CHAT_MODEL = "gpt-4o-mini"
-EMBEDDING_MODEL = "text-embedding-3-small"
-APP_NAME_PREFIX = "conformance-"
-TOP_K = 2
+# The corpus, questions, models and prompt, shared with the Node clients (common.mjs)
+SPEC: dict[str, Any] = json.loads((Path(__file__).resolve().parent / "corpus.json").read_text("utf-8"))
+CHAT_MODEL: str = SPEC["chat_model"]
+EMBEDDING_MODEL: str = SPEC["embedding_model"]
+APP_NAME_PREFIX: str = SPEC["app_name_prefix"]
+TOP_K: int = SPEC["top_k"]
 
 # Our own ids: a monitor that reports a library-made uuid or a content hash instead is wrong.
-DOCS: list[tuple[str, str]] = [
-    (
-        "doc-alpha",
-        "The Alpha lighthouse was built in 1871 on the northern cliff. It is painted red and white.",
-    ),
-    (
-        "doc-beta",
-        "Beta station trains leave every twenty minutes to the harbour. The last train leaves at midnight.",
-    ),
-    ("doc-gamma", "Gamma library lends books for three weeks. Late returns cost ten cents a day."),
-    ("doc-delta", "Delta bakery sells sourdough bread baked before dawn. It closes on Mondays."),
-    ("doc-epsilon", "Epsilon park has a rose garden and a pond with ducks. Dogs must be kept on a lead."),
-    ("doc-zeta", "Zeta museum shows fossils of marine reptiles. Entry is free on Sundays."),
-]
+DOCS: list[tuple[str, str]] = [(d["id"], d["content"]) for d in SPEC["docs"]]
 
 
 @dataclass(frozen=True)
@@ -58,11 +49,7 @@ class Question:
     stream: bool
 
 
-QUESTIONS = [
-    Question("When was the Alpha lighthouse built on the cliff?", stream=False),
-    Question("How often do Beta station trains leave for the harbour?", stream=True),
-    Question("How much do late returns cost at the Gamma library?", stream=False),
-]
+QUESTIONS = [Question(q["text"], stream=q["stream"]) for q in SPEC["questions"]]
 
 
 def stub_url() -> str:
@@ -223,7 +210,7 @@ class InMemoryStore:
         return sorted(scored, key=lambda item: -item[1])[:k]
 
 
-SYSTEM_PROMPT = "Answer the question using only the context."
+SYSTEM_PROMPT: str = SPEC["system_prompt"]
 
 
 def user_prompt(question: str, contents: list[str]) -> str:

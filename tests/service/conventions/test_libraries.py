@@ -249,3 +249,289 @@ def test_llamaindex_streamed_call_ends_at_its_first_token_event() -> None:
 def test_a_plain_llm_call_keeps_its_span_duration() -> None:
     llm = span("b" * 16, None, "chat", {"gen_ai.operation.name": "chat"}, 0, 250)
     assert build(llm).timings.generation_s == 0.25
+
+
+# --- OpenLIT 1.45 (chromadb 1.5.9, openai 2.54): GenAI spans, its own `vectordb` spans --------------
+
+
+def openlit_chat(span_id: str, parent: str, *, stream: bool, ttft_s: float, end_ms: float) -> Span:
+    return span(
+        span_id,
+        parent,
+        "chat gpt-4o-mini",
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": "gpt-4o-mini",
+            "gen_ai.response.model": "gpt-4o-mini",
+            "gen_ai.request.stream": stream,
+            "gen_ai.server.time_to_first_token": ttft_s,
+            "gen_ai.usage.input_tokens": 59,
+            "gen_ai.usage.output_tokens": 13,
+            "gen_ai.usage.cost": 0.0,
+            "gen_ai.output.messages": json.dumps(
+                [{"role": "assistant", "parts": [{"type": "text", "content": ANSWER}], "finish_reason": "stop"}]
+            ),
+        },
+        20,
+        end_ms,
+    )
+
+
+def openlit_trace(*, stream: bool) -> list[Span]:
+    """One request as OpenLIT sends it: the app's `openlit.start_trace` span (the answer as a plain
+    string), Chroma's query (`GET`, with its top-k, no documents) around the query's embedding call,
+    then the chat call."""
+    root = span("a" * 16, None, "answer_question", {"gen_ai.output.messages": ANSWER}, 0, 320)
+    query = span(
+        "b" * 16,
+        "a" * 16,
+        "GET conformance",
+        {
+            "gen_ai.operation.name": "vectordb",
+            "db.system.name": "chroma",
+            "db.operation.name": "GET",
+            "db.query.text": f"texts=[{QUESTION!r}]",
+            "db.collection.name": "conformance",
+            "db.vector.query.top_k": 2,
+            "db.response.returned_rows": 2,
+        },
+        1,
+        8,
+    )
+    embedding = span(
+        "c" * 16,
+        "b" * 16,
+        "embeddings text-embedding-3-small",
+        {
+            "gen_ai.operation.name": "embeddings",
+            "gen_ai.request.model": "text-embedding-3-small",
+            "gen_ai.request.stream": False,
+            "gen_ai.server.time_to_first_token": 0.0027,
+            "gen_ai.usage.input_tokens": 9,
+            "gen_ai.input.messages": json.dumps(
+                [{"role": "user", "parts": [{"type": "text", "content": QUESTION}]}]
+            ),
+        },
+        2,
+        5,
+    )
+    return [root, query, embedding, openlit_chat("d" * 16, "a" * 16, stream=stream, ttft_s=0.1536, end_ms=300)]
+
+
+def test_openlit_chroma_query_is_the_retrieval_with_its_k() -> None:
+    trace = build(*openlit_trace(stream=False))
+    assert trace.kind == "request"
+    assert (trace.retrieval.retriever, trace.retrieval.k) == ("GET conformance", 2)
+    assert trace.timings.retrieval_s is not None and abs(trace.timings.retrieval_s - 0.007) < 1e-9
+    assert trace.retrieval.chunks == ()  # OpenLIT sends none of the documents
+    # the query is the text the query embedding was made from (the chat's user message is the prompt)
+    assert trace.query == QUESTION
+
+
+def test_openlit_collection_add_and_get_are_not_retrievals() -> None:
+    add = span(
+        "a" * 16,
+        None,
+        "INSERT conformance",
+        {"gen_ai.operation.name": "vectordb", "db.system.name": "chroma", "db.operation.name": "INSERT"},
+    )
+    embed = span(
+        "b" * 16,
+        "a" * 16,
+        "embeddings text-embedding-3-small",
+        {"gen_ai.operation.name": "embeddings", "gen_ai.usage.input_tokens": 89},
+    )
+    assert build(add, embed).kind == "embedding"  # index building, not a request
+    get = span(
+        "a" * 16,
+        None,
+        "GET conformance",  # collection.get(ids=...): the same operation name, no top-k
+        {"gen_ai.operation.name": "vectordb", "db.system.name": "chroma", "db.operation.name": "GET"},
+    )
+    assert build(get).kind == "other"
+
+
+def test_openlit_server_ttft_is_read_on_a_streamed_call_only() -> None:
+    streamed = build(*openlit_trace(stream=True)).timings
+    assert streamed.ttft_s == 0.1536
+    # on a call that did not stream, OpenLIT writes the whole call's time under the same name
+    assert build(*openlit_trace(stream=False)).timings.ttft_s is None
+
+
+# --- Pydantic AI 2.78 (its default instrumentation, no Logfire) ---------------------------------------
+
+
+def pydantic_ai_trace() -> list[Span]:
+    root = span("a" * 16, None, "answer_question", {}, 0, 303)
+    embedding = span(
+        "b" * 16,
+        "a" * 16,
+        "embeddings text-embedding-3-small",
+        {
+            "gen_ai.operation.name": "embeddings",
+            "gen_ai.request.model": "text-embedding-3-small",
+            "input_type": "query",
+            "inputs_count": "1",
+            "inputs": json.dumps([QUESTION]),
+            "gen_ai.usage.input_tokens": 10,
+            "gen_ai.response.model": "text-embedding-3-small",
+            "operation.cost": 2e-07,
+            "embeddings": json.dumps([[0.25, 0.0, -0.5, 0.0]]),
+        },
+        1,
+        4,
+    )
+    chat = span(
+        "d" * 16,
+        "c" * 16,
+        "chat gpt-4o-mini",
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": "gpt-4o-mini",
+            "gen_ai.usage.input_tokens": 59,
+            "gen_ai.usage.output_tokens": 13,
+            "gen_ai.client.operation.time_to_first_chunk": 0.17187363000005007,
+            "gen_ai.output.messages": json.dumps(
+                [{"role": "assistant", "parts": [{"type": "text", "content": ANSWER}], "finish_reason": "stop"}]
+            ),
+        },
+        6,
+        300,
+    )
+    agent = span(
+        "c" * 16,
+        "a" * 16,
+        "invoke_agent agent",
+        {"gen_ai.operation.name": "invoke_agent", "gen_ai.aggregated_usage.input_tokens": "59"},
+        5,
+        301,
+    )
+    return [root, embedding, agent, chat]
+
+
+def test_pydantic_ai_time_to_first_chunk_is_the_ttft() -> None:
+    trace = build(*pydantic_ai_trace())
+    assert trace.timings.ttft_s == 0.17187363000005007
+    assert trace.answer == ANSWER
+
+
+def test_pydantic_ai_query_embedding_comes_from_its_inputs_and_embeddings() -> None:
+    trace = build(*pydantic_ai_trace())
+    assert trace.query == QUESTION
+    assert trace.query_embedding is not None
+    assert (trace.query_embedding.model, trace.query_embedding.vector) == (
+        "text-embedding-3-small",
+        (0.25, 0.0, -0.5, 0.0),
+    )
+    # a corpus' vectors (input_type "document") are never read
+    root, embedding, agent, chat = pydantic_ai_trace()
+    embedding.attributes["input_type"] = "document"
+    assert build(root, embedding, agent, chat).query_embedding is None
+
+
+# --- LangChain.js (@langchain/core 1.4, @arizeai/openinference-instrumentation-langchain 4.1.1) ------
+
+
+def langchain_js_retriever(docs: list[tuple[str, float, str]]) -> Span:
+    """A retriever that keeps scores as LangChain's docs show (`metadata.score`); the instrumentation
+    lists contents and metadata, the ids only in output.value, as LangChain.js serialises documents
+    (`pageContent`)."""
+    attributes: dict = {
+        "openinference.span.kind": "RETRIEVER",
+        "input.value": QUESTION,
+        "input.mime_type": "text/plain",
+        "output.value": json.dumps(
+            {"documents": [{"pageContent": c, "metadata": {"score": s}, "id": i} for i, s, c in docs]}
+        ),
+        "output.mime_type": "application/json",
+        "metadata": "{}",
+    }
+    for n, (_, score, content) in enumerate(docs):
+        attributes[f"retrieval.documents.{n}.document.content"] = content
+        attributes[f"retrieval.documents.{n}.document.metadata"] = json.dumps({"score": score})
+    return span("b" * 16, "a" * 16, "ScoredRetriever", attributes)
+
+
+def test_langchain_js_scores_from_metadata_and_ids_from_output_value() -> None:
+    root = span("a" * 16, None, "RunnableSequence", {"openinference.span.kind": "CHAIN", "input.value": QUESTION})
+    retriever = langchain_js_retriever([("doc-alpha", 0.6715455047720653, ALPHA), ("doc-epsilon", 0.453, EPSILON)])
+    trace = build(root, retriever)
+    assert [(c.id, c.score, c.content) for c in trace.retrieval.chunks] == [
+        ("doc-alpha", 0.6715455047720653, ALPHA),
+        ("doc-epsilon", 0.453, EPSILON),
+    ]
+    assert trace.retrieval.top1_score == 0.6715455047720653
+
+
+def test_a_score_of_its_own_wins_over_the_metadatas() -> None:
+    retriever = span(
+        "b" * 16,
+        None,
+        "retrieve",
+        {
+            "openinference.span.kind": "RETRIEVER",
+            "retrieval.documents.0.document.id": "doc-alpha",
+            "retrieval.documents.0.document.score": 0.9,
+            "retrieval.documents.0.document.metadata": json.dumps({"score": 0.1}),
+            "retrieval.documents.1.document.id": "doc-epsilon",
+            "retrieval.documents.1.document.metadata": json.dumps({"score": "high", "relevance_score": 0.4}),
+        },
+    )
+    assert [c.score for c in build(retriever).retrieval.chunks] == [0.9, 0.4]
+
+
+# --- @arizeai/openinference-instrumentation-openai 4.2.7 on openai 6.49 (Node) ------------------------
+
+
+def test_node_openai_streamed_call_without_token_counts_is_unknown_usage() -> None:
+    """The Node instrumentation records no token counts on a streamed call, although the app asked for
+    usage (`stream_options.include_usage`) and got it: its tokens are unknown, not 0, and its cost
+    unknown, not "unpriced" (the model has a price)."""
+    root = span("a" * 16, None, "answer_question", {"openinference.span.kind": "CHAIN", "input.value": QUESTION})
+    llm = span(
+        "b" * 16,
+        "a" * 16,
+        "OpenAI Chat Completions",
+        {
+            "openinference.span.kind": "LLM",
+            "llm.model_name": "gpt-4o-mini",
+            "llm.invocation_parameters": json.dumps(
+                {"model": "gpt-4o-mini", "stream": True, "stream_options": {"include_usage": True}}
+            ),
+            "llm.system": "openai",
+            "output.value": ANSWER,
+            "output.mime_type": "text/plain",
+        },
+    )
+    trace = build(root, llm)
+    (usage,) = trace.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.cost_usd, usage.cost_source) == (
+        None,
+        None,
+        None,
+        "unknown_usage",
+    )
+    assert (trace.input_tokens, trace.output_tokens, trace.cost_usd) == (None, None, None)
+    assert (trace.known_input_tokens, trace.known_output_tokens) == (0, 0)
+    assert trace.unpriced_models == () and trace.usage_unknown_models == ("gpt-4o-mini",)
+
+
+def test_openlit_streamed_calls_details_logged_in_the_request_span_do_not_make_its_question() -> None:
+    """OpenLIT logs a streamed call's `gen_ai.client.inference.operation.details` after the chat span
+    ended, so the log record names the request span around it; its user message is the prompt, not
+    the question, and the request span is no model call."""
+    prompt = f"Context:\n{ALPHA}\n\nQuestion: {QUESTION}"
+    details = SpanEvent(
+        "gen_ai.client.inference.operation.details",
+        T0 + 301 * MS,
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": "gpt-4o-mini",
+            "gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": prompt}]}],
+            "gen_ai.output.messages": [{"role": "assistant", "parts": [{"type": "text", "content": "other"}]}],
+        },
+    )
+    root, *rest = openlit_trace(stream=True)
+    root.events.append(details)
+    trace = build(root, *rest)
+    assert (trace.query, trace.answer) == (QUESTION, ANSWER)

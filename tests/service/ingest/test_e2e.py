@@ -125,14 +125,27 @@ def test_official_http_exporter_trace_is_stored_and_counted(server: LiveServer) 
 
 
 def test_llm_call_without_token_counts_is_unknown_usage_not_zero_cost(server: LiveServer) -> None:
-    # A DSPy-style LLM span: a priced model, no token counts. Its cost is unknown, not 0 and not
-    # "unpriced"; the trace stays out of the cost-per-trace histogram and is counted as unknown.
+    # A DSPy-style LLM span: a priced model, no token counts. Its tokens and cost are unknown, not 0
+    # and not "unpriced"; the trace stays out of the cost-per-trace histogram and is counted as unknown.
     app = "no-token-app"
     provider = provider_with(HttpExporter(endpoint=f"{server.url}/v1/traces", timeout=10), app=app)
     trace_id = rag_request(provider, "Which plans include support?", llm_tokens=False)
     provider.shutdown()
     record = wait_for_trace(server, trace_id)
-    assert (record["cost_usd"], record["unpriced"]) == (None, True)  # the embedding alone is priced
+    # the embedding alone is priced; the trace's tokens are unknown, its model is not unpriced
+    assert (record["cost_usd"], record["unpriced"], record["usage_unknown"]) == (None, False, True)
+    assert (record["input_tokens"], record["output_tokens"]) == (None, None)
+    llm = [u for u in record["context"]["usage"] if u["kind"] == "llm"]
+    assert llm == [
+        {
+            "model": "gpt-4o-mini",
+            "kind": "llm",
+            "input_tokens": None,
+            "output_tokens": None,
+            "cost_usd": None,
+            "cost_source": "unknown_usage",
+        }
+    ]
     assert server.metric("ragmon_usage_unknown_calls_total", app=app, model="gpt-4o-mini") == 1
     assert server.metric("ragmon_unpriced_calls_total", app=app, model="gpt-4o-mini") == 0
     assert server.metric("ragmon_cost_usd_total", app=app, model="gpt-4o-mini") == 0

@@ -48,6 +48,7 @@ def trace_rows() -> list[dict[str, Any]]:
                 "output_tokens": 0,
                 "cost_usd": 0.000123,
                 "unpriced": bool(n % 2),
+                "usage_unknown": n == 1,
                 "query": "Où est ma facture? ✓",
                 "answer": "",
                 "top1_score": 0.875,

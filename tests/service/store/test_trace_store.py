@@ -107,6 +107,44 @@ def test_create_schema_is_idempotent_and_records_its_version(store_url: str) -> 
         store.close()
 
 
+def test_create_schema_adds_usage_unknown_to_a_schema_1_database(store_url: str) -> None:
+    """A database made by schema 1 (no `traces.usage_unknown`) gets the column, its old rows false, and
+    then stores a trace whose token counts are unknown."""
+    store = Store(store_url)
+    engine = sa.create_engine(store_url, poolclass=NullPool)
+    try:
+        store.create_schema()
+        store.insert_traces([make_trace(1)])
+        with engine.begin() as conn:  # the schema-1 table: the same but for the column schema 2 added
+            conn.execute(sa.text("ALTER TABLE traces DROP COLUMN usage_unknown"))
+        store.close()
+        store = Store(store_url)
+        store.create_schema()
+        assert store.schema_version() == SCHEMA_VERSION == 2
+        old = store.get_trace("default", trace_id(1))
+        assert old is not None and (old["usage_unknown"], old["input_tokens"]) == (False, 101)
+        unknown = make_trace(
+            2,
+            usage=(
+                ModelUsage(
+                    model="gpt-4o-mini", input_tokens=None, output_tokens=None, cost_source="unknown_usage"
+                ),
+            ),
+        )
+        assert store.insert_traces([unknown]) == [trace_id(2)]
+        record = store.get_trace("default", trace_id(2))
+        assert record is not None
+        assert (record["input_tokens"], record["output_tokens"], record["cost_usd"]) == (None, None, None)
+        assert (record["usage_unknown"], record["unpriced"]) == (True, False)
+        assert record["context"]["usage"][0]["input_tokens"] is None
+        with engine.connect() as conn:  # the row keeps the known part: none
+            stored = conn.execute(sa.select(traces.c.input_tokens).where(traces.c.trace_id == trace_id(2)))
+            assert stored.scalar_one() == 0
+    finally:
+        store.close()
+        engine.dispose()
+
+
 # --- writes: idempotency -----------------------------------------------------------------------------
 
 
