@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -25,6 +27,8 @@ CAPTURES = Path("/tmp/conformance-captures")
 APP_TIMEOUT_S = 90
 # written by build_venvs.sh into a Node client's node_modules once `npm ci` succeeded
 NODE_BUILT = Path("node_modules") / ".package-lock.sha256"
+# the Node clients' packages (@langchain/openai 1.5, openai 6) need Node.js 20 or newer
+MIN_NODE = 20
 
 
 @dataclass(frozen=True)
@@ -59,13 +63,26 @@ class Client:
     def built(self) -> bool:
         # build_venvs.sh writes the hash last, so a venv (or node_modules) without it is half-built
         if self.node:
-            return shutil.which("node") is not None and (self.folder / NODE_BUILT).exists()
+            return node_major() >= MIN_NODE and (self.folder / NODE_BUILT).exists()
         return self.python.exists() and (VENVS / self.venv / ".requirements.sha256").exists()
 
     @property
     def build_hint(self) -> str:
+        if self.node and node_major() < MIN_NODE:
+            return f"{self.venv} needs Node.js >= {MIN_NODE} on PATH (found: {node_major() or 'none'})"
         what = "node_modules (npm ci)" if self.node else "virtualenv"
         return f"no {what} for {self.venv}: run tests/conformance/build_venvs.sh {self.venv}"
+
+
+@cache
+def node_major() -> int:
+    """The major version of `node` on PATH; 0 when there is none."""
+    node = shutil.which("node")
+    if node is None:
+        return 0
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout
+    match = re.match(r"v(\d+)\.", version.strip())
+    return int(match.group(1)) if match else 0
 
 
 CLIENTS = [

@@ -1,8 +1,8 @@
 """What every conformance client shares: the corpus, the questions and the manifest.
 
 Standard library only: each client imports this from its own virtualenv. The corpus, the questions,
-the models and the prompt are in `corpus.json`, which the Node clients' `common.mjs` reads too. Every client app adds
-this folder to `sys.path` and does
+the models and the prompt are in `corpus.json`, which the Node clients' `common.mjs` reads too. Every
+client app adds this folder to `sys.path` and does
 
     run = Run("langchain")                  # reads CONFORMANCE_MANIFEST / argv[1], OPENAI_BASE_URL
     provider.add_span_processor(run.roots)  # notes root spans; exports nothing, changes nothing

@@ -269,7 +269,13 @@ def openlit_chat(span_id: str, parent: str, *, stream: bool, ttft_s: float, end_
             "gen_ai.usage.output_tokens": 13,
             "gen_ai.usage.cost": 0.0,
             "gen_ai.output.messages": json.dumps(
-                [{"role": "assistant", "parts": [{"type": "text", "content": ANSWER}], "finish_reason": "stop"}]
+                [
+                    {
+                        "role": "assistant",
+                        "parts": [{"type": "text", "content": ANSWER}],
+                        "finish_reason": "stop",
+                    }
+                ]
             ),
         },
         20,
@@ -315,7 +321,12 @@ def openlit_trace(*, stream: bool) -> list[Span]:
         2,
         5,
     )
-    return [root, query, embedding, openlit_chat("d" * 16, "a" * 16, stream=stream, ttft_s=0.1536, end_ms=300)]
+    return [
+        root,
+        query,
+        embedding,
+        openlit_chat("d" * 16, "a" * 16, stream=stream, ttft_s=0.1536, end_ms=300),
+    ]
 
 
 def test_openlit_chroma_query_is_the_retrieval_with_its_k() -> None:
@@ -392,7 +403,13 @@ def pydantic_ai_trace() -> list[Span]:
             "gen_ai.usage.output_tokens": 13,
             "gen_ai.client.operation.time_to_first_chunk": 0.17187363000005007,
             "gen_ai.output.messages": json.dumps(
-                [{"role": "assistant", "parts": [{"type": "text", "content": ANSWER}], "finish_reason": "stop"}]
+                [
+                    {
+                        "role": "assistant",
+                        "parts": [{"type": "text", "content": ANSWER}],
+                        "finish_reason": "stop",
+                    }
+                ]
             ),
         },
         6,
@@ -453,8 +470,12 @@ def langchain_js_retriever(docs: list[tuple[str, float, str]]) -> Span:
 
 
 def test_langchain_js_scores_from_metadata_and_ids_from_output_value() -> None:
-    root = span("a" * 16, None, "RunnableSequence", {"openinference.span.kind": "CHAIN", "input.value": QUESTION})
-    retriever = langchain_js_retriever([("doc-alpha", 0.6715455047720653, ALPHA), ("doc-epsilon", 0.453, EPSILON)])
+    root = span(
+        "a" * 16, None, "RunnableSequence", {"openinference.span.kind": "CHAIN", "input.value": QUESTION}
+    )
+    retriever = langchain_js_retriever(
+        [("doc-alpha", 0.6715455047720653, ALPHA), ("doc-epsilon", 0.453, EPSILON)]
+    )
     trace = build(root, retriever)
     assert [(c.id, c.score, c.content) for c in trace.retrieval.chunks] == [
         ("doc-alpha", 0.6715455047720653, ALPHA),
@@ -487,7 +508,9 @@ def test_node_openai_streamed_call_without_token_counts_is_unknown_usage() -> No
     """The Node instrumentation records no token counts on a streamed call, although the app asked for
     usage (`stream_options.include_usage`) and got it: its tokens are unknown, not 0, and its cost
     unknown, not "unpriced" (the model has a price)."""
-    root = span("a" * 16, None, "answer_question", {"openinference.span.kind": "CHAIN", "input.value": QUESTION})
+    root = span(
+        "a" * 16, None, "answer_question", {"openinference.span.kind": "CHAIN", "input.value": QUESTION}
+    )
     llm = span(
         "b" * 16,
         "a" * 16,
@@ -528,7 +551,9 @@ def test_openlit_streamed_calls_details_logged_in_the_request_span_do_not_make_i
             "gen_ai.operation.name": "chat",
             "gen_ai.request.model": "gpt-4o-mini",
             "gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": prompt}]}],
-            "gen_ai.output.messages": [{"role": "assistant", "parts": [{"type": "text", "content": "other"}]}],
+            "gen_ai.output.messages": [
+                {"role": "assistant", "parts": [{"type": "text", "content": "other"}]}
+            ],
         },
     )
     root, *rest = openlit_trace(stream=True)
