@@ -44,7 +44,9 @@ Consumer guarantees (`KafkaReceiver`, in `ragmon worker`):
   the partitions this worker kept go on from where it was (its open traces
   are still here); those it lost are disowned.
 * Lag per group and partition is exported after every poll
-  (`service.bus.lag`, from the fetch high watermark).
+  (`service.bus.lag`, from the fetch high watermark): records not yet read.
+  What is not yet stored, the group's backlog, is measured from the broker's
+  committed offsets by `service.bus.backlog`, in ingest and in every worker.
 
 kafka-python exceptions are caught only in this module and `service.bus.lag`.
 """
@@ -427,6 +429,13 @@ class KafkaBus:
                 self._failing = False
                 backoff = _MIN_BACKOFF_S
                 self._outage.recovered()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the send loop ended when it was not stopped (liveness); None while it runs or before
+        start."""
+        task = self._task
+        return None if task is None or not task.done() else KafkaReceiver.failure_of(task)
 
     async def start(self) -> None:
         if self._task is None:
