@@ -102,7 +102,8 @@ class BacklogWatcher:
         self.backlog: dict[Partition, int] = {}
         self.reachable = False
         self.last_contact = 0.0  # Unix time of the latest successful measurement; 0: never
-        self.measurements = 0
+        self.measurements = 0  # successful ones
+        self.failures = 0
         self._admin: KafkaAdminClient | None = None
         self._consumer: KafkaConsumer | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -120,7 +121,7 @@ class BacklogWatcher:
         state.add(
             "ragmon_kafka_reachable",
             "1 while this process's latest backlog measurement reached the Kafka broker (every "
-            "kafka.backlog_interval_s), 0 once one failed",
+            "kafka.backlog_interval_s); 0 after a failed one, and before the first success",
             lambda: 1.0 if self.reachable else 0.0,
         )
         state.add(
@@ -218,17 +219,21 @@ class BacklogWatcher:
             backlog = await loop.run_in_executor(pool, self.measure)
         except (KafkaError, OSError) as exc:
             log.debug("Kafka backlog not measured: %s", exc)
-            await loop.run_in_executor(pool, self._close)  # a client that lost its broker starts anew
-            self.backlog, self.reachable = {}, False
+            await self._failed(pool)
             return False
         except Exception:  # a client bug must not end the watcher; say so, since it is not an outage
             log.exception("Kafka backlog measurement failed")
-            await loop.run_in_executor(pool, self._close)
-            self.backlog, self.reachable = {}, False
+            await self._failed(pool)
             return False
         self.backlog, self.reachable, self.last_contact = backlog, True, self.clock()
         self.measurements += 1
         return True
+
+    async def _failed(self, pool: ThreadPoolExecutor) -> None:
+        # a client that lost its broker does not always find it again: the next round starts anew
+        await asyncio.get_running_loop().run_in_executor(pool, self._close)
+        self.backlog, self.reachable = {}, False
+        self.failures += 1
 
     async def _run(self) -> None:
         while True:
