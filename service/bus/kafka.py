@@ -26,8 +26,9 @@ a promise":
   built for the next attempt: kafka-python's idempotent producer that lost
   its producer id (or its broker) never recovers by itself. With nothing
   to send, a failed producer is probed (a metadata request from a new
-  producer) with backoff until the broker answers, so readiness
-  (`available`) comes back on its own after an outage of any length.
+  producer) with backoff until the broker answers, so `available` (and
+  with it 200s instead of 503s) comes back on its own after an outage of
+  any length. Ingest stays ready meanwhile: a 503 is an answer.
 * `stop(timeout_s)` waits up to `timeout_s` for the buffer to be delivered.
 
 Consumer guarantees (`KafkaReceiver`, in `ragmon worker`):
@@ -235,8 +236,8 @@ class KafkaBus:
         )
         metrics.state.add(
             "ragmon_kafka_producer_available",
-            "1 while ingest can publish to Kafka (readiness follows it), 0 after a failed send until "
-            "the broker answers again",
+            "1 while ingest can publish to Kafka, 0 after a failed send until the broker answers again "
+            "(meanwhile ingest answers 503 + Retry-After, and stays ready)",
             lambda: 1.0 if self.available else 0.0,
         )
 
