@@ -255,7 +255,9 @@ def test_a_dead_workers_backlog_is_measured_through_the_gap_and_drains_to_zero(
     a.kill()  # SIGKILL: its partitions have no owner until the group's session timeout ends
     b_share = _partitions(b)
     gap_checks = 0
-    deadline = time.monotonic() + 3.0  # six measurements; the session timeout is 6 s
+    # the group notices the death 4-6 s after the kill (session timeout 6 s, heartbeats every 2 s),
+    # and the survivor owns the partitions a few seconds later; each check takes ~0.5 s here
+    deadline = time.monotonic() + 4.0
     while time.monotonic() < deadline:
         before = count_rows(pg_url)
         measured = (backlog(ingest), backlog(b))
@@ -263,8 +265,8 @@ def test_a_dead_workers_backlog_is_measured_through_the_gap_and_drains_to_zero(
             break  # the survivor took over: the gap is over
         assert measured == (acked - before, acked - before) == (400, 400), measured
         gap_checks += 1
-        time.sleep(0.5)
-    assert gap_checks >= 3, "the gap was not observed"
+        time.sleep(0.25)
+    assert gap_checks >= 2, "the gap was not observed"
 
     # the roots arrive: the survivor completes its own traces, then the dead worker's once it owns them
     _post_part(ingest, open_ids, "root")
