@@ -412,8 +412,19 @@ def _pipeline(t: Thresholds) -> list[Alert]:
             "ragmon_kafka_producer_available == 0",
             "critical",
             "Ingest cannot publish to Kafka",
-            "Ingest {{ $labels.instance }} cannot publish to Kafka: it answers 503 (the exporters retry)"
-            " and is not ready, so nothing it would have to drop is accepted.",
+            "Ingest {{ $labels.instance }} cannot publish to Kafka: it answers 503 + Retry-After (the"
+            " exporters retry) and stays ready, so callers get that answer; nothing is acknowledged that"
+            " the broker does not hold.",
+        ),
+        Alert(
+            "RagmonKafkaUnreachable",
+            "time() - max without (instance) (ragmon_kafka_last_contact_timestamp_seconds)"
+            f" > {i.kafka_unreachable_seconds:g}",
+            "critical",
+            "No ragmon process reaches Kafka",
+            "No ingest replica or sinks worker has reached the Kafka broker for"
+            " {{ $value | humanizeDuration }}: ingest answers 503, nothing is stored, and the backlog cannot"
+            " be measured (its series are absent, not 0).",
         ),
         Alert(
             "RagmonKafkaBufferNearFull",
@@ -433,12 +444,15 @@ def _pipeline(t: Thresholds) -> list[Alert]:
         ),
         Alert(
             "RagmonKafkaConsumerLagHigh",
-            "sum without (instance, partition) (ragmon_kafka_consumer_lag)"
+            # every ingest replica and sinks worker measures the same backlog: max over them, then the
+            # partitions summed
+            "sum without (partition) (max without (instance) (ragmon_kafka_backlog_records))"
             f" > {i.kafka_consumer_lag_records:g}",
             "warning",
             "Kafka consumers fall behind",
-            "Consumer group {{ $labels.group }} is {{ $value | humanize }} records behind on"
-            " {{ $labels.topic }}: traces reach the store, metrics and judge later.",
+            "Consumer group {{ $labels.group }} has {{ $value | humanize }} records on"
+            " {{ $labels.topic }} not yet stored (read or not): traces reach the store, metrics and judge"
+            " later.",
         ),
         Alert(
             "RagmonDown",

@@ -504,9 +504,10 @@ def overview(t: Thresholds) -> dict[str, Any]:
         [
             ("max by (instance) (ragmon_kafka_buffer_fill_ratio)", "fill {{instance}}"),
             ("min by (instance) (ragmon_kafka_producer_available)", "available {{instance}}"),
+            ("min by (instance) (ragmon_kafka_reachable)", "broker reachable {{instance}}"),
         ],
         limit=Limit((t.ingest.kafka_buffer_fill_ratio,)),
-        runbooks=["RagmonKafkaBufferNearFull", "RagmonKafkaUnavailable"],
+        runbooks=["RagmonKafkaBufferNearFull", "RagmonKafkaUnavailable", "RagmonKafkaUnreachable"],
     )
     b.series(
         "Kafka produce errors and refusals",
@@ -527,11 +528,17 @@ def overview(t: Thresholds) -> dict[str, Any]:
     )
     b.series(
         "Kafka consumer lag",
-        "records behind the high watermark per group and topic; spans records held uncommitted by open"
-        " traces; dashed line: ingest.kafka_consumer_lag_records",
+        "backlog: records per group and topic not yet stored (high watermark minus the committed offset,"
+        " measured from the broker; no line while it is unreachable); unread: past the workers' read"
+        " positions; spans records held uncommitted by open traces; dashed line:"
+        " ingest.kafka_consumer_lag_records",
         "short",
         [
-            ("sum by (group, topic) (ragmon_kafka_consumer_lag)", "{{group}} {{topic}}"),
+            (
+                "sum by (group, topic) (max without (instance) (ragmon_kafka_backlog_records))",
+                "backlog {{group}} {{topic}}",
+            ),
+            ("sum by (group, topic) (ragmon_kafka_consumer_lag)", "unread {{group}} {{topic}}"),
             ("sum (ragmon_kafka_spans_held_records)", "spans held"),
         ],
         limit=Limit((t.ingest.kafka_consumer_lag_records,)),

@@ -1,15 +1,17 @@
 """METRICS.md: every metric ragmon exports, generated from the registry's own names, types, labels and help.
 
 The table is read from a `Pipeline` built (not started) in a temporary
-directory, so scrape-time gauges the pipeline registers are included and
-nothing is hand-kept. The contract test checks that every metric a live
-ragmon emits has a row here.
+directory, and from a distributed-mode sinks `Worker` (built, not started),
+so scrape-time gauges the pipeline, the Kafka bus and receiver and the
+backlog watcher register are included and nothing is hand-kept. The
+contract test checks that every metric a live ragmon emits has a row here.
 """
 
 from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -33,32 +35,41 @@ class MetricDoc:
         return tuple(self.name + suffix for suffix in _SUFFIXES.get(self.type, ("",)))
 
 
+def _declared(metrics: Any) -> list[MetricDoc]:
+    docs = []
+    for value in vars(metrics).values():
+        if isinstance(value, MetricWrapperBase):
+            kind = str(value._type)
+            docs.append(MetricDoc(value._name, kind, tuple(value._labelnames), value._documentation))
+    # scrape-time gauges the pipeline registers: plain, and labelled families
+    for name, (documentation, _read) in metrics.state._gauges.items():
+        docs.append(MetricDoc(name, "gauge", (), documentation))
+    for name, (documentation, labels, _read_family) in getattr(metrics.state, "_families", {}).items():
+        docs.append(MetricDoc(name, "gauge", tuple(labels), documentation))
+    return docs
+
+
 def exported_metrics() -> list[MetricDoc]:
-    """Every metric a ragmon process declares, sorted by name."""
+    """Every metric a ragmon process declares, sorted by name: an embedded one, and in distributed mode
+    an ingest replica and a sinks worker (their Kafka gauges are registered only there)."""
     from service.config import load_config
     from service.pipeline import Pipeline
+    from service.worker import Worker
 
+    docs: dict[str, MetricDoc] = {}
     with tempfile.TemporaryDirectory() as data_dir:
         pipeline = Pipeline(load_config(environ={}, overrides={"data_dir": data_dir}))
         try:
-            metrics = pipeline.metrics
-            docs = []
-            for value in vars(metrics).values():
-                if isinstance(value, MetricWrapperBase):
-                    kind = str(value._type)
-                    name = value._name
-                    labels = tuple(value._labelnames)
-                    docs.append(MetricDoc(name, kind, labels, value._documentation))
-            # scrape-time gauges the pipeline registers: plain, and labelled families
-            for name, (documentation, _read) in metrics.state._gauges.items():
-                docs.append(MetricDoc(name, "gauge", (), documentation))
-            for name, (documentation, labels, _read_family) in getattr(
-                metrics.state, "_families", {}
-            ).items():
-                docs.append(MetricDoc(name, "gauge", tuple(labels), documentation))
+            docs.update((d.name, d) for d in _declared(pipeline.metrics))
         finally:
             pipeline.store.close()
-    return sorted(docs, key=lambda d: d.name)
+        distributed = load_config(environ={}, overrides={"data_dir": data_dir, "bus": {"kind": "kafka"}})
+        worker = Worker(distributed, ["sinks"])  # builds the ingest side (Pipeline) too; connects nowhere
+        try:
+            docs.update((d.name, d) for d in _declared(worker.metrics) if d.name not in docs)
+        finally:
+            worker.pipeline.store.close()
+    return sorted(docs.values(), key=lambda d: d.name)
 
 
 def metrics_markdown() -> str:

@@ -59,6 +59,7 @@ class Ingest(_Section):
     open_trace_buffer_fill_ratio: float = Field(gt=0, le=1)
     kafka_buffer_fill_ratio: float = Field(gt=0, le=1)
     kafka_consumer_lag_records: PositiveFloat
+    kafka_unreachable_seconds: PositiveFloat = 120.0
 
 
 class Drift(_Section):

@@ -197,6 +197,12 @@ class KafkaConfig(_Section):
     )
     poll_timeout_s: float = Field(0.5, gt=0, description="how long one consumer poll waits for records")
     max_poll_records: int = Field(500, gt=0, description="largest batch a worker takes from the broker")
+    backlog_interval_s: float = Field(
+        10.0,
+        gt=0,
+        description="how often every ingest replica and sinks worker measures the sinks group's backlog "
+        "(ragmon_kafka_backlog_records) and whether the broker answers (ragmon_kafka_reachable)",
+    )
     buffer_records: int = Field(
         20_000,
         gt=0,

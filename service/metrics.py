@@ -727,7 +727,8 @@ class Metrics:
         )
         self.kafka_consumer_lag = Gauge(
             "ragmon_kafka_consumer_lag",
-            "records behind the partition's high watermark, per group and assigned partition",
+            "records past this worker's read position, per group and partition it owns; records read but "
+            "not yet stored are not in it (ragmon_kafka_backlog_records counts those)",
             ["group", "topic", "partition"],
             registry=r,
         )

@@ -66,6 +66,7 @@ from service.review.store import ReviewStore
 from service.store.trace_store import Store, StoreSink
 
 if TYPE_CHECKING:
+    from service.bus.backlog import BacklogWatcher
     from service.bus.kafka import KafkaBus
     from service.bus.span_offsets import SpanOffsets
 
@@ -220,14 +221,20 @@ class Pipeline:
         )
         self.bus: MemoryBus | KafkaBus
         self.kafka: KafkaBus | None = None
+        self.kafka_backlog: BacklogWatcher | None = None
         self.span_offsets: SpanOffsets | None = None
         if self.distributed:
-            from service.bus.kafka import KafkaBus  # kafka-python comes with the `kafka` extra
+            # kafka-python comes with the `kafka` extra
+            from service.bus.backlog import BacklogWatcher
+            from service.bus.kafka import KafkaBus
 
             # ingest publishes; `ragmon worker` runs the sinks, judge workers and drift (service/worker.py)
             self.bus = self.kafka = KafkaBus(
                 config.kafka, self.metrics, retry_after_s=config.bus.retry_after_s
             )
+            # the sinks group's backlog, from the broker: started by ingest (start()) and by sinks
+            # workers, so someone reports it while a worker is dead (service/bus/backlog.py)
+            self.kafka_backlog = BacklogWatcher(config.kafka, self.metrics)
         else:
             delivered = Delivered(self.sinks, self.durable) if self.durable is not None else self.sinks
             self.bus = MemoryBus(
@@ -528,6 +535,8 @@ class Pipeline:
         await self.phoenix_annotations.start()
         await self.phoenix_forward.start()
         await self.bus.start()
+        if self.kafka_backlog is not None:
+            await self.kafka_backlog.start()
         await self.assembler.start()
         await self.ingest_pool.start()
         if self.durable is not None:
@@ -572,6 +581,8 @@ class Pipeline:
             # what requests are waiting on gets its acknowledgement within the grace (helm: below
             # terminationGracePeriodSeconds)
             await self.kafka.stop(self.config.kafka.shutdown_grace_s)
+        if self.kafka_backlog is not None:
+            await self.kafka_backlog.stop()
         await self.bus.stop()
         if self.durable is not None:
             await self.durable.stop()
@@ -594,18 +605,37 @@ class Pipeline:
                 log.warning("judge budget lease not returned (%s); it comes back when it expires", exc)
 
     async def ready(self) -> tuple[bool, str]:
+        """Readiness (`/readyz`): whether this replica can answer requests, not whether it can take them.
+
+        A replica that refuses work with 503 + Retry-After (the broker is down, the Kafka buffer or
+        the backlog is full) still answers, and exporters retry on that answer: it stays ready, with
+        what is wrong in the detail ("degraded: ..."). Taken out of the Service instead (every
+        replica at once, in a broker outage), its callers would get connection errors, not 503s.
+        Not ready: while starting, and in embedded mode while the store, on this pod, does not
+        answer. Distributed ingest only publishes, so PostgreSQL's state does not matter to it."""
         if not self.started:
             return False, "starting"
         if self.kafka is not None:
-            # ingest in distributed mode answers 200 only after the broker's acknowledgement: it can
-            # work while it can publish, whatever the store's state
             if not self.kafka.available:
-                return False, "kafka unavailable"
-            return (True, "ok") if self.has_room() else (False, "behind: kafka buffer at capacity")
-        if not self.has_room():
-            return False, "behind: backlog at capacity"
+                return True, "degraded: kafka unavailable; answering 503 + Retry-After"
+            if not self.has_room():
+                return True, "degraded: kafka buffer at capacity; answering 503 + Retry-After"
+            return True, "ok"
         problem = await self.store_problem()
-        return (False, problem) if problem else (True, "ok")
+        if problem:
+            return False, problem
+        if not self.has_room():
+            return True, "degraded: backlog at capacity; answering 503 + Retry-After"
+        return True, "ok"
+
+    def alive(self) -> tuple[bool, str]:
+        """Liveness (`/healthz`): the event loop answers (this runs on it) and, in distributed mode,
+        the task that sends to Kafka runs. Without that task every request would wait for an
+        acknowledgement that never comes, and nothing but a restart brings it back; a broker that
+        is down, by contrast, is retried in the process and is no reason to restart it."""
+        if self.started and self.kafka is not None and self.kafka.failure is not None:
+            return False, f"kafka send loop ended ({self.kafka.failure})"
+        return True, "ok"
 
     async def store_problem(self) -> str | None:
         """Why the store does not answer a trivial query, or None when it does (readiness)."""

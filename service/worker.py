@@ -131,6 +131,8 @@ class Worker:
         if self.receiver is not None:
             await p.assembler.start()
             await self.receiver.start()
+            if p.kafka_backlog is not None:  # the group's backlog from the broker, as ingest measures it
+                await p.kafka_backlog.start()
             # the fan-out a crash or a failed sink left unfinished (service/outbox.py) runs where the
             # sinks run; taken rows are stamped, so sinks workers sweeping together split the work
             await p.outbox_sweep.start()
@@ -142,6 +144,8 @@ class Worker:
         p = self.pipeline
         await p.outbox_sweep.stop()
         if self.receiver is not None:
+            if p.kafka_backlog is not None:
+                await p.kafka_backlog.stop()
             await self.receiver.stop()
             if p.span_offsets is not None:
                 p.span_offsets.close()

@@ -117,11 +117,20 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
     app.include_router(probes_api.router)
     app.include_router(review.router)  # reviewer sign-in of its own (service/review/session.py)
 
-    @app.get("/healthz", tags=["ops"], summary="Liveness: the process answers")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/healthz", tags=["ops"], summary="Liveness: the event loop answers, the Kafka send loop runs")
+    async def healthz(request: Request) -> Response:
+        pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
+        ok, detail = (True, "ok") if pipeline is None else pipeline.alive()
+        if not ok:
+            log.error("liveness failed: %s", detail)
+            return JSONResponse({"status": "dead", "detail": detail}, 503)
+        return JSONResponse({"status": "ok"})
 
-    @app.get("/readyz", tags=["ops"], summary="Readiness: store reachable and bus below capacity")
+    @app.get(
+        "/readyz",
+        tags=["ops"],
+        summary="Readiness: started and able to answer (503 + Retry-After while Kafka is down is an answer)",
+    )
     async def readyz(request: Request) -> Response:
         pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
         ok, detail = (False, "starting") if pipeline is None else await pipeline.ready()

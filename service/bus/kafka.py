@@ -26,8 +26,9 @@ a promise":
   built for the next attempt: kafka-python's idempotent producer that lost
   its producer id (or its broker) never recovers by itself. With nothing
   to send, a failed producer is probed (a metadata request from a new
-  producer) with backoff until the broker answers, so readiness
-  (`available`) comes back on its own after an outage of any length.
+  producer) with backoff until the broker answers, so `available` (and
+  with it 200s instead of 503s) comes back on its own after an outage of
+  any length. Ingest stays ready meanwhile: a 503 is an answer.
 * `stop(timeout_s)` waits up to `timeout_s` for the buffer to be delivered.
 
 Consumer guarantees (`KafkaReceiver`, in `ragmon worker`):
@@ -44,7 +45,9 @@ Consumer guarantees (`KafkaReceiver`, in `ragmon worker`):
   the partitions this worker kept go on from where it was (its open traces
   are still here); those it lost are disowned.
 * Lag per group and partition is exported after every poll
-  (`service.bus.lag`, from the fetch high watermark).
+  (`service.bus.lag`, from the fetch high watermark): records not yet read.
+  What is not yet stored, the group's backlog, is measured from the broker's
+  committed offsets by `service.bus.backlog`, in ingest and in every worker.
 
 kafka-python exceptions are caught only in this module and `service.bus.lag`.
 """
@@ -233,8 +236,8 @@ class KafkaBus:
         )
         metrics.state.add(
             "ragmon_kafka_producer_available",
-            "1 while ingest can publish to Kafka (readiness follows it), 0 after a failed send until "
-            "the broker answers again",
+            "1 while ingest can publish to Kafka, 0 after a failed send until the broker answers again "
+            "(meanwhile ingest answers 503 + Retry-After, and stays ready)",
             lambda: 1.0 if self.available else 0.0,
         )
 
@@ -427,6 +430,13 @@ class KafkaBus:
                 self._failing = False
                 backoff = _MIN_BACKOFF_S
                 self._outage.recovered()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the send loop ended when it was not stopped (liveness); None while it runs or before
+        start."""
+        task = self._task
+        return None if task is None or not task.done() else KafkaReceiver.failure_of(task)
 
     async def start(self) -> None:
         if self._task is None:

@@ -6,6 +6,10 @@ responses (`KafkaConsumer.highwater`), not from `end_offsets()`, which some
 Kafka-protocol brokers (tansu) answer with the base offset of the last batch
 plus one. A partition is left out until a fetch has reported its high
 watermark, so a fresh assignment never shows a made-up value.
+
+This is a worker's reading progress only: a spans record is read long before
+its trace is stored, and a dead worker's partitions have no lag until another
+owns them. The backlog (`backlog.py`) is what alerts and autoscaling use.
 """
 
 from __future__ import annotations

@@ -109,9 +109,11 @@ def test_queries_read_only_recorded_or_ragmon_names() -> None:
 
 
 def _distributed_declared() -> set[str]:
-    """What a Kafka-mode ingest (`KafkaBus`) and sinks worker (`KafkaReceiver`) declare; no broker needed."""
+    """What a Kafka-mode ingest (`KafkaBus`), sinks worker (`KafkaReceiver`) and both (`BacklogWatcher`)
+    declare; no broker needed."""
     from prometheus_client import generate_latest
 
+    from service.bus.backlog import BacklogWatcher
     from service.bus.kafka import KafkaBus, KafkaReceiver
     from service.bus.span_offsets import SpanOffsets
     from service.config import KafkaConfig
@@ -119,6 +121,7 @@ def _distributed_declared() -> set[str]:
 
     metrics, config = Metrics(), KafkaConfig()
     KafkaBus(config, metrics)
+    BacklogWatcher(config, metrics)  # in ingest and in sinks workers
     KafkaReceiver(config, None, metrics, spans=None, offsets=None)  # type: ignore[arg-type]
     offsets = SpanOffsets(30.0, metrics)
     KafkaReceiver(config, None, metrics, group="other", spans=object(), offsets=offsets)  # type: ignore[arg-type]

@@ -368,16 +368,20 @@ class _RagmonProcess:
         return response.status_code, str(response.json()["detail"])
 
     def metric(self, name: str, **labels: str) -> float:
-        """The sum of the samples of `name` with these labels on /metrics."""
+        """The sum of the samples of `name` with these labels on /metrics (0 when there are none)."""
+        return sum(self.samples(name, **labels))
+
+    def samples(self, name: str, **labels: str) -> list[float]:
+        """The values of the samples of `name` with these labels on /metrics ([] when it has none)."""
         response = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5)
         if response.status_code != 200:
             raise AssertionError(f"/metrics answered {response.status_code}:\n{self.log_tail()}")
-        return sum(
+        return [
             sample.value
             for family in text_string_to_metric_families(response.text)
             for sample in family.samples
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-        )
+        ]
 
     def log_tail(self, lines: int = 40) -> str:
         try:

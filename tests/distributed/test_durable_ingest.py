@@ -126,8 +126,15 @@ def test_broker_stopped_under_traffic_every_acknowledged_trace_is_stored(
     ingests: Callable[[dict[str, Any]], IngestProcess],
     workers: Callable[..., WorkerProcess],
 ) -> None:
+    """Issue #34.5: during the outage both replicas stay ready (they answer 503 + Retry-After, so a
+    Kubernetes Service keeps its endpoints and clients get that answer, not connection errors) and
+    live, and every process says the broker is unreachable; afterwards every acknowledged trace is
+    stored once."""
     settings = settings_for(
-        durable_broker.bootstrap, pg_url, tmp_path, kafka={"publish_timeout_s": 3, "delivery_timeout_s": 12}
+        durable_broker.bootstrap,
+        pg_url,
+        tmp_path,
+        kafka={"publish_timeout_s": 3, "delivery_timeout_s": 12, "backlog_interval_s": 0.5},
     )
     replicas = [ingests(settings), ingests(settings)]
     worker = workers(settings, "sinks")
@@ -135,24 +142,55 @@ def test_broker_stopped_under_traffic_every_acknowledged_trace_is_stored(
         replica.wait_ready()
     sender = Sender([r.url for r in replicas]).start()
     until(lambda: len(sender.acked) >= 300, what="traffic flowing")
+    processes = [*replicas, worker]
+    assert all(p.metric("ragmon_kafka_reachable") == 1 for p in processes)
     durable_broker.stop()
     try:
-        until(lambda: all(r.readiness()[0] == 503 for r in replicas), timeout=30, what="ingest not ready")
-        assert replicas[0].readiness()[1] == "kafka unavailable"
+        until(
+            lambda: all(r.readiness()[1].startswith("degraded: kafka unavailable") for r in replicas),
+            timeout=30,
+            what="ingest degraded",
+        )
+        until(lambda: all(p.metric("ragmon_kafka_reachable") == 0 for p in processes), what="unreachable")
         acked_in_outage = len(sender.acked)
-        time.sleep(outage_s)
-        # while the broker is away nothing is acknowledged: every request was refused (503)
+        contact = [p.metric("ragmon_kafka_last_contact_timestamp_seconds") for p in processes]
+        refused_before = sender.refused
+        probes = 0
+        deadline = time.monotonic() + outage_s
+        while time.monotonic() < deadline:
+            for replica in replicas:
+                # ready (200) with what is wrong in the detail, and live
+                status, detail = replica.readiness()
+                assert status == 200 and detail.startswith("degraded: kafka unavailable"), (status, detail)
+                assert httpx.get(f"{replica.url}/healthz", timeout=5).json() == {"status": "ok"}
+                # the answer a client gets: 503 + Retry-After
+                refused = httpx.post(
+                    f"{replica.url}/v1/traces", content=otlp_body(trace_ids(1)), headers=PROTOBUF, timeout=10
+                )
+                assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+                # the backlog cannot be measured: absent, not 0; the broker is unreachable
+                assert replica.samples("ragmon_kafka_backlog_records") == []
+                assert replica.metric("ragmon_kafka_reachable") == 0
+            assert worker.health()["status"] == "ok"  # the consume loop retries: nothing to restart
+            probes += 1
+            time.sleep(2.0)
+        assert [p.metric("ragmon_kafka_last_contact_timestamp_seconds") for p in processes] == contact
+        # while the broker is away nothing is acknowledged: every request was answered 503, none
+        # went unanswered
         assert len(sender.acked) - acked_in_outage <= sender.batch * len(replicas)
-        assert sender.refused > 0
+        assert sender.refused > refused_before and sender.failed == 0
     finally:
         durable_broker.start()
-    until(lambda: all(r.readiness()[0] == 200 for r in replicas), timeout=60, what="ingest ready again")
+    until(lambda: all(r.readiness() == (200, "ok") for r in replicas), timeout=60, what="ingest ok again")
+    until(lambda: all(p.metric("ragmon_kafka_reachable") == 1 for p in processes), what="reachable again")
     acked_after = len(sender.acked)
     until(lambda: len(sender.acked) >= acked_after + 300, what="traffic flowing again")
     sender.finish()
     _assert_exact(sender, pg_url, worker)
+    backlog = "ragmon_kafka_backlog_records"
+    until(lambda: replicas[0].samples(backlog) != [] and replicas[0].metric(backlog) == 0, what="drained")
     assert sum(r.metric("ragmon_kafka_producer_rebuilds_total") for r in replicas) >= 1
-    _report(f"broker stopped {outage_s}s", sender, stored_ids(pg_url))
+    _report(f"broker stopped {outage_s}s ({probes} rounds: ready, live, 503)", sender, stored_ids(pg_url))
 
 
 def test_ingest_replica_killed_right_after_acks_nothing_acknowledged_is_lost(

@@ -176,6 +176,121 @@ def test_worker_killed_mid_batch_another_takes_over_nothing_lost_or_doubled(
     print(f"\nsinks worker SIGKILLed mid-batch: sent {n}, acked {n}, stored {count_rows(pg_url)}")
 
 
+def _post_part(ingest: IngestProcess, ids: list[str], part: str, per_request: int = 50) -> None:
+    """Send one part of the traces ("all", "root" or "children"); each request must be answered 200."""
+    with httpx.Client(timeout=30) as client:
+        for start in range(0, len(ids), per_request):
+            response = client.post(
+                f"{ingest.url}/v1/traces",
+                content=otlp_body(ids[start : start + per_request], part),
+                headers={"Content-Type": "application/x-protobuf"},
+            )
+            assert response.status_code == 200, response.text
+
+
+def test_a_dead_workers_backlog_is_measured_through_the_gap_and_drains_to_zero(
+    kafka_bootstrap: str,
+    pg_url: str,
+    tmp_path: Path,
+    workers: Callable[..., WorkerProcess],
+    ingests: Callable[[dict[str, Any]], IngestProcess],
+) -> None:
+    """Issue #34.4: the per-worker lag read 0 while acknowledged traces were read but not stored, and
+    nothing while their worker was dead. The backlog is measured from the broker (high watermark minus
+    the group's committed offset) by ingest and by every sinks worker, so it equals the acknowledged
+    traces not stored before the kill, during the gap while the dead worker's partitions have no
+    owner, and drains to 0 once the survivor has stored them all."""
+    settings = _settings(
+        kafka_bootstrap,
+        pg_url,
+        tmp_path,
+        kafka={"backlog_interval_s": 0.5, "max_poll_records": 50},
+        # a trace waits for its root up to timeout_s: long enough that none is flushed partial here
+        assembler={"grace_s": 0.5, "timeout_s": 300},
+    )
+    spans_topic = settings["kafka"]["spans_topic"]
+    ingest = ingests(settings)
+    a = workers(settings, "sinks")
+    b = workers(settings, "sinks")
+    ingest.wait_ready()
+    total_partitions = 3 * settings["kafka"]["partitions"]
+    _until(
+        lambda: (
+            _partitions(a) > 0 and _partitions(b) > 0 and _partitions(a) + _partitions(b) == total_partitions
+        ),
+        what="both workers own partitions",
+    )
+
+    def backlog(process: IngestProcess | WorkerProcess) -> float | None:
+        """The spans topic's backlog as `process` last measured it; None while it has no measurement."""
+        values = process.samples("ragmon_kafka_backlog_records", topic=spans_topic)
+        return sum(values) if values else None
+
+    # 100 whole traces: stored, and their records committed
+    stored_first = trace_ids(100)
+    _post_part(ingest, stored_first, "all")
+    _until(lambda: count_rows(pg_url) == 100, what="the first traces stored")
+    _until(lambda: backlog(ingest) == 0 and backlog(b) == 0, timeout=20, what="their records committed")
+    assert ingest.metric("ragmon_kafka_reachable") == 1.0
+
+    # 400 traces whose root has not arrived: acknowledged, read by the workers, open, not stored
+    open_ids = trace_ids(400)
+    _post_part(ingest, open_ids, "children")  # one record per trace and request: 400 records
+    acked = len(stored_first) + len(open_ids)
+    held = "ragmon_kafka_spans_held_records"
+    _until(lambda: a.metric(held) + b.metric(held) == len(open_ids), what="every open trace read and held")
+    # what the per-worker lag shows: nothing left to read ...
+    assert a.metric("ragmon_kafka_consumer_lag") == 0 and b.metric("ragmon_kafka_consumer_lag") == 0
+    # ... while the backlog is every acknowledged trace that is not stored
+    _until(
+        lambda: backlog(ingest) == backlog(a) == backlog(b) == len(open_ids),
+        timeout=10,
+        what="ingest and both workers measure the backlog",
+    )
+    assert acked - count_rows(pg_url) == 400
+    held_by_a = a.metric(held)
+    counted_by_a = a.metric("ragmon_traces_total")
+    assert 0 < held_by_a < len(open_ids)
+
+    a.kill()  # SIGKILL: its partitions have no owner until the group's session timeout ends
+    b_share = _partitions(b)
+    gap_checks = 0
+    # the group notices the death 4-6 s after the kill (session timeout 6 s, heartbeats every 2 s),
+    # and the survivor owns the partitions a few seconds later; each check takes ~0.5 s here
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:
+        before = count_rows(pg_url)
+        measured = (backlog(ingest), backlog(b))
+        if _partitions(b) != b_share or count_rows(pg_url) != before:
+            break  # the survivor took over: the gap is over
+        assert measured == (acked - before, acked - before) == (400, 400), measured
+        gap_checks += 1
+        time.sleep(0.25)
+    assert gap_checks >= 2, "the gap was not observed"
+
+    # the roots arrive: the survivor completes its own traces, then the dead worker's once it owns them
+    _post_part(ingest, open_ids, "root")
+    acked_records = len(stored_first) + 2 * len(open_ids)
+    recovery_checks = 0
+    while count_rows(pg_url) < acked:
+        latest = backlog(ingest)
+        stored = count_rows(pg_url)  # after the measurement: it only grows
+        # never below what is acknowledged and not stored (a record is committed only once stored)
+        assert latest is not None and acked - stored <= latest <= acked_records, (latest, stored)
+        recovery_checks += 1
+        time.sleep(0.3)
+    _until(lambda: _partitions(b) == total_partitions, what="the survivor owns every partition")
+    _until(lambda: backlog(ingest) == 0 and backlog(b) == 0, timeout=20, what="the backlog drained")
+    time.sleep(1.0)
+    assert stored_ids(pg_url) == dict.fromkeys(stored_first + open_ids, 1)
+    assert counted_by_a + b.metric("ragmon_traces_total") == acked
+    print(
+        f"\nsinks worker SIGKILLed holding {held_by_a:.0f} open traces: acked {acked}, backlog 400 before "
+        f"the kill and in {gap_checks} measurements of the gap (per-worker lag 0); {recovery_checks} "
+        f"bounded on the way; stored {count_rows(pg_url)}, backlog 0 after"
+    )
+
+
 def test_postgres_restart_workers_retry_and_resume(
     kafka_bootstrap: str,
     postgres: Postgres,
@@ -291,7 +406,7 @@ def test_ingest_starts_and_takes_spans_while_its_postgres_is_unreachable(
     )
 
 
-def test_broker_down_at_ingest_503_not_ready_then_200_once_it_returns(
+def test_broker_down_at_ingest_503_yet_ready_then_200_once_it_returns(
     broker_factory: Callable[[], Broker], pg_url: str, tmp_path: Path, workers: Callable[..., WorkerProcess]
 ) -> None:
     broker = broker_factory()  # its port is chosen; nothing listens there yet
@@ -304,14 +419,17 @@ def test_broker_down_at_ingest_503_not_ready_then_200_once_it_returns(
             response = client.post("/api/v1/traces", json={"traces": json_traces(100)})
             assert response.status_code == 503, response.text
             assert int(response.headers["Retry-After"]) >= 1
+        # it answers (503 + Retry-After), so it stays in the Service: ready, with the reason
         ready = client.get("/readyz")
-        assert (ready.status_code, ready.json()["detail"]) == (503, "kafka unavailable")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["detail"] == "degraded: kafka unavailable; answering 503 + Retry-After"
+        assert client.get("/healthz").json() == {"status": "ok"}
         assert server.metric("ragmon_ingest_rejected_total", reason="queue_full") >= 3
         # nothing is kept for later: the refused records leave the buffer once the failed send returns
         _until(lambda: server.metric("ragmon_kafka_buffer_records") == 0, timeout=30, what="buffer empty")
 
         broker.start()
-        _until(lambda: client.get("/readyz").status_code == 200, what="ingest ready once the broker is back")
+        _until(lambda: client.get("/readyz").json()["detail"] == "ok", what="ingest ok once it is back")
         for _ in range(2):
             response = client.post("/api/v1/traces", json={"traces": json_traces(50)})
             assert response.status_code == 200, response.text

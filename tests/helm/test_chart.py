@@ -905,7 +905,7 @@ def test_keda_scales_the_sinks_workers_on_their_groups_lag_with_their_credential
     assert given["ca"] == secrets[mounted_file(pod, container, "/etc/ragmon/kafka-ca/ca.crt")[1:]]
 
 
-def test_an_hpa_on_an_external_metric_scales_the_sinks_workers_on_lag() -> None:
+def test_an_hpa_on_an_external_metric_scales_the_sinks_workers_on_their_backlog() -> None:
     docs = rendered("lag_hpa")
     (hpa,) = [
         h
@@ -916,7 +916,7 @@ def test_an_hpa_on_an_external_metric_scales_the_sinks_workers_on_lag() -> None:
     (metric,) = hpa["spec"]["metrics"]
     assert metric["type"] == "External"
     assert metric["external"]["metric"] == {
-        "name": "ragmon_kafka_consumer_lag",
+        "name": "ragmon_kafka_backlog_records",
         "selector": {"matchLabels": {"group": "ragmon-sinks"}},
     }
     assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "5000"}

@@ -3,9 +3,13 @@ Autoscaling the sinks workers on their consumer group's lag with KEDA (workers.a
 keda): a ScaledObject with the Kafka scaler, and a TriggerAuthentication that hands KEDA the same
 credentials the workers use, from the same Secrets. KEDA reads Secret values as they are: the SASL
 user and password given by value are kept for it in the chart's Secret unencoded (keda-kafka-*).
-The scaler measures the lag over every topic the group consumes; its own cap (allowIdleConsumers
-false) counts the partitions of all three topics, so the chart caps maxReplicaCount at
-kafka.partitions itself (ragmon.validate).
+The scaler measures the lag over every topic the group consumes: per partition, the broker's latest
+offset minus the group's committed offset. The workers commit a record only once it is stored (spans:
+up to the oldest record of a trace not stored), so that lag already counts records read but not
+stored, and a dead worker's partitions; it is ragmon_kafka_backlog_records as the broker sees it.
+(On a broker whose ListOffsets answers short of the high watermark, as tansu does, it reads up to a
+batch per partition low.) Its own cap (allowIdleConsumers false) counts the partitions of all three
+topics, so the chart caps maxReplicaCount at kafka.partitions itself (ragmon.validate).
 Call with (list $ name role autoscaling-values).
 */}}
 {{- define "ragmon.kedaScaledObject" -}}

@@ -403,7 +403,11 @@ def test_full_bus_answers_503_with_retry_after(tmp_path: Path) -> None:
                 statuses.append(response.status_code)
             assert statuses[:2] == [200, 200] and statuses[2:] == [503, 503]
             assert response.headers["retry-after"] == "1"
-            assert client.get("/readyz").status_code == 503
+            # it answers (503 + Retry-After), so it stays ready: out of a Service, callers would get
+            # connection errors instead
+            ready = client.get("/readyz")
+            assert ready.status_code == 200
+            assert ready.json()["detail"] == "degraded: backlog at capacity; answering 503 + Retry-After"
         assert busy.metric("ragmon_ingest_rejected_total", reason="queue_full") == 2
 
 
