@@ -91,11 +91,6 @@ def _otlp_answer(
     return Response(answer.SerializeToString(), 200, media_type=PROTOBUF)
 
 
-def _count_rejections(pipeline: IngestTarget, decoded: DecodedBatch) -> None:
-    for reason, count in decoded.rejections.items():
-        pipeline.metrics.reject(reason, count)
-
-
 @otlp_router.post(
     "/v1/traces",
     summary="OTLP/HTTP trace export (protobuf or JSON, optionally gzip)",
@@ -111,7 +106,7 @@ async def export_traces(request: Request, tenant: TenantDep, pipeline: IngestDep
         tenant=tenant,
         limit=pipeline.config.server.max_body_bytes,
     )
-    _count_rejections(pipeline, decoded)
+    pipeline.ingest_pool.account(decoded)
     logged = LoggedRequest("otlp_traces", tenant, raw, media_type, encoding, "otlp_http")
     await pipeline.accept_spans(decoded.spans, receiver="otlp_http", logged=logged)
     pipeline.phoenix_forward.offer(raw, media_type, encoding)
@@ -134,7 +129,7 @@ async def export_logs(request: Request, tenant: TenantDep, pipeline: IngestDep) 
         tenant=tenant,
         limit=pipeline.config.server.max_body_bytes,
     )
-    _count_rejections(pipeline, decoded)
+    pipeline.ingest_pool.account(decoded)
     pipeline.metrics.ignored_log_records.labels(receiver="otlp_http").inc(decoded.ignored)
     logged = LoggedRequest("otlp_logs", tenant, raw, media_type, encoding, "otlp_http")
     await pipeline.accept_log_events(decoded.log_events, receiver="otlp_http", logged=logged)

@@ -15,6 +15,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
 from service.conventions.spans import Span
+from service.ingest.otlp_encode import span_bytes
 from service.ingest.otlp import (
     MAX_ATTRIBUTE_INDEX,
     MAX_COUNT,
@@ -29,6 +30,7 @@ from service.ingest.otlp import (
     decode_protobuf,
     screen_protobuf,
 )
+from service.ingest.span_size import MAX_SPAN_BYTES, truncation_note
 
 TENANT = "acme"
 TRACE = "5b8efff798038103d269b633813fc60c"
@@ -263,12 +265,12 @@ def test_token_counts_over_the_cap_are_out_of_range(decode: str) -> None:
 def test_costs_must_be_within_zero_and_the_cap(decode: str) -> None:
     batch = _decode(
         decode,
-        {"llm.cost.total": -1.0, "llm.cost.prompt": 2e6, "llm.cost.completion": 0.25, "ragmon.ttft_ms": -3.0},
+        {"llm.cost.total": -1.0, "llm.cost.prompt": 2e6, "llm.cost.completion": 0.25, "ragmon.ttft_ms": 120.0},
     )
     child = _child(batch)
     assert batch.rejections == {"out_of_range": 2}
     assert child.attributes["llm.cost.completion"] == 0.25
-    assert child.attributes["ragmon.ttft_ms"] == -3.0  # a number, not a cost: semconv ignores it itself
+    assert child.attributes["ragmon.dropped"] == ["llm.cost.total", "llm.cost.prompt"]
 
 
 def test_json_int_value_beyond_64_bits_is_out_of_range() -> None:
@@ -280,11 +282,17 @@ def test_json_int_value_beyond_64_bits_is_out_of_range() -> None:
     ]
     batch = decode_json(_json_body(span), TENANT)
     assert batch.rejections == {"out_of_range": 2}
-    assert _spans(batch)[0].attributes == {"custom.fine": 2**63 - 1}
+    assert _spans(batch)[0].attributes == {
+        "custom.fine": 2**63 - 1,
+        "ragmon.dropped": ["custom.big", "custom.list"],
+    }
 
 
 @BOTH
-def test_huge_strings_are_dropped_with_their_reason(decode: str) -> None:
+def test_huge_identifiers_keys_and_nested_strings_are_dropped_huge_text_is_truncated(decode: str) -> None:
+    """An identifier cut short would name something else, and a list or map cannot be cut in a
+    meaningful place: those are dropped. A span's own text is cut to fit `MAX_SPAN_BYTES`
+    (`span_size.py`), the two long values to one common length."""
     big = "q" * (MAX_TEXT_CHARS + 1)
     batch = _decode(
         decode,
@@ -299,12 +307,26 @@ def test_huge_strings_are_dropped_with_their_reason(decode: str) -> None:
         },
     )
     child = _child(batch)
-    assert batch.rejections == {"string_too_long": 5}
-    assert set(child.attributes) == {"output.value", "user.id"}
-    if decode == "json":
-        message = batch.error_message
-        assert "dropped 5 invalid attribute values (string_too_long=5)" in message
-        assert f"input.value holds a string of {MAX_TEXT_CHARS + 1:,} characters" in message
+    assert batch.rejections == {"string_too_long": 4} and batch.truncated == 2
+    assert set(child.attributes) == {
+        "input.value",
+        "output.value",
+        "user.id",
+        "ragmon.dropped",
+        "ragmon.truncated",
+    }
+    assert child.attributes["ragmon.truncated"] == ["input.value", "output.value"]
+    question, answer = child.attributes["input.value"], child.attributes["output.value"]
+    assert isinstance(question, str) and isinstance(answer, str)
+    assert question.endswith(truncation_note(MAX_TEXT_CHARS + 1)) and question.startswith("q" * 400_000)
+    assert answer.endswith(truncation_note(MAX_TEXT_CHARS))
+    assert len(question) - len(truncation_note(MAX_TEXT_CHARS + 1)) == len(answer) - len(
+        truncation_note(MAX_TEXT_CHARS)
+    )
+    assert len(span_bytes(child)) <= MAX_SPAN_BYTES
+    message = batch.error_message
+    assert "dropped 4 invalid attribute values (string_too_long=4)" in message
+    assert "truncated 2 oversize attribute values" in message
 
 
 @BOTH
