@@ -18,8 +18,8 @@ limit                       value        what is held to it
 ==========================  ===========  =======================================
 
 A span over its limit keeps all of its fields; its longest text values (strings
-and bytes of its attributes and its events' attributes, identifiers excepted)
-are cut to one common length, the longest that makes the span fit ("water
+and bytes of its attributes and its events' attributes, also inside kvlists
+and arrays, identifiers excepted) are cut to one common length, the longest that makes the span fit ("water
 filling": two 600 KB answers keep 450 KB each rather than one of them losing
 everything). A cut value ends with `truncation_note`, which says how many bytes
 it had; the span lists the keys it cut under `ragmon.truncated`; each cut value
@@ -34,10 +34,10 @@ is compared first; only a span near the limit is encoded to be measured.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from service.conventions.attributes import is_identifier
-from service.conventions.spans import Attributes, LogEvent, Span
+from service.conventions.spans import Attributes, AttrValue, LogEvent, Span
 from service.ingest.decoded import TRUNCATED_KEY, DecodedBatch, mark
 from service.ingest.otlp_encode import event_bytes, resource_bytes, span_bytes
 
@@ -67,31 +67,65 @@ def truncation_note(original_bytes: int) -> str:
     return f" …[truncated by ragmon from {original_bytes:,} bytes]"
 
 
+# A text value and where it sits: (its dict or list, its key or index, its name, its size in bytes).
+_Text = tuple[dict[str, AttrValue] | list[AttrValue], str | int, str, int]
+# How deep into kvlists and arrays text is looked for (the decoder's walk goes as deep as Python's
+# recursion: past this, a value is left as it is, and a span that then cannot fit is rejected).
+_MAX_DEPTH = 32
+
+
 def _size(value: str | bytes) -> int:
     return len(value.encode()) if isinstance(value, str) else len(value)
 
 
+def _texts(value: AttrValue, name: str, found: list[_Text], depth: int = 0) -> None:
+    """The text values inside a kvlist or an array (a GenAI event's message content is nested)."""
+    if depth > _MAX_DEPTH:
+        return
+    slots: Iterable[tuple[str | int, AttrValue]]
+    if isinstance(value, dict):
+        slots = value.items()
+    elif isinstance(value, list):
+        slots = enumerate(value)
+    else:
+        return
+    for slot, item in slots:
+        if isinstance(item, str | bytes):
+            found.append((value, slot, f"{name}.{slot}", _size(item)))
+        else:
+            _texts(item, f"{name}.{slot}", found, depth + 1)
+
+
 def cut_to_fit(dicts: Sequence[Attributes], excess: int) -> list[tuple[str, int]] | None:
     """Cut the longest text values of `dicts` (in place) to one common length, so that together they
-    are at least `excess` bytes (UTF-8) shorter, notes included; returns (key, bytes before) of each
+    are at least `excess` bytes (UTF-8) shorter, their notes and their names in the span's marker
+    (`TRUNCATED_KEY`) included; returns (key, bytes before) of each
     value cut, or None, cutting nothing, when cutting them all to nothing would not be enough.
 
-    Identifiers (`attributes.is_identifier`) are never cut: a cut id would name something else."""
-    texts = [
-        (attributes, key, _size(value))
-        for attributes in dicts
-        for key, value in attributes.items()
-        if isinstance(value, str | bytes) and not is_identifier(key)
-    ]
+    Text inside kvlists and arrays counts too, named by its path (`message.content`); identifiers
+    (`attributes.is_identifier`) are never cut: a cut id would name something else."""
+    texts: list[_Text] = []
+    for attributes in dicts:
+        for key, value in attributes.items():
+            if isinstance(value, str | bytes):
+                if not is_identifier(key):
+                    texts.append((attributes, key, key, _size(value)))
+            else:
+                _texts(value, key, texts)
+
+    # a cut value costs its note, and its name in the span's marker (a few bytes of framing each)
+    costs = [_NOTE_BYTES + len(name.encode()) + 4 for _, _, name, _ in texts]
 
     def saving(cap: int) -> int:
-        return sum(size - cap - _NOTE_BYTES for _, _, size in texts if size > cap + _NOTE_BYTES)
+        return sum(
+            size - cap - cost for (*_, size), cost in zip(texts, costs, strict=True) if size > cap + cost
+        )
 
     if excess <= 0:
         return []
     if saving(0) < excess:
         return None
-    low, high = 0, max(size for _, _, size in texts)
+    low, high = 0, max(size for *_, size in texts)
     while low < high:  # the largest common length that still saves enough
         middle = (low + high + 1) // 2
         if saving(middle) >= excess:
@@ -99,16 +133,16 @@ def cut_to_fit(dicts: Sequence[Attributes], excess: int) -> list[tuple[str, int]
         else:
             high = middle - 1
     cut: list[tuple[str, int]] = []
-    for attributes, key, size in texts:
-        if size > low + _NOTE_BYTES:
-            value = attributes[key]
+    for (container, slot, name, size), cost in zip(texts, costs, strict=True):
+        if size > low + cost:
+            value = container[slot]  # type: ignore[index]
             note = truncation_note(size)
             if isinstance(value, str):
                 # cut on a character boundary: a partial UTF-8 sequence at the end is left out
-                attributes[key] = value.encode()[:low].decode("utf-8", "ignore") + note
+                container[slot] = value.encode()[:low].decode("utf-8", "ignore") + note  # type: ignore[index]
             elif isinstance(value, bytes):
-                attributes[key] = value[:low] + note.encode()
-            cut.append((key, size))
+                container[slot] = value[:low] + note.encode()  # type: ignore[index]
+            cut.append((name, size))
     return cut
 
 
@@ -126,9 +160,7 @@ def _fit(
     for _ in range(_ROUNDS):
         if size <= limit:
             return size
-        # room for the marker: every key that may be cut, once
-        room = 64 + sum(len(key) + 4 for attributes in dicts for key in attributes)
-        cut = cut_to_fit(dicts, size - limit + room)
+        cut = cut_to_fit(dicts, size - limit + 64)  # 64: the marker's key and framing
         if not cut:
             return None
         for key, original in cut:

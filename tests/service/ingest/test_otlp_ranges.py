@@ -5,6 +5,7 @@ key's index, the store's BigInteger) can fail on it and cost a whole trace or ba
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -14,8 +15,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
-from service.conventions.spans import Span
-from service.ingest.otlp_encode import span_bytes
+from service.conventions.spans import Span, WireSpan
+from service.ingest import span_records
 from service.ingest.otlp import (
     MAX_ATTRIBUTE_INDEX,
     MAX_COUNT,
@@ -29,7 +30,9 @@ from service.ingest.otlp import (
     decode_json,
     decode_protobuf,
     screen_protobuf,
+    span_from_wire,
 )
+from service.ingest.otlp_encode import span_bytes
 from service.ingest.span_size import MAX_SPAN_BYTES, truncation_note
 
 TENANT = "acme"
@@ -265,7 +268,12 @@ def test_token_counts_over_the_cap_are_out_of_range(decode: str) -> None:
 def test_costs_must_be_within_zero_and_the_cap(decode: str) -> None:
     batch = _decode(
         decode,
-        {"llm.cost.total": -1.0, "llm.cost.prompt": 2e6, "llm.cost.completion": 0.25, "ragmon.ttft_ms": 120.0},
+        {
+            "llm.cost.total": -1.0,
+            "llm.cost.prompt": 2e6,
+            "llm.cost.completion": 0.25,
+            "ragmon.ttft_ms": 120.0,
+        },
     )
     child = _child(batch)
     assert batch.rejections == {"out_of_range": 2}
@@ -393,3 +401,100 @@ def test_huge_numbers_and_indices_inside_json_payloads_do_not_fail_the_build() -
     trace = _trace(batch)
     assert trace.query == "the question"
     assert [(c.id, c.score) for c in trace.retrieval.chunks] == [("d1", None)]
+
+
+# ---------------------------------------------------------------- screening names them in the answer
+
+
+def test_protobuf_numbers_out_of_range_are_dropped_at_screening_and_named_in_the_answer() -> None:
+    """The issue's request: a token count of 1e30 was stored as 0 and a NaN score as null, and the
+    answer said nothing. Now each such field is dropped at screening (the answer names it), the span
+    says which it lost, its cost is not computed from the counts left, and the builder has nothing
+    left to drop (nothing is counted twice)."""
+    child = _pb_span(
+        "eee19b7ec3c1b174",
+        {
+            "openinference.span.kind": "LLM",
+            "llm.model_name": "gpt-4o-mini",
+            "llm.token_count.prompt": 1e30,
+            "llm.token_count.completion": 40,
+            "ragmon.ttft_ms": -math.inf,
+            "gen_ai.usage.output_tokens": -5,
+            "output.value": "an answer",
+        },
+    )
+    retriever = _pb_span(
+        "eee19b7ec3c1b175",
+        {
+            "openinference.span.kind": "RETRIEVER",
+            "retrieval.documents.0.document.id": "d0",
+            "retrieval.documents.0.document.score": math.nan,
+            "retrieval.documents.1.document.id": "d1",
+            "retrieval.documents.1.document.score": 0.5,
+        },
+    )
+    body = _pb_body(_root("pb"), child, retriever)
+    screened = screen_protobuf(body, TENANT)
+    assert screened.rejected_spans == 0 and len(screened.spans) == 3
+    assert screened.rejections == {"out_of_range": 4}
+    assert "dropped 4 invalid attribute values (out_of_range=4)" in screened.error_message
+    message = screened.error_message
+    assert f"span {TRACE}/eee19b7ec3c1b174: llm.token_count.prompt is not a count within 0.." in message
+    assert [key for _, key, _ in screened.drops] == [
+        "llm.token_count.prompt",
+        "ragmon.ttft_ms",
+        "gen_ai.usage.output_tokens",
+        "retrieval.documents.0.document.score",
+    ]
+    builder = DecodedBatch()
+    spans = [span_from_wire(wire, builder) for wire in screened.spans]  # type: ignore[arg-type]
+    assert builder.rejections == {}
+    attributes = spans[1].attributes
+    assert attributes["ragmon.dropped"] == [key for _, key, _ in screened.drops[:3]]
+    assert spans[2].attributes["ragmon.dropped"] == ["retrieval.documents.0.document.score"]
+    assert attributes["llm.token_count.completion"] == 40 and attributes["output.value"] == "an answer"
+    trace = build_trace(spans, partial=False, prices=PriceTable.default())
+    assert [(c.id, c.score) for c in trace.retrieval.chunks] == [("d0", None), ("d1", 0.5)]
+    assert trace.timings.ttft_s is None and trace.answer == "an answer"
+    (usage,) = trace.usage
+    assert (usage.output_tokens, usage.cost_usd, usage.cost_source) == (40, None, "unpriced")
+
+
+def test_a_clean_span_keeps_its_wire_bytes() -> None:
+    """A span whose bytes match the scan but hold nothing out of range (a negative score) is decoded
+    once at screening and kept as it came."""
+    span = _pb_span("eee19b7ec3c1b174", {"retrieval.documents.0.document.score": -0.25})
+    body = _pb_body(span)
+    (wire,) = screen_protobuf(body, TENANT).spans
+    assert isinstance(wire, WireSpan) and wire.raw == span.SerializeToString()
+
+
+def test_a_span_over_the_limit_that_cannot_be_cut_is_rejected_alone() -> None:
+    numbers = _pb_span("eee19b7ec3c1b175", {f"custom.n{i}": i for i in range(120_000)})
+    body = _pb_body(_root("pb"), numbers)
+    for batch in (screen_protobuf(body, TENANT), decode_protobuf(body, TENANT)):
+        assert batch.rejected_spans == 1 and batch.rejections == {"span_too_large": 1}
+        assert [s.trace_id for s in batch.spans] == [TRACE]
+        assert "rejected 1 of 2 spans (span_too_large=1)" in batch.error_message
+        assert "does not fit the 900,000-byte limit" in batch.error_message
+
+
+@pytest.mark.parametrize("decode", ["json", "pb"])
+def test_a_10_mb_answer_is_truncated_its_span_kept_and_its_records_fit(decode: str) -> None:
+    answer = "a" * 10 * 2**20
+    if decode == "json":
+        root = _json_span(ROOT, {"output.value": answer}, parentSpanId="")
+        batch = decode_json(_json_body(root, _json_span("eee19b7ec3c1b174", {})), TENANT)
+    else:
+        pb_root = _pb_span(ROOT, {"output.value": answer})
+        pb_root.ClearField("parent_span_id")
+        batch = screen_protobuf(_pb_body(pb_root, _pb_span("eee19b7ec3c1b174", {})), TENANT)
+    assert batch.rejected_spans == 0 and batch.rejections == {} and batch.truncated == 1
+    assert len(batch.spans) == 2 and "truncated 1 oversize attribute value" in batch.error_message
+    records = span_records.encode(batch.spans, 1_000_000)
+    assert all(len(record.value) <= 1_000_000 for record in records)
+    back = [span for record in records for span in span_records.decode(record.value, record.headers)]
+    decoded = [span_from_wire(s, DecodedBatch()) if isinstance(s, WireSpan) else s for s in back]
+    trace = build_trace(decoded, partial=False, prices=PriceTable.default())  # type: ignore[arg-type]
+    assert trace.answer is not None and trace.answer.endswith(truncation_note(len(answer)))
+    assert trace.answer.startswith("a" * 800_000)
