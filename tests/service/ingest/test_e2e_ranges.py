@@ -250,3 +250,40 @@ def test_json_api_huge_strings_and_vectors_are_rejected_with_clear_errors(server
     assert _rejected(server, *RECORD_REASONS) == before + 7
     server.flush()
     assert server.pipeline.store.count_traces("default", app=app) == 2
+
+
+def test_otlp_grpc_answers_the_out_of_range_fields_and_counts_them_once(server: LiveServer) -> None:
+    """gRPC answers OK with `partial_success` naming the fields dropped at screening; after the trace is
+    built the count has not moved (the builder found nothing left to drop)."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    span = spans.add(
+        trace_id=bytes.fromhex("7b8efff798038103d269b633813fc60d"),
+        span_id=bytes.fromhex("fee19b7ec3c1b178"),
+        name="llm",
+        start_time_unix_nano=1_764_400_000_000_000_000,
+        end_time_unix_nano=1_764_400_000_500_000_000,
+    )
+    span.attributes.add(key="openinference.span.kind").value.string_value = "LLM"
+    span.attributes.add(key="llm.token_count.prompt").value.double_value = 1e30
+    span.attributes.add(key="llm.token_count.completion").value.int_value = -3
+    span.attributes.add(key="output.value").value.string_value = "grpc answer"
+    before = server.metric(REJECTED, reason="out_of_range")
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        export = channel.unary_unary(
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            request_serializer=ExportTraceServiceRequest.SerializeToString,
+            response_deserializer=ExportTraceServiceResponse.FromString,
+        )
+        answer = export(request, timeout=30)
+    assert answer.partial_success.rejected_spans == 0
+    message = answer.partial_success.error_message
+    assert message.startswith("dropped 2 invalid attribute values (out_of_range=2)")
+    assert "llm.token_count.prompt" in message and "llm.token_count.completion" in message
+    server.flush()
+    record = server.pipeline.store.get_trace("default", "7b8efff798038103d269b633813fc60d")
+    assert record is not None and record["answer"] == "grpc answer"
+    assert server.metric(REJECTED, reason="out_of_range") == before + 2
