@@ -6,7 +6,10 @@ decompress with a cap and decode in a worker process (`pool.py`) →
 hand the spans to the pipeline, which refuses with `QueueFull`
 (503 + Retry-After) when the bus is over capacity → answer. An OTLP request
 with some bad spans is answered 200 with `partial_success` (rejected count and
-message) and its good spans are kept, as the OTLP spec says. Errors are
+message) and its good spans are kept, as the OTLP spec says; one whose spans
+lost a value out of range, or had oversize text cut to fit, gets the same
+answer with 0 rejected (OTLP's warning), in embedded and distributed mode
+alike: nothing that one span carries costs the request a 413. Errors are
 answered in the caller's encoding: a protobuf `google.rpc.Status` for
 protobuf callers, its JSON form for JSON callers.
 

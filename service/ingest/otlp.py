@@ -27,33 +27,44 @@ The entry points return a `DecodedBatch` and share one set of rules:
   malformed_span               (JSON) the span is not an object, or its
                                attributes/events are not lists; its name or an
                                event's name is over `MAX_NAME_CHARS`
+  span_too_large               it is over `span_size.MAX_SPAN_BYTES` even with
+                               all of its text cut (tens of thousands of
+                               numbers, huge arrays), or its resource is over
+                               `span_size.MAX_RESOURCE_BYTES` the same way
   ===========================  ================================================
 
 * An attribute value that breaks the rules below is dropped and counted; its
   span is kept, because a bad score should not cost the trace its latency,
-  tokens and answer. The reasons of this table (`labels.ATTRIBUTE_REASONS`)
-  count attribute values, every other reason counts spans, and
-  `rejected_spans` is the sum of the span reasons. Numbers sent as strings
-  ("0.83", "120") are accepted and stored as numbers.
+  tokens and answer, and says which keys it lost (`ragmon.dropped`): a field
+  out of range is absent, never changed into another value (`usage.py` does
+  not price a call on the counts left). The reasons of this table
+  (`labels.ATTRIBUTE_REASONS`) count attribute values, every other reason
+  counts spans, and `rejected_spans` is the sum of the span reasons. Numbers
+  sent as strings ("0.83", "120", "1e3") are accepted and stored as numbers.
 
   ===========================  ================================================
   reason                       the attribute value is dropped when
   ===========================  ================================================
-  invalid_attribute            it has the wrong type for what `semconv` reads
-                               from it: a document score that is not a finite
-                               number, a negative or fractional token count, a
-                               vector with a non-number in it, an undecodable
-                               JSON AnyValue
-  out_of_range                 a count (tokens, top-k) is over `MAX_COUNT`; a
-                               cost (`llm.cost.*`) is negative or over
-                               `MAX_COST_USD`; (JSON) an `intValue` is outside
-                               the signed 64-bit range protobuf has
-  string_too_long              a string or bytes value, or one inside an array
-                               or kvlist, is over `MAX_TEXT_CHARS`; an
-                               identifier (`attributes.is_identifier`: app,
-                               release, intent, session, user, model, document
-                               id) is over `MAX_IDENTIFIER_CHARS`; the key
-                               itself is over `MAX_KEY_CHARS`
+  invalid_attribute            it is not the kind of value `semconv` reads
+                               from it: a score, count, cost or duration that
+                               is not a number (text, a boolean), a fractional
+                               token count, a vector with a non-number in it,
+                               an undecodable JSON AnyValue
+  out_of_range                 a number outside what its field holds: NaN or
+                               +-infinity anywhere; a count (tokens, top-k)
+                               negative or over `MAX_COUNT`; a cost
+                               (`llm.cost.*`) negative or over `MAX_COST_USD`;
+                               a duration (`ragmon.ttft_ms`,
+                               `gen_ai.response.time_to_first_chunk`) negative
+                               or over `MAX_SECONDS` in its unit; (JSON) an
+                               `intValue` outside the signed 64-bit range
+  string_too_long              a string or bytes value inside an array or
+                               kvlist is over `MAX_TEXT_CHARS`; an identifier
+                               (`attributes.is_identifier`: app, release,
+                               intent, session, user, model, document id) is
+                               over `MAX_IDENTIFIER_CHARS` (a cut id would name
+                               something else); the key itself is over
+                               `MAX_KEY_CHARS`
   vector_too_long              an array or kvlist (an embedding vector too)
                                holds more than `MAX_VECTOR_LENGTH` items
   invalid_attribute_index      its key holds a list index (a decimal segment
@@ -61,6 +72,12 @@ The entry points return a `DecodedBatch` and share one set of rules:
                                `retrieval.documents.<i>.document.id`) over
                                `MAX_ATTRIBUTE_INDEX` or of more than 5 digits
   ===========================  ================================================
+
+* A span's own text is never dropped for its length: a span (or log event)
+  over `span_size.MAX_SPAN_BYTES` has its longest text values cut to fit,
+  each ending with a note of its size, counted in `truncated` and listed under
+  `ragmon.truncated` (`span_size.py`); so one span fits a spans-topic record,
+  and embedded and distributed ingest keep the same bytes the same way.
 
   The limits are this module's constants. The JSON API (`wire.py`) holds its
   records to the same ones; there a record that breaks one is rejected alone
@@ -74,9 +91,9 @@ The entry points return a `DecodedBatch` and share one set of rules:
   `MAX_SECONDS`           `MAX_TIME_NS` in seconds     every `timings` value
   `MAX_COUNT`             10**12                       token counts, `k`
   `MAX_COST_USD`          1,000,000                    `usage[].cost_usd`
-  `MAX_TEXT_CHARS`        2**20 characters (1 Mi)      query, answer, chunk
-                                                       content, filter, and
-                                                       strings in metadata
+  `MAX_TEXT_CHARS`        2**20 characters (1 Mi):     query, answer, chunk
+                          OTLP text in arrays and      content, filter, and
+                          kvlists                      strings in metadata
   `MAX_IDENTIFIER_CHARS`  512 characters               ids, names, models,
                                                        release, intent,
                                                        metadata keys
@@ -97,11 +114,17 @@ Ingest decodes protobuf (HTTP and gRPC) in two steps. On the request's path,
 `screen_protobuf` applies every rule that rejects a span (ids, times, and the
 vectors of spans that carry one) and keeps each accepted span as its wire
 bytes, a `WireSpan`; converting the attributes was ~70 % of decoding, and it
-waits until the trace is built (`span_from_wire`, in a builder process). So
-for protobuf the answer reports rejected spans, and dropped attribute values
-are counted later, in `ragmon_ingest_rejected_total` under their reasons
-(a warning in `partial_success` is optional in OTLP). `decode_protobuf` does
-both steps at once. OTLP/JSON is decoded in one step and its answer reports both.
+waits until the trace is built (`span_from_wire`, in a builder process). Two
+kinds of span are decoded at screening all the same (`_repaired`): one over
+`MAX_SPAN_BYTES` (its size is known), and one whose bytes may hold a number
+out of range (`value_scan.py`: one regular expression over the body, ~4 us a
+trace). Their dropped and cut values are counted in the answer, and the span
+travels re-encoded without them, so the builder counts nothing twice; so the
+answer names every number out of range (`partial_success` with 0 rejected
+spans and a message is OTLP's warning). What the scan cannot see (a count
+sent as the text "many", a key's index) is dropped and counted when the trace
+is built, and logged there. `decode_protobuf` does both steps at once. OTLP/JSON
+is decoded in one step and its answer reports everything.
 
 OTLP/JSON is read as the OTLP specification writes it: lowerCamelCase field
 names, trace and span ids as hex (not base64), enums as integers, 64-bit

@@ -16,8 +16,11 @@ explicit and version-independent, never a pickle:
   is encoded into the same message.
 
 A record holds one trace's spans of one request, at most `max_bytes` of value:
-a group that would be larger is split over several records, and one span (or
-event) larger than that on its own raises `PayloadTooLarge`.
+a group that would be larger is split over several records. One span (or
+event) never needs more: screening cut it to `span_size.MAX_SPAN_BYTES`, its
+resource to `MAX_RESOURCE_BYTES`, and `kafka.max_record_bytes` is at least
+`MIN_RECORD_BYTES`; a span over `max_bytes` raises `PayloadTooLarge` all the
+same, should that ever break.
 
 `decode` reads a record back into `WireSpan`s (screened again: a span that
 ingest accepted passes the same rules) or `LogEvent`s; a record of an unknown
