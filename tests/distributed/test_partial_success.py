@@ -182,3 +182,34 @@ def test_the_same_bytes_get_the_same_answer_and_rows_embedded_and_distributed(
     log = ingest.log_path.read_text(errors="replace")
     assert "ingest dropped or truncated 1 attribute value, e.g. 'output.value' of span" in log
     assert "x" * 100 not in log
+
+
+def test_a_json_api_record_too_large_for_one_kafka_record_is_rejected_alone(
+    kafka_bootstrap: str,
+    pg_url: str,
+    tmp_path: Path,
+    ingests: Callable[[dict[str, Any]], IngestProcess],
+    workers: Callable[..., WorkerProcess],
+) -> None:
+    """Such a record used to reach the producer, fail its send (over `max_request_size`), mark the bus
+    unavailable and keep ingest answering 503 for the whole batch. Now it alone is refused, with why."""
+    settings = settings_for(kafka_bootstrap, pg_url, tmp_path)
+    ingest = ingests(settings)
+    workers(settings, "sinks")
+    ingest.wait_ready()
+    ids = trace_ids(4)
+    records = [
+        {"trace_id": trace_id, "app": "shop", "query": f"q {n}", "answer": f"a {n}"}
+        for n, trace_id in enumerate(ids)
+    ]
+    records[1]["retrieval"] = {"chunks": [{"id": f"c{i}", "content": "x" * 400_000} for i in range(3)]}
+    with httpx.Client(timeout=60) as client:
+        first = client.post(f"{ingest.url}/api/v1/traces", json={"traces": records[:3]})
+        second = client.post(f"{ingest.url}/api/v1/traces", json={"traces": records[3:]})
+    assert first.status_code == 200, first.text
+    out = first.json()
+    assert out["accepted"] == 2 and [r["index"] for r in out["rejected"]] == [1]
+    assert "over the 900,000-byte limit of one trace" in out["rejected"][0]["error"]
+    assert second.status_code == 200 and second.json()["accepted"] == 1
+    until(lambda: count_rows(pg_url) == 3, timeout=60, what="3 traces stored")
+    assert ingest.metric("ragmon_ingest_rejected_total", reason="too_large") == 1
