@@ -31,9 +31,11 @@ from service.conventions.attributes import RagmonAttributes
 from service.conventions.spans import AnySpan, Attributes
 from service.labels import ATTRIBUTE_REASONS, RejectReason
 
-__all__ = ["DROPPED_KEY", "MAX_DETAILS", "TRUNCATED", "TRUNCATED_KEY", "DecodedBatch", "mark"]
+__all__ = ["DROPPED_KEY", "MAX_DETAILS", "MAX_MARKED", "TRUNCATED", "TRUNCATED_KEY", "DecodedBatch", "mark"]
 
 MAX_DETAILS = 5
+MAX_MARKED = 64
+"""The most keys a span's `DROPPED_KEY` or `TRUNCATED_KEY` list names."""
 DROPPED_KEY = RagmonAttributes.DROPPED
 """Added by ingest to a span (or log event) that lost attribute values: their keys."""
 TRUNCATED_KEY = RagmonAttributes.TRUNCATED
@@ -136,9 +138,13 @@ class DecodedBatch:
 
 
 def mark(attributes: Attributes, marker: str, keys: Iterable[str]) -> None:
-    """Add `keys` to the list of keys under `marker` (`DROPPED_KEY`, `TRUNCATED_KEY`), each once; a value
-    the sender put there that is not a list of strings is replaced."""
+    """Add `keys` to the list of keys under `marker` (`DROPPED_KEY`, `TRUNCATED_KEY`), each once, at most
+    `MAX_MARKED` of them (then "... and N more"): a span that lost 60,000 values must not grow by their
+    names. A value the sender put there that is not a list of strings is replaced."""
     previous = attributes.get(marker)
-    merged = [k for k in previous if isinstance(k, str)] if isinstance(previous, list) else []
-    merged.extend(k for k in dict.fromkeys(keys) if k not in merged)
-    attributes[marker] = merged  # type: ignore[assignment]
+    merged = dict.fromkeys(k for k in previous if isinstance(k, str)) if isinstance(previous, list) else {}
+    merged.update(dict.fromkeys(keys))  # no list scans: a span may lose thousands
+    names = list(merged)
+    if len(names) > MAX_MARKED:
+        names = [*names[: MAX_MARKED - 1], f"... and {len(names) - MAX_MARKED + 1} more"]
+    attributes[marker] = names  # type: ignore[assignment]

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from service.conventions.attributes import is_identifier
 from service.conventions.spans import Attributes, AttrValue, LogEvent, Span
-from service.ingest.decoded import TRUNCATED_KEY, DecodedBatch, mark
+from service.ingest.decoded import DROPPED_KEY, TRUNCATED_KEY, DecodedBatch, mark
 from service.ingest.otlp_encode import event_bytes, resource_bytes, span_bytes
 
 __all__ = [
@@ -72,6 +72,7 @@ _Text = tuple[dict[str, AttrValue] | list[AttrValue], str | int, str, int]
 # How deep into kvlists and arrays text is looked for (the decoder's walk goes as deep as Python's
 # recursion: past this, a value is left as it is, and a span that then cannot fit is rejected).
 _MAX_DEPTH = 32
+_MARKERS = frozenset({DROPPED_KEY, TRUNCATED_KEY})
 
 
 def _size(value: str | bytes) -> int:
@@ -107,6 +108,8 @@ def cut_to_fit(dicts: Sequence[Attributes], excess: int) -> list[tuple[str, int]
     texts: list[_Text] = []
     for attributes in dicts:
         for key, value in attributes.items():
+            if key in _MARKERS:
+                continue
             if isinstance(value, str | bytes):
                 if not is_identifier(key):
                     texts.append((attributes, key, key, _size(value)))

@@ -498,3 +498,16 @@ def test_a_10_mb_answer_is_truncated_its_span_kept_and_its_records_fit(decode: s
     trace = build_trace(decoded, partial=False, prices=PriceTable.default())  # type: ignore[arg-type]
     assert trace.answer is not None and trace.answer.endswith(truncation_note(len(answer)))
     assert trace.answer.startswith("a" * 800_000)
+
+
+def test_a_span_that_fits_once_its_bad_values_are_dropped_is_kept_with_a_bounded_mark() -> None:
+    """60,000 NaN counts make a 2 MB span: dropped, they leave a small one, whose mark names 63 of them
+    and how many more (the names of all would not fit the span size limit)."""
+    nans = _pb_span("eee19b7ec3c1b175", {f"llm.token_count.k{i}": math.nan for i in range(60_000)})
+    nans.attributes.add(key="output.value").value.string_value = "kept"
+    batch = screen_protobuf(_pb_body(_root("pb"), nans), TENANT)
+    assert batch.rejected_spans == 0 and batch.rejections == {"out_of_range": 60_000}
+    span = span_from_wire(batch.spans[1], DecodedBatch())  # type: ignore[arg-type]
+    assert span.attributes["output.value"] == "kept"
+    dropped = span.attributes["ragmon.dropped"]
+    assert isinstance(dropped, list) and len(dropped) == 64 and dropped[-1] == "... and 59937 more"
