@@ -216,9 +216,12 @@ class KafkaConfig(_Section):
     )
     max_record_bytes: int = Field(
         1_000_000,
-        gt=1024,
-        description="largest record ingest publishes (the broker's message.max.bytes); a trace's spans "
-        "are split over several records, one span larger than this is refused (413)",
+        # service/ingest/span_size.py MIN_RECORD_BYTES (a test holds them equal): one span of the most
+        # ingest keeps (900,000 bytes), its resource (65,536) and framing must fit one record
+        ge=966_560,
+        description="largest record ingest publishes (the broker's message.max.bytes, at least 966560); "
+        "a trace's spans are split over several records; a span over 900,000 bytes has its longest "
+        "text truncated to fit, in every mode",
     )
     shutdown_grace_s: float = Field(
         20.0,

@@ -29,6 +29,7 @@ class RejectReason(StrEnum):
     STRING_TOO_LONG = "string_too_long"
     VECTOR_TOO_LONG = "vector_too_long"
     INVALID_ATTRIBUTE_INDEX = "invalid_attribute_index"
+    SPAN_TOO_LARGE = "span_too_large"
 
 
 ATTRIBUTE_REASONS: frozenset[RejectReason] = frozenset(

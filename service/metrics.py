@@ -331,6 +331,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.ingest_truncated = Counter(
+            "ragmon_ingest_truncated_values",
+            "attribute values (text) ingest cut so that their span fits the span size limit; the span "
+            "keeps them, marked (ragmon.truncated)",
+            registry=r,
+        )
         self.spans_received = Counter(
             "ragmon_spans_received", "spans accepted by a receiver", ["receiver"], registry=r
         )

@@ -30,6 +30,12 @@ attribute                      type                        meaning
 `ragmon.retrieval.excluded_ids` string[] (or JSON string)  ids the retriever was told to leave out
 `ragmon.cited_chunk_ids`       string[] (or JSON string)   chunk ids the answer cites
 `ragmon.ttft_ms`               double                      time to first token of the answer, ms
+`ragmon.dropped`               string[]                    set by ingest: keys of the span's (or its
+                                                           events') values it dropped as invalid or out
+                                                           of range (`service/ingest/otlp.py`)
+`ragmon.truncated`             string[]                    set by ingest: keys of the text values it cut
+                                                           to fit the span size limit; each ends with a
+                                                           note (`service/ingest/span_size.py`)
 =============================  ==========================  ==============================================
 
 `attribute_kind` and `embedding_model_of` tell the decoder (`service/ingest/otlp.py`) which
@@ -83,6 +89,8 @@ class RagmonAttributes:
     RETRIEVAL_EXCLUDED_IDS = "ragmon.retrieval.excluded_ids"
     CITED_CHUNK_IDS = "ragmon.cited_chunk_ids"
     TTFT_MS = "ragmon.ttft_ms"
+    DROPPED = "ragmon.dropped"
+    TRUNCATED = "ragmon.truncated"
 
 
 class GenAIAttributes:

@@ -5,10 +5,12 @@ a missing input count; when one count is reported, the other missing one is
 0), the app's own cost when it sent one (it wins), else the price table's,
 else "unpriced"; an LLM call with a model but no token counts and no cost is
 "unknown_usage": its tokens are None (unknown), and it is never priced at 0.
-`usage_rows` sums calls per model and kind; a row's token count is None when
-any call's is, and the row is "unpriced" (or "unknown_usage") when any of its
-calls is, so neither a count nor a cost is ever understated. Nesting (which
-calls count) is the caller's rule.
+A call one of whose token counts ingest dropped (out of range:
+`RagmonAttributes.DROPPED`) is "unpriced" or "unknown_usage", never priced on
+the counts that are left. `usage_rows` sums calls per model and kind; a row's
+token count is None when any call's is, and the row is "unpriced" (or
+"unknown_usage") when any of its calls is, so neither a count nor a cost is
+ever understated. Nesting (which calls count) is the caller's rule.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from typing import Any, Literal
 from openinference.semconv.trace import RerankerAttributes, SpanAttributes
 
 from service.conventions.attribute_values import first_count, first_text, number
-from service.conventions.attributes import GenAIAttributes, TraceloopAttributes
+from service.conventions.attributes import GenAIAttributes, RagmonAttributes, TraceloopAttributes
 from service.conventions.pricing import PriceTable
-from service.conventions.spans import Span
+from service.conventions.spans import Attributes, Span
 from service.model import CostSource, sum_counts
 
 __all__ = ["Call", "UsageKind", "call_cost", "span_call", "usage_rows"]
@@ -50,6 +52,7 @@ _OUTPUT_TOKEN_KEYS = (
     GenAIAttributes.USAGE_COMPLETION_TOKENS,
 )
 _TOTAL_TOKEN_KEYS = (SpanAttributes.LLM_TOKEN_COUNT_TOTAL, TraceloopAttributes.USAGE_TOTAL_TOKENS)
+_TOKEN_KEYS = frozenset((*_INPUT_TOKEN_KEYS, *_OUTPUT_TOKEN_KEYS, *_TOTAL_TOKEN_KEYS))
 
 
 @dataclass(slots=True)
@@ -70,6 +73,8 @@ def span_call(span: Span, kind: UsageKind, prices: PriceTable) -> Call | None:
     output_tokens = first_count(a, *_OUTPUT_TOKEN_KEYS)
     total = first_count(a, *_TOTAL_TOKEN_KEYS)
     split_known = input_tokens is not None or kind == "embedding" or output_tokens is not None
+    if _lost_a_count(a):  # ingest dropped a count out of range: pricing what is left would understate
+        split_known = False
     if input_tokens is None and total is not None:
         input_tokens = max(total - (output_tokens or 0), 0)
     app_cost = number(a.get(SpanAttributes.LLM_COST_TOTAL))
@@ -86,6 +91,12 @@ def span_call(span: Span, kind: UsageKind, prices: PriceTable) -> Call | None:
     if input_tokens is None and output_tokens is None:
         return Call(model or "unknown", kind, None, None, cost, source)
     return Call(model or "unknown", kind, input_tokens or 0, output_tokens or 0, cost, source)
+
+
+def _lost_a_count(attributes: Attributes) -> bool:
+    """Whether ingest dropped one of the span's token counts (`RagmonAttributes.DROPPED`)."""
+    dropped = attributes.get(RagmonAttributes.DROPPED)
+    return isinstance(dropped, list) and any(key in _TOKEN_KEYS for key in dropped)
 
 
 def call_cost(

@@ -97,10 +97,6 @@ class _OtlpServices:
             await context.abort(grpc.StatusCode.UNAVAILABLE, exc.message)
             raise
 
-    def _count(self, decoded: DecodedBatch) -> None:
-        for reason, count in decoded.rejections.items():
-            self.pipeline.metrics.reject(reason, count)
-
     async def export_traces(
         self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> trace_service_pb2.ExportTraceServiceResponse:
@@ -118,7 +114,7 @@ class _OtlpServices:
         decoded = await self.pipeline.ingest_pool.decode(
             request, json_body=False, encoding="", tenant=tenant, limit=len(request)
         )
-        self._count(decoded)
+        self.pipeline.ingest_pool.account(decoded)
         logged = LoggedRequest("otlp_traces", tenant, request, PROTOBUF, "", "otlp_grpc")
         await self.pipeline.accept_spans(decoded.spans, receiver="otlp_grpc", logged=logged)
         self.pipeline.phoenix_forward.offer(request, PROTOBUF)
@@ -140,7 +136,7 @@ class _OtlpServices:
         decoded = await self.pipeline.ingest_pool.decode_logs(
             request, json_body=False, encoding="", tenant=tenant, limit=len(request)
         )
-        self._count(decoded)
+        self.pipeline.ingest_pool.account(decoded)
         self.pipeline.metrics.ignored_log_records.labels(receiver="otlp_grpc").inc(decoded.ignored)
         logged = LoggedRequest("otlp_logs", tenant, request, PROTOBUF, "", "otlp_grpc")
         await self.pipeline.accept_log_events(decoded.log_events, receiver="otlp_grpc", logged=logged)

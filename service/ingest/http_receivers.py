@@ -6,7 +6,10 @@ decompress with a cap and decode in a worker process (`pool.py`) →
 hand the spans to the pipeline, which refuses with `QueueFull`
 (503 + Retry-After) when the bus is over capacity → answer. An OTLP request
 with some bad spans is answered 200 with `partial_success` (rejected count and
-message) and its good spans are kept, as the OTLP spec says. Errors are
+message) and its good spans are kept, as the OTLP spec says; one whose spans
+lost a value out of range, or had oversize text cut to fit, gets the same
+answer with 0 rejected (OTLP's warning), in embedded and distributed mode
+alike: nothing that one span carries costs the request a 413. Errors are
 answered in the caller's encoding: a protobuf `google.rpc.Status` for
 protobuf callers, its JSON form for JSON callers.
 
@@ -28,11 +31,12 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from pydantic import ValidationError
 
 from service.conventions.usage import call_cost
-from service.errors import UnsupportedMediaType
+from service.errors import PayloadTooLarge, UnsupportedMediaType
 from service.ingest.auth import TenantDep
 from service.ingest.otlp import DecodedBatch
 from service.ingest.otlp_metrics import check_metrics_body
 from service.ingest.responses import JSON, PROTOBUF, media_type_of
+from service.ingest.span_size import MAX_SPAN_BYTES
 from service.ingest.target import IngestDep, IngestTarget
 from service.ingest.wal import LoggedRequest
 from service.ingest.wire import (
@@ -91,11 +95,6 @@ def _otlp_answer(
     return Response(answer.SerializeToString(), 200, media_type=PROTOBUF)
 
 
-def _count_rejections(pipeline: IngestTarget, decoded: DecodedBatch) -> None:
-    for reason, count in decoded.rejections.items():
-        pipeline.metrics.reject(reason, count)
-
-
 @otlp_router.post(
     "/v1/traces",
     summary="OTLP/HTTP trace export (protobuf or JSON, optionally gzip)",
@@ -111,7 +110,7 @@ async def export_traces(request: Request, tenant: TenantDep, pipeline: IngestDep
         tenant=tenant,
         limit=pipeline.config.server.max_body_bytes,
     )
-    _count_rejections(pipeline, decoded)
+    pipeline.ingest_pool.account(decoded)
     logged = LoggedRequest("otlp_traces", tenant, raw, media_type, encoding, "otlp_http")
     await pipeline.accept_spans(decoded.spans, receiver="otlp_http", logged=logged)
     pipeline.phoenix_forward.offer(raw, media_type, encoding)
@@ -134,7 +133,7 @@ async def export_logs(request: Request, tenant: TenantDep, pipeline: IngestDep) 
         tenant=tenant,
         limit=pipeline.config.server.max_body_bytes,
     )
-    _count_rejections(pipeline, decoded)
+    pipeline.ingest_pool.account(decoded)
     pipeline.metrics.ignored_log_records.labels(receiver="otlp_http").inc(decoded.ignored)
     logged = LoggedRequest("otlp_logs", tenant, raw, media_type, encoding, "otlp_http")
     await pipeline.accept_log_events(decoded.log_events, receiver="otlp_http", logged=logged)
@@ -241,17 +240,29 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {first['msg']}"
 
 
+def _may_hold_a_large_record(request: Request) -> bool:
+    """Whether a JSON-API body may hold a record whose `RagTrace` is over `MAX_SPAN_BYTES` (what one
+    Kafka record carries, and so what either mode keeps). A trace's JSON is at most about twice its
+    record's (the reranker's input repeats the chunks): a body under a third of the limit holds none,
+    and its records are not serialized to be measured."""
+    length = request.headers.get("content-length", "")
+    return not length.isdigit() or int(length) * 3 > MAX_SPAN_BYTES
+
+
 @api_router.post(
     "/traces",
     response_model=TraceBatchOut,
     summary="Ingest RAG traces from apps without OpenTelemetry",
     responses={422: {"description": "every record was invalid"}, 503: {"description": "busy: retry later"}},
 )
-async def ingest_json_traces(batch: TraceBatchIn, tenant: TenantDep, pipeline: IngestDep) -> Any:
+async def ingest_json_traces(
+    batch: TraceBatchIn, request: Request, tenant: TenantDep, pipeline: IngestDep
+) -> Any:
     """Each record is validated on its own (schema: `TraceIn`); good ones are kept, bad ones listed."""
     accepted: list[RagTrace] = []
     rejected: list[RejectedRecord] = []
     dims: dict[str | None, int] = {}
+    measure = _may_hold_a_large_record(request)
     for index, raw in enumerate(batch.traces):
         try:
             record = TraceIn.model_validate(raw)
@@ -271,7 +282,19 @@ async def ingest_json_traces(batch: TraceBatchIn, tenant: TenantDep, pipeline: I
                 )
                 pipeline.metrics.reject("vector_dimension_mismatch")
                 continue
-        accepted.append(trace_from_wire(record, tenant, pipeline))
+        trace = trace_from_wire(record, tenant, pipeline)
+        size = len(trace.model_dump_json()) if measure else 0
+        if size > MAX_SPAN_BYTES:
+            rejected.append(
+                RejectedRecord(
+                    index=index,
+                    error=f"the trace is {size:,} bytes stored, over the {MAX_SPAN_BYTES:,}-byte limit of "
+                    "one trace: send its longest texts (chunk contents, answer) shorter",
+                )
+            )
+            pipeline.metrics.reject(PayloadTooLarge.reason)
+            continue
+        accepted.append(trace)
     if not accepted:
         return Response(TraceBatchOut(accepted=0, rejected=rejected).model_dump_json(), 422, media_type=JSON)
     await pipeline.accept_traces(accepted)

@@ -27,33 +27,44 @@ The entry points return a `DecodedBatch` and share one set of rules:
   malformed_span               (JSON) the span is not an object, or its
                                attributes/events are not lists; its name or an
                                event's name is over `MAX_NAME_CHARS`
+  span_too_large               it is over `span_size.MAX_SPAN_BYTES` even with
+                               all of its text cut (tens of thousands of
+                               numbers, huge arrays), or its resource is over
+                               `span_size.MAX_RESOURCE_BYTES` the same way
   ===========================  ================================================
 
 * An attribute value that breaks the rules below is dropped and counted; its
   span is kept, because a bad score should not cost the trace its latency,
-  tokens and answer. The reasons of this table (`labels.ATTRIBUTE_REASONS`)
-  count attribute values, every other reason counts spans, and
-  `rejected_spans` is the sum of the span reasons. Numbers sent as strings
-  ("0.83", "120") are accepted and stored as numbers.
+  tokens and answer, and says which keys it lost (`ragmon.dropped`): a field
+  out of range is absent, never changed into another value (`usage.py` does
+  not price a call on the counts left). The reasons of this table
+  (`labels.ATTRIBUTE_REASONS`) count attribute values, every other reason
+  counts spans, and `rejected_spans` is the sum of the span reasons. Numbers
+  sent as strings ("0.83", "120", "1e3") are accepted and stored as numbers.
 
   ===========================  ================================================
   reason                       the attribute value is dropped when
   ===========================  ================================================
-  invalid_attribute            it has the wrong type for what `semconv` reads
-                               from it: a document score that is not a finite
-                               number, a negative or fractional token count, a
-                               vector with a non-number in it, an undecodable
-                               JSON AnyValue
-  out_of_range                 a count (tokens, top-k) is over `MAX_COUNT`; a
-                               cost (`llm.cost.*`) is negative or over
-                               `MAX_COST_USD`; (JSON) an `intValue` is outside
-                               the signed 64-bit range protobuf has
-  string_too_long              a string or bytes value, or one inside an array
-                               or kvlist, is over `MAX_TEXT_CHARS`; an
-                               identifier (`attributes.is_identifier`: app,
-                               release, intent, session, user, model, document
-                               id) is over `MAX_IDENTIFIER_CHARS`; the key
-                               itself is over `MAX_KEY_CHARS`
+  invalid_attribute            it is not the kind of value `semconv` reads
+                               from it: a score, count, cost or duration that
+                               is not a number (text, a boolean), a fractional
+                               token count, a vector with a non-number in it,
+                               an undecodable JSON AnyValue
+  out_of_range                 a number outside what its field holds: NaN or
+                               +-infinity anywhere; a count (tokens, top-k)
+                               negative or over `MAX_COUNT`; a cost
+                               (`llm.cost.*`) negative or over `MAX_COST_USD`;
+                               a duration (`ragmon.ttft_ms`,
+                               `gen_ai.response.time_to_first_chunk`) negative
+                               or over `MAX_SECONDS` in its unit; (JSON) an
+                               `intValue` outside the signed 64-bit range
+  string_too_long              a string or bytes value inside an array or
+                               kvlist is over `MAX_TEXT_CHARS`; an identifier
+                               (`attributes.is_identifier`: app, release,
+                               intent, session, user, model, document id) is
+                               over `MAX_IDENTIFIER_CHARS` (a cut id would name
+                               something else); the key itself is over
+                               `MAX_KEY_CHARS`
   vector_too_long              an array or kvlist (an embedding vector too)
                                holds more than `MAX_VECTOR_LENGTH` items
   invalid_attribute_index      its key holds a list index (a decimal segment
@@ -61,6 +72,12 @@ The entry points return a `DecodedBatch` and share one set of rules:
                                `retrieval.documents.<i>.document.id`) over
                                `MAX_ATTRIBUTE_INDEX` or of more than 5 digits
   ===========================  ================================================
+
+* A span's own text is never dropped for its length: a span (or log event)
+  over `span_size.MAX_SPAN_BYTES` has its longest text values cut to fit,
+  each ending with a note of its size, counted in `truncated` and listed under
+  `ragmon.truncated` (`span_size.py`); so one span fits a spans-topic record,
+  and embedded and distributed ingest keep the same bytes the same way.
 
   The limits are this module's constants. The JSON API (`wire.py`) holds its
   records to the same ones; there a record that breaks one is rejected alone
@@ -74,9 +91,9 @@ The entry points return a `DecodedBatch` and share one set of rules:
   `MAX_SECONDS`           `MAX_TIME_NS` in seconds     every `timings` value
   `MAX_COUNT`             10**12                       token counts, `k`
   `MAX_COST_USD`          1,000,000                    `usage[].cost_usd`
-  `MAX_TEXT_CHARS`        2**20 characters (1 Mi)      query, answer, chunk
-                                                       content, filter, and
-                                                       strings in metadata
+  `MAX_TEXT_CHARS`        2**20 characters (1 Mi):     query, answer, chunk
+                          OTLP text in arrays and      content, filter, and
+                          kvlists                      strings in metadata
   `MAX_IDENTIFIER_CHARS`  512 characters               ids, names, models,
                                                        release, intent,
                                                        metadata keys
@@ -97,11 +114,17 @@ Ingest decodes protobuf (HTTP and gRPC) in two steps. On the request's path,
 `screen_protobuf` applies every rule that rejects a span (ids, times, and the
 vectors of spans that carry one) and keeps each accepted span as its wire
 bytes, a `WireSpan`; converting the attributes was ~70 % of decoding, and it
-waits until the trace is built (`span_from_wire`, in a builder process). So
-for protobuf the answer reports rejected spans, and dropped attribute values
-are counted later, in `ragmon_ingest_rejected_total` under their reasons
-(a warning in `partial_success` is optional in OTLP). `decode_protobuf` does
-both steps at once. OTLP/JSON is decoded in one step and its answer reports both.
+waits until the trace is built (`span_from_wire`, in a builder process). Two
+kinds of span are decoded at screening all the same (`_repaired`): one over
+`MAX_SPAN_BYTES` (its size is known), and one whose bytes may hold a number
+out of range (`value_scan.py`: one regular expression over the body, ~4 us a
+trace). Their dropped and cut values are counted in the answer, and the span
+travels re-encoded without them, so the builder counts nothing twice; so the
+answer names every number out of range (`partial_success` with 0 rejected
+spans and a message is OTLP's warning). What the scan cannot see (a count
+sent as the text "many", a key's index) is dropped and counted when the trace
+is built, and logged there. `decode_protobuf` does both steps at once. OTLP/JSON
+is decoded in one step and its answer reports everything.
 
 OTLP/JSON is read as the OTLP specification writes it: lowerCamelCase field
 names, trace and span ids as hex (not base64), enums as integers, 64-bit
@@ -126,9 +149,8 @@ import math
 import re
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 from google.protobuf.message import DecodeError as ProtobufDecodeError
@@ -141,12 +163,18 @@ from service.conventions.attributes import (
     COST_KEY_PREFIX,
     EMBEDDING_MODEL_KEYS,
     VECTOR_KEY_SUFFIX,
+    GenAIAttributes,
+    RagmonAttributes,
     is_identifier,
 )
 from service.conventions.semconv import AttributeKind, attribute_kind, embedding_model_of
-from service.conventions.spans import AnySpan, Attributes, AttrValue, Span, SpanEvent, WireSpan
+from service.conventions.spans import Attributes, AttrValue, Span, SpanEvent, WireSpan
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
+from service.ingest.decoded import DROPPED_KEY, DecodedBatch, mark
+from service.ingest.otlp_encode import resource_bytes, span_bytes
 from service.ingest.protobuf_wire import WireError, span_slices
+from service.ingest.span_size import MAX_RESOURCE_BYTES, MAX_SPAN_BYTES, fit_resource, fit_span
+from service.ingest.value_scan import suspect_values
 from service.labels import ATTRIBUTE_REASONS, RejectReason
 
 __all__ = [
@@ -192,7 +220,6 @@ _STR_OVERHEAD = 50
 _NUMBER_SIZE = 32
 _LIST_SLOT = 8
 
-_MAX_DETAILS = 5
 HEX32 = re.compile(r"[0-9a-fA-F]{32}")
 HEX16 = re.compile(r"[0-9a-fA-F]{16}")
 ZERO_TRACE = "0" * 32
@@ -205,7 +232,12 @@ _FLOAT_ONLY = frozenset({float})
 _SPECIAL_DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 # What the decoder checks an attribute's value for: `attribute_kind`'s kinds, costs apart from other
 # numbers, identifiers, and keys whose list index is out of range (their value is dropped whatever it is).
-_Kind = AttributeKind | Literal["cost", "identifier", "bad_index"]
+_Kind = AttributeKind | Literal["cost", "duration", "identifier", "bad_index"]
+# Durations, by key, and the most each may be in its unit (what a trace's time span can hold).
+_DURATION_LIMITS = {
+    RagmonAttributes.TTFT_MS: MAX_SECONDS * 1e3,
+    GenAIAttributes.TIME_TO_FIRST_CHUNK: MAX_SECONDS,
+}
 
 
 def _key_kind(key: str) -> _Kind | None:
@@ -214,6 +246,8 @@ def _key_kind(key: str) -> _Kind | None:
     kind = attribute_kind(key)
     if kind == "number" and key.startswith(COST_KEY_PREFIX):
         return "cost"
+    if kind == "number" and key in _DURATION_LIMITS:
+        return "duration"
     if kind is None and is_identifier(key):
         return "identifier"
     return kind
@@ -234,59 +268,6 @@ def _bad_index(key: str) -> bool:
 # keys come from clients: an LRU of at most 4,096 keys, each at most `MAX_KEY_CHARS` (callers
 # drop longer keys before they get here).
 _kind_of = lru_cache(maxsize=4096)(_key_kind)
-
-
-@dataclass(slots=True)
-class DecodedBatch:
-    """The accepted spans of one export request and what was refused.
-
-    `rejections` maps a `RejectReason` value to a count (spans, or attribute
-    values for `labels.ATTRIBUTE_REASONS`); `rejected_spans` is the OTLP
-    `partial_success.rejected_spans`. `details` keeps the first few concrete
-    problems for the error message.
-    """
-
-    spans: list[AnySpan] = field(default_factory=list)
-    rejected_spans: int = 0
-    rejections: dict[str, int] = field(default_factory=dict)
-    details: list[str] = field(default_factory=list)
-    # what `rejected_spans` counts, for the message (the logs receiver counts log records)
-    unit: ClassVar[str] = "spans"
-
-    @property
-    def error_message(self) -> str:
-        """One line for OTLP `partial_success.error_message`; empty when nothing was refused."""
-        if not self.rejections:
-            return ""
-        parts: list[str] = []
-        if self.rejected_spans:
-            span_counts = ", ".join(
-                f"{reason}={n}"
-                for reason, n in sorted(self.rejections.items())
-                if reason not in ATTRIBUTE_REASONS
-            )
-            total = self.rejected_spans + len(self.spans)
-            parts.append(f"rejected {self.rejected_spans} of {total} {self.unit} ({span_counts})")
-        dropped_counts = {r: n for r, n in sorted(self.rejections.items()) if r in ATTRIBUTE_REASONS}
-        dropped = sum(dropped_counts.values())
-        if dropped:
-            reasons = ", ".join(f"{reason}={n}" for reason, n in dropped_counts.items())
-            parts.append(
-                f"dropped {dropped} invalid attribute value{'s' if dropped != 1 else ''} ({reasons})"
-            )
-        message = "; ".join(parts)
-        if self.details:
-            message += ": " + "; ".join(self.details)
-        return message
-
-    def _count(self, reason: RejectReason, detail: str, n: int = 1) -> None:
-        self.rejections[reason.value] = self.rejections.get(reason.value, 0) + n
-        if len(self.details) < _MAX_DETAILS:
-            self.details.append(detail)
-
-    def _reject(self, reason: RejectReason, detail: str) -> None:
-        self.rejected_spans += 1
-        self._count(reason, detail)
 
 
 class _Invalid(Exception):
@@ -334,34 +315,20 @@ def value_size(value: AttrValue) -> int:
     return _NUMBER_SIZE
 
 
-def _as_count(value: AttrValue) -> int:
-    if isinstance(value, bool):
-        raise ValueError
-    if isinstance(value, int):
-        count = value
-    elif isinstance(value, float) and value.is_integer():
-        count = int(value)
-    elif isinstance(value, str):
-        count = int(value.strip())
-    else:
-        raise ValueError
-    if count < 0:
-        raise ValueError
-    return count
-
-
-def _as_number(value: AttrValue) -> float:
+def _as_number(value: AttrValue) -> float | int:
+    """A number, or a numeric string's number; raises ValueError for anything else. Not range-checked:
+    NaN and infinities come back as they are."""
     if isinstance(value, bool):
         raise ValueError
     if isinstance(value, int | float):
-        number = float(value)
-    elif isinstance(value, str):
-        number = float(value.strip())
-    else:
-        raise ValueError
-    if not math.isfinite(number):
-        raise ValueError
-    return number
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return int(text)
+        except ValueError:
+            return float(text)  # raises ValueError for what is not a number either
+    raise ValueError
 
 
 def _check_vector(key: str, value: AttrValue) -> list[AttrValue]:
@@ -419,26 +386,43 @@ def _check_size(key: str, value: AttrValue) -> None:
             _check_size(key, item)
 
 
+def _checked_number(key: str, kind: _Kind, value: AttrValue) -> float | int:
+    """A count, score, cost or duration within its range; raises `_Invalid`: `invalid_attribute` for a
+    value that is not a number of the kind (text, a boolean, a fractional count), `out_of_range` for
+    a number outside what the kind holds (NaN, infinite, negative where it cannot be, over the cap).
+    The message names the key and the value's kind, never the value: it is logged."""
+    shown = "count" if kind == "count" else "number"
+    try:
+        number = _as_number(value)
+    except (ValueError, TypeError, OverflowError):
+        raise _Invalid(RejectReason.INVALID_ATTRIBUTE, f"{key} is not a {shown}") from None
+    if isinstance(number, float) and not math.isfinite(number):
+        raise _Invalid(RejectReason.OUT_OF_RANGE, f"{key} is {number} (not a finite {shown})")
+    if kind == "count":
+        if isinstance(number, float):
+            if not number.is_integer():
+                raise _Invalid(RejectReason.INVALID_ATTRIBUTE, f"{key} is a fraction, not a count")
+            number = int(number)
+        if not 0 <= number <= MAX_COUNT:
+            raise _Invalid(RejectReason.OUT_OF_RANGE, f"{key} is not a count within 0..{MAX_COUNT:,}")
+        return number
+    try:
+        number = float(number)
+    except OverflowError:  # an integer of hundreds of digits, sent as text
+        raise _Invalid(RejectReason.OUT_OF_RANGE, f"{key} is not a finite {shown}") from None
+    if kind == "cost" and not 0 <= number <= MAX_COST_USD:
+        raise _Invalid(RejectReason.OUT_OF_RANGE, f"{key} is not a cost within 0..{MAX_COST_USD:,.0f} USD")
+    if kind == "duration" and not 0 <= number <= _DURATION_LIMITS[key]:
+        raise _Invalid(
+            RejectReason.OUT_OF_RANGE, f"{key} is not a duration within 0..{_DURATION_LIMITS[key]:g}"
+        )
+    return number
+
+
 def _normalize(key: str, kind: _Kind, value: AttrValue) -> AttrValue:
     """The value `semconv` can rely on for an attribute of `kind`; raises `_Invalid`."""
-    if kind == "count" or kind == "number" or kind == "cost":  # the common kinds first: scores, tokens
-        try:
-            number: float | int = _as_count(value) if kind == "count" else _as_number(value)
-        except (ValueError, TypeError, OverflowError):
-            shown = "count" if kind == "count" else "number"
-            raise _Invalid(
-                RejectReason.INVALID_ATTRIBUTE, f"{key}={value!r:.40} is not a valid {shown}"
-            ) from None
-        if kind == "count" and number > MAX_COUNT:
-            raise _Invalid(
-                RejectReason.OUT_OF_RANGE, f"{key}={value!r:.40} is over the limit of {MAX_COUNT:,}"
-            )
-        if kind == "cost" and not 0 <= number <= MAX_COST_USD:
-            raise _Invalid(
-                RejectReason.OUT_OF_RANGE,
-                f"{key}={value!r:.40} is not a cost within 0..{MAX_COST_USD:,.0f} USD",
-            )
-        return number
+    if kind == "count" or kind == "number" or kind == "cost" or kind == "duration":
+        return _checked_number(key, kind, value)
     if kind == "vector":
         return _check_vector(key, value)
     if kind == "identifier":
@@ -467,11 +451,10 @@ def finish_attributes(
             _drop_long_key(key, batch, where)
             continue
         kind = _kind_of(key)
-        # most values: nothing to check beyond the length, sized without `value_size`
-        if (
-            (kind is None or kind == "identifier")
-            and type(value) is str
-            and len(value) <= (MAX_TEXT_CHARS if kind is None else MAX_IDENTIFIER_CHARS)
+        # most values: nothing to check beyond an identifier's length, sized without `value_size`;
+        # text of any length is kept: a span is cut to fit `MAX_SPAN_BYTES` as a whole (`span_size.py`)
+        if type(value) is str and (
+            kind is None or (kind == "identifier" and len(value) <= MAX_IDENTIFIER_CHARS)
         ):
             attributes[key] = value
             size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(value)
@@ -490,7 +473,7 @@ def _drop_long_key(key: str, batch: DecodedBatch, where: str) -> None:
         )
     else:
         problem = _too_long(shown, len(key), MAX_KEY_CHARS, "a key")
-    batch._count(problem.reason, f"{where}: {problem.detail}")
+    batch._drop(problem.reason, f"{where}: {problem.detail}", where, f"{key[:40]}...")
 
 
 def _add_checked(
@@ -505,16 +488,19 @@ def _add_checked(
     """Add one attribute that may need checking (see `finish_attributes`); returns its estimated size."""
     try:
         if kind is None or (kind == "vector" and dims is None):
-            _check_size(key, value)  # vectors are checked as such on spans only (`dims`)
+            # vectors are checked as such on spans only (`dims`); text of any length is kept here (see
+            # `finish_attributes`), what is inside an array or a kvlist is held to the limits
+            if not isinstance(value, str | bytes):
+                _check_size(key, value)
         else:
             value = _normalize(key, kind, value)
     except _Invalid as problem:
         if problem.reason not in ATTRIBUTE_REASONS:
             raise
-        batch._count(problem.reason, f"{where}: {problem.detail}")
+        batch._drop(problem.reason, f"{where}: {problem.detail}", where, key)
         return 0
     except RecursionError:  # a value nested deeper than the walk goes: it cannot be read either
-        batch._count(RejectReason.INVALID_ATTRIBUTE, f"{where}: {key!r:.60} is nested too deeply")
+        batch._drop(RejectReason.INVALID_ATTRIBUTE, f"{where}: {key!r:.60} is nested too deeply", where, key)
         return 0
     if kind == "vector" and dims is not None and isinstance(value, list):
         dims.add(len(value))
@@ -585,8 +571,8 @@ def pb_attributes(
         if kind is None or kind == "identifier":
             # `string_value` reads "" for any other type: only an empty text needs the type asked
             text = any_value.string_value
-            if (text or any_value.WhichOneof("value") == "string_value") and len(text) <= (
-                MAX_TEXT_CHARS if kind is None else MAX_IDENTIFIER_CHARS
+            if (text or any_value.WhichOneof("value") == "string_value") and (
+                kind is None or len(text) <= MAX_IDENTIFIER_CHARS
             ):
                 attributes[key] = text
                 size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(text)
@@ -696,14 +682,23 @@ def _check_dims(attributes: Attributes, vector_dims: set[int], dims: _VectorDims
 
 
 def _screen_span(
-    span: PbSpan, raw: bytes | None, resource: Attributes, tenant: str, dims: _VectorDims, where: str
+    span: PbSpan,
+    raw: bytes | None,
+    resource: Attributes,
+    tenant: str,
+    dims: _VectorDims,
+    where: str,
+    batch: DecodedBatch,
+    scan: bool,
 ) -> WireSpan:
     """Apply every rule that rejects a span, and keep the span as its wire bytes (`raw`, when
     the caller has them, else re-encoded).
 
-    Only a span whose bytes contain an embedding-vector key has its attributes
-    read here (NaN vectors and dimensions reject the span); a wrong-typed
-    attribute value is dropped and counted later, by `span_from_wire`.
+    Only a span whose bytes contain an embedding-vector key has its vectors
+    read here (NaN vectors and dimensions reject the span). A span over
+    `MAX_SPAN_BYTES`, or (with `scan`) one whose bytes may hold a number out of
+    range (`value_scan.py`), is decoded here too (`_repaired`); any other
+    wrong-typed attribute value is dropped and counted later, by `span_from_wire`.
     """
     raw_trace, _, raw_parent = _checked_ids(span, where)
     if raw is None:
@@ -716,7 +711,33 @@ def _screen_span(
         # a vector's 11 wire bytes a number become ~40 in Python (see `value_size`)
         size += vector_size * (_LIST_SLOT + _NUMBER_SIZE)
     parent = raw_parent.hex() if any(raw_parent) else None
-    return WireSpan(tenant, raw_trace.hex(), parent, size, raw, resource)
+    wire = WireSpan(tenant, raw_trace.hex(), parent, size, raw, resource)
+    if len(raw) > MAX_SPAN_BYTES or (scan and suspect_values(raw)):
+        return _repaired(wire, batch)
+    return wire
+
+
+def _repaired(wire: WireSpan, batch: DecodedBatch) -> WireSpan:
+    """`wire` decoded now with the builder's rules, its attribute values out of range dropped and
+    counted in `batch` (so the answer names them), cut to fit `MAX_SPAN_BYTES` when it is over, and
+    re-encoded when that changed it: the builder then finds nothing left to drop or cut. Raises
+    `_Invalid` (SPAN_TOO_LARGE) when it cannot fit; nothing of it is counted then but the rejection."""
+    scratch = DecodedBatch()
+    span = span_from_wire(wire, scratch)
+    where = f"span {wire.trace_id}/{span.span_id}"
+    if len(wire.raw) > MAX_SPAN_BYTES and fit_span(span, scratch, where) is None:
+        raise _Invalid(
+            RejectReason.SPAN_TOO_LARGE,
+            f"{where} of {len(wire.raw):,} bytes does not fit the {MAX_SPAN_BYTES:,}-byte limit "
+            "even with its text truncated",
+        )
+    batch.absorb(scratch)
+    if not scratch.rejections and not scratch.truncated:
+        return wire
+    raw = span_bytes(span)
+    # the decoded estimate, less what was cut (a cut text's bytes are about its characters)
+    size = max(_SPAN_OVERHEAD + len(raw), span.size_bytes - max(0, len(wire.raw) - len(raw)))
+    return wire._replace(raw=raw, size_bytes=size)
 
 
 def _screen_vectors(span: PbSpan, dims: _VectorDims, where: str) -> int:
@@ -773,6 +794,7 @@ def span_from_wire(wire: WireSpan, problems: DecodedBatch) -> Span:
     # trace and parent ids are the screen's hex of the same bytes. Nothing here rejects the span;
     # vectors were compared within its request.
     vector_dims: set[int] = set()
+    dropped_from = len(problems.dropped_keys)
     attributes, size = pb_attributes(span.attributes, problems, where, vector_dims)
     events: list[SpanEvent] = []
     if span.events:  # iterating an empty repeated field costs 3x asking its length
@@ -781,6 +803,9 @@ def span_from_wire(wire: WireSpan, problems: DecodedBatch) -> Span:
             events.append(SpanEvent(event.name, event.time_unix_nano, event_attributes))
             size += _EVENT_OVERHEAD + len(event.name) + event_size
     _check_dims(attributes, vector_dims, _VectorDims(), where)
+    if len(problems.dropped_keys) > dropped_from:  # the span says what it lost (`decoded.DROPPED_KEY`)
+        mark(attributes, DROPPED_KEY, problems.dropped_keys[dropped_from:])
+        del problems.dropped_keys[dropped_from:]
     name = span.name
     return Span(
         wire.trace_id,
@@ -800,15 +825,17 @@ def span_from_wire(wire: WireSpan, problems: DecodedBatch) -> Span:
 
 
 def screen_request(
-    msg: ExportTraceServiceRequest, tenant: str, raw_spans: list[bytes] | None = None
+    msg: ExportTraceServiceRequest, tenant: str, raw_spans: list[bytes] | None = None, scan: bool = True
 ) -> DecodedBatch:
     """Screen an already-parsed request: its accepted spans come back as `WireSpan`s.
 
     `raw_spans`, when given, are the request's spans as sliced from its body
     (`protobuf_wire.span_slices`), one per span in order; without them each
     span is re-encoded. Rejected spans are counted as `decode_request` counts
-    them; dropped attribute values are not (they are counted when
-    `span_from_wire` decodes the span)."""
+    them; so are dropped attribute values of the spans `_screen_span` decodes
+    (the rest are counted when `span_from_wire` decodes the span). `scan`
+    False says that no span holds a number out of range (`value_scan`: the
+    caller scanned the whole body)."""
     if not isinstance(msg, ExportTraceServiceRequest):
         raise TypeError(f"expected ExportTraceServiceRequest, got {type(msg).__name__}")
     check_tenant(tenant)
@@ -817,15 +844,27 @@ def screen_request(
     raws = iter(raw_spans) if raw_spans is not None else None
     for r, resource_spans in enumerate(msg.resource_spans):
         resource, _ = pb_attributes(resource_spans.resource.attributes, batch, f"resource {r}", None)
+        batch.dropped_keys.clear()  # a resource is not marked: what it lost is counted and logged
+        too_large = resource_too_large(resource, resource_spans.resource.ByteSize(), batch, r)
         for s, scope_spans in enumerate(resource_spans.scope_spans):
             for i, span in enumerate(scope_spans.spans):
                 where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
                 raw = next(raws) if raws is not None else None
                 try:
-                    batch.spans.append(_screen_span(span, raw, resource, tenant, dims, where))
+                    if too_large is not None:
+                        raise _Invalid(RejectReason.SPAN_TOO_LARGE, f"{where}: {too_large}")
+                    batch.spans.append(_screen_span(span, raw, resource, tenant, dims, where, batch, scan))
                 except _Invalid as problem:
                     batch._reject(problem.reason, problem.detail)
     return batch
+
+
+def resource_too_large(resource: Attributes, wire_size: int, batch: DecodedBatch, r: int) -> str | None:
+    """Cut a resource over `MAX_RESOURCE_BYTES` to fit (`span_size.fit_resource`); None when it fits,
+    else why its spans are rejected."""
+    if wire_size <= MAX_RESOURCE_BYTES or fit_resource(resource, batch, f"resource {r}") is not None:
+        return None
+    return f"its resource of {wire_size:,} bytes does not fit the {MAX_RESOURCE_BYTES:,}-byte limit"
 
 
 def decode_request(msg: ExportTraceServiceRequest, tenant: str) -> DecodedBatch:
@@ -867,7 +906,8 @@ def screen_protobuf(body: bytes, tenant: str) -> DecodedBatch:
         len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans
     ):
         raw_spans = None
-    return screen_request(request, tenant, raw_spans)
+    # one scan of the body: in the usual request nothing matches, and no span is scanned on its own
+    return screen_request(request, tenant, raw_spans, scan=suspect_values(body))
 
 
 def decode_protobuf(body: bytes, tenant: str) -> DecodedBatch:
@@ -962,7 +1002,12 @@ def json_pairs(items: list[Any], batch: DecodedBatch, where: str) -> Iterable[tu
             reason = (
                 RejectReason.OUT_OF_RANGE if isinstance(exc, _OutOfRange) else RejectReason.INVALID_ATTRIBUTE
             )
-            batch._count(reason, f"{where}: attribute {key!r:.60} has an invalid value ({exc})")
+            batch._drop(
+                reason,
+                f"{where}: attribute {key!r:.60} has an invalid value ({exc})",
+                where,
+                key[:MAX_KEY_CHARS] if isinstance(key, str) else "?",
+            )
 
 
 def json_id(value: Any, pattern: re.Pattern[str], zero: str) -> str | None:
@@ -1025,6 +1070,8 @@ def _json_span(
     # every rule that rejects the span first, so a rejected span's attributes are not counted as dropped
     checked_events = [_json_event_head(raw_event, where) for raw_event in raw_events]
     vector_dims: set[int] = set()
+    where = f"span {trace_id}/{span_id}"  # as the protobuf path names it: what a drop is logged under
+    dropped_from = len(batch.dropped_keys)
     attributes, size = finish_attributes(json_pairs(raw_attributes, batch, where), batch, where, vector_dims)
     events: list[SpanEvent] = []
     for event_name, event_time, raw_event_attributes in checked_events:
@@ -1034,8 +1081,11 @@ def _json_span(
         events.append(SpanEvent(event_name, event_time, event_attributes))
         size += _EVENT_OVERHEAD + len(event_name) + event_size
     _check_dims(attributes, vector_dims, dims, where)
+    if len(batch.dropped_keys) > dropped_from:
+        mark(attributes, DROPPED_KEY, batch.dropped_keys[dropped_from:])
+        del batch.dropped_keys[dropped_from:]
     status = span.get("status")
-    return Span(
+    decoded = Span(
         trace_id=trace_id,
         span_id=span_id,
         parent_span_id=parent,
@@ -1050,6 +1100,25 @@ def _json_span(
         tenant=tenant,
         size_bytes=_SPAN_OVERHEAD + len(name) + size,
     )
+    _fit_decoded(decoded, batch, where)
+    return decoded
+
+
+def _fit_decoded(span: Span, batch: DecodedBatch, where: str) -> None:
+    """Cut a decoded span to fit `MAX_SPAN_BYTES` (`span_size.fit_span`); raises `_Invalid`
+    (SPAN_TOO_LARGE) when it cannot. Only a span whose estimate says it may be near the limit is
+    encoded to be measured: text is at most 4 bytes a character on the wire."""
+    if span.size_bytes * 4 <= MAX_SPAN_BYTES:
+        return
+    before = len(span_bytes(span))
+    after = fit_span(span, batch, where)
+    if after is None:
+        raise _Invalid(
+            RejectReason.SPAN_TOO_LARGE,
+            f"{where} of {before:,} bytes does not fit the {MAX_SPAN_BYTES:,}-byte limit even with its "
+            "text truncated",
+        )
+    span.size_bytes = max(_SPAN_OVERHEAD + after, span.size_bytes - (before - after))
 
 
 def _json_event_head(raw_event: Any, where: str) -> tuple[str, int, list[Any]]:
@@ -1105,14 +1174,23 @@ def decode_json(body: bytes, tenant: str) -> DecodedBatch:
         scope_list = json_structure(resource_spans, "scopeSpans", where_r)
         raw_resource = resource_spans.get("resource") or {}
         resource_attributes = json_structure(raw_resource, "attributes", f"{where_r}.resource")
-        resource, _ = finish_attributes(
+        resource, resource_size = finish_attributes(
             json_pairs(resource_attributes, batch, f"{where_r}.resource"), batch, f"{where_r}.resource", None
+        )
+        batch.dropped_keys.clear()  # a resource is not marked: what it lost is counted and logged
+        # text is at most 4 bytes a character on the wire: only a resource near the limit is measured
+        too_large = (
+            resource_too_large(resource, len(resource_bytes(resource)), batch, r)
+            if resource_size * 4 > MAX_RESOURCE_BYTES
+            else None
         )
         for s, scope_spans in enumerate(scope_list):
             where_s = f"{where_r}.scopeSpans[{s}]"
             for i, span in enumerate(json_structure(scope_spans, "spans", where_s)):
                 where = f"{where_s}.spans[{i}]"
                 try:
+                    if too_large is not None:
+                        raise _Invalid(RejectReason.SPAN_TOO_LARGE, f"{where}: {too_large}")
                     batch.spans.append(_json_span(span, resource, tenant, batch, dims, where))
                 except _Invalid as problem:
                     batch._reject(problem.reason, problem.detail)

@@ -45,6 +45,7 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from service.conventions.spans import Attributes, AttrValue, LogEvent
 from service.errors import DecodeError
+from service.ingest.decoded import DROPPED_KEY, mark
 from service.ingest.otlp import (
     HEX16,
     HEX32,
@@ -62,8 +63,11 @@ from service.ingest.otlp import (
     json_value,
     pb_attributes,
     pb_value,
+    resource_too_large,
     value_size,
 )
+from service.ingest.otlp_encode import event_bytes, resource_bytes
+from service.ingest.span_size import MAX_RESOURCE_BYTES, MAX_SPAN_BYTES, fit_event
 from service.labels import RejectReason
 
 __all__ = ["GENAI_EVENT_PREFIX", "DecodedLogs", "decode_json", "decode_logs_body", "decode_protobuf"]
@@ -156,7 +160,8 @@ def _pb_id(raw: bytes, length: int) -> str | None:
 def _pb_record(
     record: LogRecord, resource: Attributes, tenant: str, batch: DecodedLogs, where: str
 ) -> LogEvent | None:
-    attributes, size = pb_attributes(record.attributes, batch, where, None)
+    trace_id, span_id = _pb_id(record.trace_id, 16), _pb_id(record.span_id, 8)
+    attributes, size = pb_attributes(record.attributes, batch, _named(where, trace_id, span_id), None)
     name = _event_name(record.event_name, attributes)
     if not name.startswith(GENAI_EVENT_PREFIX):
         return None
@@ -164,8 +169,8 @@ def _pb_record(
     time_ns = record.time_unix_nano or record.observed_time_unix_nano
     _check_time(time_ns, where)
     return _event(
-        _pb_id(record.trace_id, 16),
-        _pb_id(record.span_id, 8),
+        trace_id,
+        span_id,
         name,
         time_ns,
         _with_body(attributes, body),
@@ -182,11 +187,15 @@ def decode_request(request: ExportLogsServiceRequest, tenant: str) -> DecodedLog
     batch = DecodedLogs()
     for r, resource_logs in enumerate(request.resource_logs):
         resource, _ = pb_attributes(resource_logs.resource.attributes, batch, f"resource {r}", None)
+        batch.dropped_keys.clear()  # a resource is not marked: what it lost is counted and logged
+        too_large = resource_too_large(resource, resource_logs.resource.ByteSize(), batch, r)
         for s, scope_logs in enumerate(resource_logs.scope_logs):
             for i, record in enumerate(scope_logs.log_records):
                 where = f"resourceLogs[{r}].scopeLogs[{s}].logRecords[{i}]"
                 try:
-                    _keep(batch, _pb_record(record, resource, tenant, batch, where))
+                    if too_large is not None:
+                        raise _Unjoinable(RejectReason.SPAN_TOO_LARGE, f"{where}: {too_large}")
+                    _keep(batch, _pb_record(record, resource, tenant, batch, where), where)
                 except _Unjoinable as problem:
                     batch._reject(problem.reason, problem.detail)
     return batch
@@ -209,8 +218,11 @@ def _json_record(
 ) -> LogEvent | None:
     if not isinstance(record, dict) or not isinstance(record.get("attributes", []), list):
         raise _Unjoinable(RejectReason.MALFORMED_SPAN, f"{where}: record is not an object with attributes")
+    trace_id = json_id(record.get("traceId"), HEX32, ZERO_TRACE)
+    span_id = json_id(record.get("spanId"), HEX16, ZERO_SPAN)
+    named = _named(where, trace_id, span_id)
     attributes, size = finish_attributes(
-        json_pairs(record.get("attributes", []), batch, where), batch, where, None
+        json_pairs(record.get("attributes", []), batch, named), batch, named, None
     )
     raw_name = record.get("eventName", "")
     name = _event_name(raw_name if isinstance(raw_name, str) else "", attributes)
@@ -221,15 +233,20 @@ def _json_record(
         try:
             body = json_value(record["body"])
         except (ValueError, TypeError, KeyError, RecursionError) as exc:
-            batch._count(RejectReason.INVALID_ATTRIBUTE, f"{where}: body is not a valid AnyValue ({exc})")
+            batch._drop(
+                RejectReason.INVALID_ATTRIBUTE,
+                f"{where}: body is not a valid AnyValue ({exc})",
+                named,
+                "body",
+            )
     try:
         time_ns = json_int(record.get("timeUnixNano", 0)) or json_int(record.get("observedTimeUnixNano", 0))
     except ValueError as exc:
         raise _Unjoinable(RejectReason.INVALID_TIME, f"{where}: {exc}") from None
     _check_time(time_ns, where)
     return _event(
-        json_id(record.get("traceId"), HEX32, ZERO_TRACE),
-        json_id(record.get("spanId"), HEX16, ZERO_SPAN),
+        trace_id,
+        span_id,
         name,
         time_ns,
         _with_body(attributes, body),
@@ -254,29 +271,56 @@ def decode_json(body: bytes, tenant: str) -> DecodedLogs:
         where_r = f"resourceLogs[{r}]"
         scopes = json_structure(resource_logs, "scopeLogs", where_r)
         raw_resource = resource_logs.get("resource") or {}
-        resource, _ = finish_attributes(
+        resource, resource_size = finish_attributes(
             json_pairs(json_structure(raw_resource, "attributes", f"{where_r}.resource"), batch, where_r),
             batch,
             f"{where_r}.resource",
             None,
+        )
+        batch.dropped_keys.clear()  # a resource is not marked: what it lost is counted and logged
+        too_large = (
+            resource_too_large(resource, len(resource_bytes(resource)), batch, r)
+            if resource_size * 4 > MAX_RESOURCE_BYTES
+            else None
         )
         for s, scope_logs in enumerate(scopes):
             where_s = f"{where_r}.scopeLogs[{s}]"
             for i, record in enumerate(json_structure(scope_logs, "logRecords", where_s)):
                 where = f"{where_s}.logRecords[{i}]"
                 try:
-                    _keep(batch, _json_record(record, resource, tenant, batch, where))
+                    if too_large is not None:
+                        raise _Unjoinable(RejectReason.SPAN_TOO_LARGE, f"{where}: {too_large}")
+                    _keep(batch, _json_record(record, resource, tenant, batch, where), where)
                 except _Unjoinable as problem:
                     batch._reject(problem.reason, problem.detail)
     return batch
 
 
-def _keep(batch: DecodedLogs, event: LogEvent | None) -> None:
-    """A GenAI event joins the batch; None (any other record) is counted as ignored."""
+def _named(where: str, trace_id: str | None, span_id: str | None) -> str:
+    """Where a record is, by its ids when it has them: what its dropped values are logged under."""
+    return f"log record {trace_id}/{span_id}" if trace_id and span_id else where
+
+
+def _keep(batch: DecodedLogs, event: LogEvent | None, where: str) -> None:
+    """A GenAI event joins the batch, marked with the keys it lost and cut to fit `MAX_SPAN_BYTES`
+    (raises `_Unjoinable` when it cannot fit); None (any other record) is counted as ignored."""
+    dropped, batch.dropped_keys = batch.dropped_keys, []
     if event is None:
         batch.ignored += 1
-    else:
-        batch.spans.append(event)
+        return
+    if dropped:
+        mark(event.attributes, DROPPED_KEY, dropped)
+    if event.size_bytes * 4 > MAX_SPAN_BYTES:  # text is at most 4 bytes a character on the wire
+        before = len(event_bytes(event))
+        after = fit_event(event, batch, _named(where, event.trace_id, event.span_id))
+        if after is None:
+            raise _Unjoinable(
+                RejectReason.SPAN_TOO_LARGE,
+                f"{where}: {event.name} of {before:,} bytes does not fit the {MAX_SPAN_BYTES:,}-byte "
+                "limit even with its text truncated",
+            )
+        event.size_bytes = max(_EVENT_OVERHEAD + after, event.size_bytes - (before - after))
+    batch.spans.append(event)
 
 
 def decode_logs_body(body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int) -> DecodedLogs:

@@ -56,6 +56,7 @@ from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
 from service.conventions.spans import AnySpan, LogEvent, PackedSpan, Span, WireSpan
 from service.ingest import otlp, otlp_logs
+from service.ingest.drop_log import DropLog
 from service.ingest.loop_pool import LoopProcessPool, WorkerDied
 from service.metrics import Metrics
 from service.model import RagTrace
@@ -115,8 +116,8 @@ def _unpacked(span: AnySpan, problems: otlp.DecodedBatch) -> Span | LogEvent:
     return span
 
 
-# (a trace per group, None where building failed; attribute values dropped, by reason)
-BuiltGroups = tuple[list[RagTrace | None], dict[str, int]]
+# (a trace per group, None where building failed; what was dropped while decoding the spans)
+BuiltGroups = tuple[list[RagTrace | None], otlp.DecodedBatch]
 
 
 def _build_groups(groups: SpanGroups, prices: PriceTable) -> BuiltGroups:
@@ -128,7 +129,7 @@ def _build_groups(groups: SpanGroups, prices: PriceTable) -> BuiltGroups:
 
     problems = otlp.DecodedBatch()
     unpacked = [([_unpacked(span, problems) for span in spans], partial) for spans, partial in groups]
-    return build_each(build, unpacked), problems.rejections
+    return build_each(build, unpacked), problems
 
 
 # ---------------------------------------------------------------- in the worker process
@@ -221,6 +222,16 @@ class IngestPool:
         self.builders = _Workers("builder", self.processes, prices, metrics, niceness=BUILDER_NICENESS)
         self.prices = prices
         self.metrics = metrics
+        self.drop_log = DropLog(log)
+
+    def account(self, decoded: otlp.DecodedBatch) -> None:
+        """Count what decoding a request (or building traces) refused, dropped and truncated, and log
+        the dropped and truncated values (`DropLog`: at most once per interval)."""
+        for reason, count in decoded.rejections.items():
+            self.metrics.reject(reason, count)
+        if decoded.truncated:
+            self.metrics.ingest_truncated.inc(decoded.truncated)
+        self.drop_log.note(decoded)
 
     @property
     def running(self) -> int:
@@ -268,7 +279,8 @@ class IngestPool:
 
     async def build_traces(self, groups: SpanGroups) -> list[RagTrace | None]:
         """One trace per (spans, partial) group, None where building failed (logged). Attribute
-        values dropped while decoding spans from the wire are counted as rejections here."""
+        values dropped while decoding spans from the wire are counted (and logged) here: those that
+        screening did not see (`value_scan.py`)."""
         chunks = [groups[start : start + BUILD_CHUNK] for start in range(0, len(groups), BUILD_CHUNK)]
         # all at once: the builders work through them while this process unpickles finished ones
         results = await asyncio.gather(
@@ -280,9 +292,8 @@ class IngestPool:
                 for chunk in chunks
             )
         )
-        for _, rejections in results:
-            for reason, count in rejections.items():
-                self.metrics.reject(reason, count)
+        for _, problems in results:
+            self.account(problems)
         return [trace for traces, _ in results for trace in traces]
 
     async def stop(self) -> None:

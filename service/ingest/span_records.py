@@ -16,8 +16,11 @@ explicit and version-independent, never a pickle:
   is encoded into the same message.
 
 A record holds one trace's spans of one request, at most `max_bytes` of value:
-a group that would be larger is split over several records, and one span (or
-event) larger than that on its own raises `PayloadTooLarge`.
+a group that would be larger is split over several records. One span (or
+event) never needs more: screening cut it to `span_size.MAX_SPAN_BYTES`, its
+resource to `MAX_RESOURCE_BYTES`, and `kafka.max_record_bytes` is at least
+`MIN_RECORD_BYTES`; a span over `max_bytes` raises `PayloadTooLarge` all the
+same, should that ever break.
 
 `decode` reads a record back into `WireSpan`s (screened again: a span that
 ingest accepted passes the same rules) or `LogEvent`s; a record of an unknown
@@ -29,15 +32,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
-from opentelemetry.proto.trace.v1.trace_pb2 import Status
-
-from service.conventions.spans import AnySpan, Attributes, AttrValue, LogEvent, PackedSpan, Span, WireSpan
+from service.conventions.spans import AnySpan, Attributes, LogEvent, PackedSpan, WireSpan
 from service.errors import DecodeError, PayloadTooLarge
 from service.ingest import otlp, otlp_logs
+from service.ingest.otlp_encode import event_bytes, resource_bytes, span_bytes
 
 __all__ = ["FORMAT", "SpanRecord", "decode", "encode"]
 
@@ -74,60 +72,6 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def any_value(value: AttrValue) -> AnyValue:
-    """The OTLP AnyValue of an attribute value as `otlp` decodes it (bool before int: bool is an int)."""
-    if isinstance(value, bool):
-        return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
-    if isinstance(value, float):
-        return AnyValue(double_value=value)
-    if isinstance(value, str):
-        return AnyValue(string_value=value)
-    if isinstance(value, bytes):
-        return AnyValue(bytes_value=value)
-    out = AnyValue()
-    if isinstance(value, list):
-        out.array_value.values.extend(any_value(item) for item in value)
-    elif isinstance(value, dict):
-        out.kvlist_value.values.extend(KeyValue(key=k, value=any_value(v)) for k, v in value.items())
-    return out  # None: an empty AnyValue, which decodes to None
-
-
-def _key_values(attributes: Attributes) -> list[KeyValue]:
-    return [KeyValue(key=key, value=any_value(value)) for key, value in attributes.items()]
-
-
-def _span_bytes(span: Span) -> bytes:
-    pb = PbSpan(
-        trace_id=bytes.fromhex(span.trace_id),
-        span_id=bytes.fromhex(span.span_id),
-        parent_span_id=bytes.fromhex(span.parent_span_id) if span.parent_span_id else b"",
-        name=span.name,
-        kind=span.kind,  # type: ignore[arg-type]
-        start_time_unix_nano=span.start_ns,
-        end_time_unix_nano=span.end_ns,
-        attributes=_key_values(span.attributes),
-        status=Status(code=span.status_code),  # type: ignore[arg-type]
-    )
-    for event in span.events:
-        pb.events.add(name=event.name, time_unix_nano=event.time_ns, attributes=_key_values(event.attributes))
-    raw: bytes = pb.SerializeToString()
-    return raw
-
-
-def _event_bytes(event: LogEvent) -> bytes:
-    record = LogRecord(
-        time_unix_nano=event.time_ns,
-        trace_id=bytes.fromhex(event.trace_id),
-        span_id=bytes.fromhex(event.span_id),
-        event_name=event.name,
-        attributes=_key_values(event.attributes),  # the body's fields were merged in at decode
-    )
-    raw: bytes = record.SerializeToString()
-    return raw
-
-
 def _item(span: AnySpan) -> tuple[bytes, Attributes]:
     """(the item's wire bytes, its resource)."""
     if isinstance(span, WireSpan):
@@ -135,8 +79,8 @@ def _item(span: AnySpan) -> tuple[bytes, Attributes]:
     if isinstance(span, PackedSpan):
         span = span.unpack()
     if isinstance(span, LogEvent):
-        return _event_bytes(span), span.resource
-    return _span_bytes(span), span.resource
+        return event_bytes(span), span.resource
+    return span_bytes(span), span.resource
 
 
 def _value(items: Sequence[tuple[bytes, Attributes]], resources: dict[int, bytes]) -> bytes:
@@ -164,9 +108,7 @@ def encode(spans: Sequence[AnySpan], max_bytes: int) -> list[SpanRecord]:
                 f"a span of trace {span.trace_id} is {len(raw)} bytes, over the {max_bytes}-byte record limit"
             )
         if id(resource) not in resources:
-            resources[id(resource)] = _field(
-                _RESOURCE, Resource(attributes=_key_values(resource)).SerializeToString()
-            )
+            resources[id(resource)] = _field(_RESOURCE, resource_bytes(resource))
         groups.setdefault((span.tenant, span.trace_id, isinstance(span, LogEvent)), []).append(
             (raw, resource)
         )

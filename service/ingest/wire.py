@@ -10,7 +10,10 @@ decoder uses (the table in `service/ingest/otlp.py`): a record that passes
 here can be stored, counted and dated without overflowing anything after
 ingest (a token count of 10**30 once passed here and failed the whole bus
 batch at insert). `rejection_reason` names the `RejectReason` of a record's
-first error, for `ragmon_ingest_rejected_total{reason}`.
+first error, for `ragmon_ingest_rejected_total{reason}`. A record within
+every field's limit whose whole trace is over `span_size.MAX_SPAN_BYTES`
+stored (what one Kafka record carries) is rejected alone as well, `too_large`,
+in either mode (`http_receivers.ingest_json_traces`).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ trace in the builder after the 200.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,7 +58,14 @@ def _rejected(live: LiveServer, *reasons: str) -> float:
 
 # The receiver counts a record it rejects as `invalid_input`, or under `wire.rejection_reason`
 # once it uses it; either way exactly once.
-RECORD_REASONS = ("invalid_input", "out_of_range", "string_too_long", "vector_too_long", "invalid_time")
+RECORD_REASONS = (
+    "invalid_input",
+    "out_of_range",
+    "string_too_long",
+    "vector_too_long",
+    "invalid_time",
+    "too_large",
+)
 
 
 def test_json_api_50_good_and_one_with_1e30_input_tokens(server: LiveServer) -> None:
@@ -226,9 +234,9 @@ def test_json_api_huge_strings_and_vectors_are_rejected_with_clear_errors(server
         _record(0xD005, app, start_time="2300-01-01T00:00:00Z"),
         _record(0xD006, app, timings={"total_s": 1e300}),
         _record(0xD007, app, usage=[{"model": "m", "cost_usd": 1e9}]),
-        _record(
-            0xD008, app, query="q" * MAX_TEXT_CHARS, query_embedding={"vector": [0.5] * MAX_VECTOR_LENGTH}
-        ),
+        _record(0xD008, app, query="q" * 500_000, query_embedding={"vector": [0.5] * MAX_VECTOR_LENGTH}),
+        # each field within its limit, the whole over what one trace may weigh (`span_size.MAX_SPAN_BYTES`)
+        _record(0xD009, app, query="q" * MAX_TEXT_CHARS),
     ]
     before = _rejected(server, *RECORD_REASONS)
     with server.client() as client:
@@ -246,7 +254,50 @@ def test_json_api_huge_strings_and_vectors_are_rejected_with_clear_errors(server
         "1970-01-01T00:00:00+00:00 to 2262-04-11T23:47:16.854775+00:00",
         6: "timings.total_s: Input should be less than or equal to 9223372036.854776",
         7: "usage.0.cost_usd: Input should be less than or equal to 1000000",
+        9: errors[9],  # its size depends on the time of arrival's digits
     }
-    assert _rejected(server, *RECORD_REASONS) == before + 7
+    assert re.fullmatch(
+        r"the trace is 1,04\d,\d\d\d bytes stored, over the 900,000-byte limit of one trace: send its "
+        r"longest texts \(chunk contents, answer\) shorter",
+        errors[9],
+    )
+    assert _rejected(server, *RECORD_REASONS) == before + 8
     server.flush()
     assert server.pipeline.store.count_traces("default", app=app) == 2
+
+
+def test_otlp_grpc_answers_the_out_of_range_fields_and_counts_them_once(server: LiveServer) -> None:
+    """gRPC answers OK with `partial_success` naming the fields dropped at screening; after the trace is
+    built the count has not moved (the builder found nothing left to drop)."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    span = spans.add(
+        trace_id=bytes.fromhex("7b8efff798038103d269b633813fc60d"),
+        span_id=bytes.fromhex("fee19b7ec3c1b178"),
+        name="llm",
+        start_time_unix_nano=1_764_400_000_000_000_000,
+        end_time_unix_nano=1_764_400_000_500_000_000,
+    )
+    span.attributes.add(key="openinference.span.kind").value.string_value = "LLM"
+    span.attributes.add(key="llm.token_count.prompt").value.double_value = 1e30
+    span.attributes.add(key="llm.token_count.completion").value.int_value = -3
+    span.attributes.add(key="output.value").value.string_value = "grpc answer"
+    before = server.metric(REJECTED, reason="out_of_range")
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        export = channel.unary_unary(
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            request_serializer=ExportTraceServiceRequest.SerializeToString,
+            response_deserializer=ExportTraceServiceResponse.FromString,
+        )
+        answer = export(request, timeout=30)
+    assert answer.partial_success.rejected_spans == 0
+    message = answer.partial_success.error_message
+    assert message.startswith("dropped 2 invalid attribute values (out_of_range=2)")
+    assert "llm.token_count.prompt" in message and "llm.token_count.completion" in message
+    server.flush()
+    record = server.pipeline.store.get_trace("default", "7b8efff798038103d269b633813fc60d")
+    assert record is not None and record["answer"] == "grpc answer"
+    assert server.metric(REJECTED, reason="out_of_range") == before + 2

@@ -214,7 +214,8 @@ def test_screening_leaves_attribute_values_to_decoding(
     (wire,) = screened.spans
     assert isinstance(wire, WireSpan)
     assert span_from_wire(wire, problems).attributes == {
-        "output.value": "see embedding.embeddings.0.embedding.vector"
+        "output.value": "see embedding.embeddings.0.embedding.vector",
+        "ragmon.dropped": ["llm.token_count.prompt"],
     }
     assert problems.rejections == {"invalid_attribute": 1}
 
@@ -578,15 +579,28 @@ def test_wrong_typed_semconv_numbers_are_dropped_and_counted() -> None:
     batch = decode_json(_json_body(_json_span(attributes=attributes)), TENANT)
     (span,) = batch.spans
     assert batch.rejected_spans == 0
-    assert batch.rejections == {"invalid_attribute": 10}
+    # a negative count is a number out of its range; the rest are not numbers of their kind
+    assert batch.rejections == {"invalid_attribute": 9, "out_of_range": 1}
     assert span.attributes == {
         "retrieval.documents.0.document.id": "d0",
         "retrieval.documents.1.document.score": 0.83,
         "llm.token_count.completion": 12,
         "ragmon.ttft_ms": 250.0,
+        "ragmon.dropped": [
+            "retrieval.documents.0.document.score",
+            "retrieval.documents.2.document.score",
+            "llm.token_count.prompt",
+            "gen_ai.usage.input_tokens",
+            "llm.cost.total",
+            VECTOR_KEY,
+            "bad_int",
+            "bad_bytes",
+            "bad_array",
+            "?",
+        ],
     }
     assert "dropped 10 invalid attribute values" in batch.error_message
-    assert "document.score='high'" in batch.error_message
+    assert "retrieval.documents.0.document.score is not a number" in batch.error_message
 
 
 def test_invalid_attribute_in_protobuf_is_dropped(sdk: tuple[TracerProvider, InMemorySpanExporter]) -> None:
@@ -597,8 +611,11 @@ def test_invalid_attribute_in_protobuf_is_dropped(sdk: tuple[TracerProvider, InM
         span.set_attribute("retrieval.documents.0.document.score", math.nan)
     batch = decode_protobuf(_body(exporter.get_finished_spans()), TENANT)
     (decoded,) = batch.spans
-    assert decoded.attributes == {"llm.token_count.completion": 3}
-    assert batch.rejections == {"invalid_attribute": 2}
+    assert decoded.attributes == {
+        "llm.token_count.completion": 3,
+        "ragmon.dropped": ["llm.token_count.prompt", "retrieval.documents.0.document.score"],
+    }
+    assert batch.rejections == {"invalid_attribute": 1, "out_of_range": 1}
 
 
 def test_error_message_combines_span_and_attribute_problems() -> None:

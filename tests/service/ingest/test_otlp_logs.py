@@ -37,8 +37,9 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from service.conventions.spans import LogEvent, Span
 from service.errors import DecodeError
-from service.ingest import otlp_logs
+from service.ingest import otlp_logs, span_records
 from service.ingest.otlp_metrics import check_metrics_body
+from service.ingest.span_size import MAX_SPAN_BYTES, truncation_note
 from tests.live_server import LiveServer, live_server
 
 TRACE = "5b8efff798038103d269b633813fc60c"
@@ -155,6 +156,26 @@ def test_an_event_that_cannot_be_joined_is_rejected_alone() -> None:
     assert decoded.rejected_spans == 2
     assert decoded.rejections == {"invalid_trace_id": 1, "invalid_span_id": 1}
     assert decoded.error_message.startswith("rejected 2 of 3 log records")
+
+
+def test_an_event_over_the_span_size_limit_is_truncated_where_its_text_is_nested() -> None:
+    """A 10 MB answer in a `gen_ai.choice` sits in the body's `message.content`: that is what is cut,
+    so the event fits a spans-topic record and keeps its role and index."""
+    answer = "a" * 10 * 2**20
+    request = _request(
+        _record("gen_ai.user.message", _user(QUESTION)), _record("gen_ai.choice", _choice(answer))
+    )
+    decoded = otlp_logs.decode_protobuf(request.SerializeToString(), "t")
+    assert decoded.rejected_spans == 0 and decoded.truncated == 1
+    assert "truncated 1 oversize attribute value" in decoded.error_message
+    user, choice = decoded.log_events
+    assert user.attributes["content"] == QUESTION
+    message = choice.attributes["message"]
+    assert isinstance(message, dict) and message["role"] == "assistant"
+    assert isinstance(message["content"], str) and message["content"].endswith(truncation_note(len(answer)))
+    assert choice.attributes["ragmon.truncated"] == ["message.content"]
+    records = span_records.encode(decoded.log_events, 1_000_000)
+    assert all(len(record.value) <= MAX_SPAN_BYTES + 1024 for record in records)
 
 
 @pytest.mark.parametrize(

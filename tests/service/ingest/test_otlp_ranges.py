@@ -5,6 +5,7 @@ key's index, the store's BigInteger) can fail on it and cost a whole trace or ba
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -14,7 +15,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
-from service.conventions.spans import Span
+from service.conventions.spans import Span, WireSpan
+from service.ingest import span_records
 from service.ingest.otlp import (
     MAX_ATTRIBUTE_INDEX,
     MAX_COUNT,
@@ -28,7 +30,10 @@ from service.ingest.otlp import (
     decode_json,
     decode_protobuf,
     screen_protobuf,
+    span_from_wire,
 )
+from service.ingest.otlp_encode import span_bytes
+from service.ingest.span_size import MAX_SPAN_BYTES, truncation_note
 
 TENANT = "acme"
 TRACE = "5b8efff798038103d269b633813fc60c"
@@ -263,12 +268,17 @@ def test_token_counts_over_the_cap_are_out_of_range(decode: str) -> None:
 def test_costs_must_be_within_zero_and_the_cap(decode: str) -> None:
     batch = _decode(
         decode,
-        {"llm.cost.total": -1.0, "llm.cost.prompt": 2e6, "llm.cost.completion": 0.25, "ragmon.ttft_ms": -3.0},
+        {
+            "llm.cost.total": -1.0,
+            "llm.cost.prompt": 2e6,
+            "llm.cost.completion": 0.25,
+            "ragmon.ttft_ms": 120.0,
+        },
     )
     child = _child(batch)
     assert batch.rejections == {"out_of_range": 2}
     assert child.attributes["llm.cost.completion"] == 0.25
-    assert child.attributes["ragmon.ttft_ms"] == -3.0  # a number, not a cost: semconv ignores it itself
+    assert child.attributes["ragmon.dropped"] == ["llm.cost.total", "llm.cost.prompt"]
 
 
 def test_json_int_value_beyond_64_bits_is_out_of_range() -> None:
@@ -280,11 +290,17 @@ def test_json_int_value_beyond_64_bits_is_out_of_range() -> None:
     ]
     batch = decode_json(_json_body(span), TENANT)
     assert batch.rejections == {"out_of_range": 2}
-    assert _spans(batch)[0].attributes == {"custom.fine": 2**63 - 1}
+    assert _spans(batch)[0].attributes == {
+        "custom.fine": 2**63 - 1,
+        "ragmon.dropped": ["custom.big", "custom.list"],
+    }
 
 
 @BOTH
-def test_huge_strings_are_dropped_with_their_reason(decode: str) -> None:
+def test_huge_identifiers_keys_and_nested_strings_are_dropped_huge_text_is_truncated(decode: str) -> None:
+    """An identifier cut short would name something else, and a list or map cannot be cut in a
+    meaningful place: those are dropped. A span's own text is cut to fit `MAX_SPAN_BYTES`
+    (`span_size.py`), the two long values to one common length."""
     big = "q" * (MAX_TEXT_CHARS + 1)
     batch = _decode(
         decode,
@@ -299,12 +315,26 @@ def test_huge_strings_are_dropped_with_their_reason(decode: str) -> None:
         },
     )
     child = _child(batch)
-    assert batch.rejections == {"string_too_long": 5}
-    assert set(child.attributes) == {"output.value", "user.id"}
-    if decode == "json":
-        message = batch.error_message
-        assert "dropped 5 invalid attribute values (string_too_long=5)" in message
-        assert f"input.value holds a string of {MAX_TEXT_CHARS + 1:,} characters" in message
+    assert batch.rejections == {"string_too_long": 4} and batch.truncated == 2
+    assert set(child.attributes) == {
+        "input.value",
+        "output.value",
+        "user.id",
+        "ragmon.dropped",
+        "ragmon.truncated",
+    }
+    assert child.attributes["ragmon.truncated"] == ["input.value", "output.value"]
+    question, answer = child.attributes["input.value"], child.attributes["output.value"]
+    assert isinstance(question, str) and isinstance(answer, str)
+    assert question.endswith(truncation_note(MAX_TEXT_CHARS + 1)) and question.startswith("q" * 400_000)
+    assert answer.endswith(truncation_note(MAX_TEXT_CHARS))
+    assert len(question) - len(truncation_note(MAX_TEXT_CHARS + 1)) == len(answer) - len(
+        truncation_note(MAX_TEXT_CHARS)
+    )
+    assert len(span_bytes(child)) <= MAX_SPAN_BYTES
+    message = batch.error_message
+    assert "dropped 4 invalid attribute values (string_too_long=4)" in message
+    assert "truncated 2 oversize attribute values" in message
 
 
 @BOTH
@@ -371,3 +401,113 @@ def test_huge_numbers_and_indices_inside_json_payloads_do_not_fail_the_build() -
     trace = _trace(batch)
     assert trace.query == "the question"
     assert [(c.id, c.score) for c in trace.retrieval.chunks] == [("d1", None)]
+
+
+# ---------------------------------------------------------------- screening names them in the answer
+
+
+def test_protobuf_numbers_out_of_range_are_dropped_at_screening_and_named_in_the_answer() -> None:
+    """The issue's request: a token count of 1e30 was stored as 0 and a NaN score as null, and the
+    answer said nothing. Now each such field is dropped at screening (the answer names it), the span
+    says which it lost, its cost is not computed from the counts left, and the builder has nothing
+    left to drop (nothing is counted twice)."""
+    child = _pb_span(
+        "eee19b7ec3c1b174",
+        {
+            "openinference.span.kind": "LLM",
+            "llm.model_name": "gpt-4o-mini",
+            "llm.token_count.prompt": 1e30,
+            "llm.token_count.completion": 40,
+            "ragmon.ttft_ms": -math.inf,
+            "gen_ai.usage.output_tokens": -5,
+            "output.value": "an answer",
+        },
+    )
+    retriever = _pb_span(
+        "eee19b7ec3c1b175",
+        {
+            "openinference.span.kind": "RETRIEVER",
+            "retrieval.documents.0.document.id": "d0",
+            "retrieval.documents.0.document.score": math.nan,
+            "retrieval.documents.1.document.id": "d1",
+            "retrieval.documents.1.document.score": 0.5,
+        },
+    )
+    body = _pb_body(_root("pb"), child, retriever)
+    screened = screen_protobuf(body, TENANT)
+    assert screened.rejected_spans == 0 and len(screened.spans) == 3
+    assert screened.rejections == {"out_of_range": 4}
+    assert "dropped 4 invalid attribute values (out_of_range=4)" in screened.error_message
+    message = screened.error_message
+    assert f"span {TRACE}/eee19b7ec3c1b174: llm.token_count.prompt is not a count within 0.." in message
+    assert [key for _, key, _ in screened.drops] == [
+        "llm.token_count.prompt",
+        "ragmon.ttft_ms",
+        "gen_ai.usage.output_tokens",
+        "retrieval.documents.0.document.score",
+    ]
+    builder = DecodedBatch()
+    spans = [span_from_wire(wire, builder) for wire in screened.spans]  # type: ignore[arg-type]
+    assert builder.rejections == {}
+    attributes = spans[1].attributes
+    assert attributes["ragmon.dropped"] == [key for _, key, _ in screened.drops[:3]]
+    assert spans[2].attributes["ragmon.dropped"] == ["retrieval.documents.0.document.score"]
+    assert attributes["llm.token_count.completion"] == 40 and attributes["output.value"] == "an answer"
+    trace = build_trace(spans, partial=False, prices=PriceTable.default())
+    assert [(c.id, c.score) for c in trace.retrieval.chunks] == [("d0", None), ("d1", 0.5)]
+    assert trace.timings.ttft_s is None and trace.answer == "an answer"
+    (usage,) = trace.usage
+    assert (usage.output_tokens, usage.cost_usd, usage.cost_source) == (40, None, "unpriced")
+
+
+def test_a_clean_span_keeps_its_wire_bytes() -> None:
+    """A span whose bytes match the scan but hold nothing out of range (a negative score) is decoded
+    once at screening and kept as it came."""
+    span = _pb_span("eee19b7ec3c1b174", {"retrieval.documents.0.document.score": -0.25})
+    body = _pb_body(span)
+    (wire,) = screen_protobuf(body, TENANT).spans
+    assert isinstance(wire, WireSpan) and wire.raw == span.SerializeToString()
+
+
+def test_a_span_over_the_limit_that_cannot_be_cut_is_rejected_alone() -> None:
+    numbers = _pb_span("eee19b7ec3c1b175", {f"custom.n{i}": i for i in range(120_000)})
+    body = _pb_body(_root("pb"), numbers)
+    for batch in (screen_protobuf(body, TENANT), decode_protobuf(body, TENANT)):
+        assert batch.rejected_spans == 1 and batch.rejections == {"span_too_large": 1}
+        assert [s.trace_id for s in batch.spans] == [TRACE]
+        assert "rejected 1 of 2 spans (span_too_large=1)" in batch.error_message
+        assert "does not fit the 900,000-byte limit" in batch.error_message
+
+
+@pytest.mark.parametrize("decode", ["json", "pb"])
+def test_a_10_mb_answer_is_truncated_its_span_kept_and_its_records_fit(decode: str) -> None:
+    answer = "a" * 10 * 2**20
+    if decode == "json":
+        root = _json_span(ROOT, {"output.value": answer}, parentSpanId="")
+        batch = decode_json(_json_body(root, _json_span("eee19b7ec3c1b174", {})), TENANT)
+    else:
+        pb_root = _pb_span(ROOT, {"output.value": answer})
+        pb_root.ClearField("parent_span_id")
+        batch = screen_protobuf(_pb_body(pb_root, _pb_span("eee19b7ec3c1b174", {})), TENANT)
+    assert batch.rejected_spans == 0 and batch.rejections == {} and batch.truncated == 1
+    assert len(batch.spans) == 2 and "truncated 1 oversize attribute value" in batch.error_message
+    records = span_records.encode(batch.spans, 1_000_000)
+    assert all(len(record.value) <= 1_000_000 for record in records)
+    back = [span for record in records for span in span_records.decode(record.value, record.headers)]
+    decoded = [span_from_wire(s, DecodedBatch()) if isinstance(s, WireSpan) else s for s in back]
+    trace = build_trace(decoded, partial=False, prices=PriceTable.default())  # type: ignore[arg-type]
+    assert trace.answer is not None and trace.answer.endswith(truncation_note(len(answer)))
+    assert trace.answer.startswith("a" * 800_000)
+
+
+def test_a_span_that_fits_once_its_bad_values_are_dropped_is_kept_with_a_bounded_mark() -> None:
+    """60,000 NaN counts make a 2 MB span: dropped, they leave a small one, whose mark names 63 of them
+    and how many more (the names of all would not fit the span size limit)."""
+    nans = _pb_span("eee19b7ec3c1b175", {f"llm.token_count.k{i}": math.nan for i in range(60_000)})
+    nans.attributes.add(key="output.value").value.string_value = "kept"
+    batch = screen_protobuf(_pb_body(_root("pb"), nans), TENANT)
+    assert batch.rejected_spans == 0 and batch.rejections == {"out_of_range": 60_000}
+    span = span_from_wire(batch.spans[1], DecodedBatch())  # type: ignore[arg-type]
+    assert span.attributes["output.value"] == "kept"
+    dropped = span.attributes["ragmon.dropped"]
+    assert isinstance(dropped, list) and len(dropped) == 64 and dropped[-1] == "... and 59937 more"
