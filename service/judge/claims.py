@@ -49,6 +49,9 @@ _ACCORDING_TO = re.compile(
     _CITING + r"(?:\"[^\"]{1,120}\"|\u201c[^\u201d]{1,120}\u201d|'[^']{1,120}'|[^:,]{1,120})\s*[:,]\s*",
     re.IGNORECASE,
 )
+# where a hedge ends and a claim begins inside one clause: "i'm not sure but they were founded in
+# 1971", "i don't know how heavy they are. i was reading that ..." (lower-case text runs on)
+_AFTER_HEDGE = re.compile(r"[.!?]\s+|,?\s+(?:but|though|although|however)\s+", re.IGNORECASE)
 _TITLE_CHARS = 200  # longer metadata values (a path, a URL) are no title an answer cites in a sentence
 _CLAUSE_SPLIT = re.compile(r";\s+|,\s+(?:but|while|whereas|although)\s+", re.IGNORECASE)
 _WORD = re.compile(r"\w+(?:['’]\w+)*")
@@ -145,10 +148,11 @@ def split_claims(answer: str, titles: Sequence[str] = ()) -> list[str]:
     refusal."""
     citing = _citing_a_title(tuple(titles))
     parts = [
-        part
+        piece
         for s in sentences(_CITATION.sub("", answer))
         for part in _CLAUSE_SPLIT.split(_without_source(s, citing))
-        if not _REFUSAL.search(part)
+        for piece in (_AFTER_HEDGE.split(part) if _REFUSAL.search(part) else [part])
+        if not _REFUSAL.search(piece)
     ]
     claims = [_conversational(part).strip(" ,.:!?") for part in parts]
     return [c for c in claims if _WORD.search(c)]

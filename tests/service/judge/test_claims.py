@@ -24,8 +24,8 @@ HOBB = (
 )
 GENERA = (
     "Bunchosia is a genus in the Malpighiaceae, a family of about 75 genera of flowering plants in the order "
-    "Malpighiales. Onoclea is a genus of plants in the Onocleaceae family, native to moist habitats in eastern "
-    "Asia and eastern North America."
+    "Malpighiales. Onoclea is a genus of plants in the Onocleaceae family, native to moist habitats in "
+    "eastern Asia and eastern North America."
 )
 REFUNDS = "Refunds are possible within 30 days of delivery. Returned items must be unused."
 
@@ -105,6 +105,14 @@ def test_a_short_title_answer_is_its_own_claim() -> None:
 
 
 def test_a_hedge_does_not_drop_the_claim_beside_it() -> None:
+    # Q² / BEGIN dialogue replies, tokenized as the sources ship them
+    assert split_claims("i ' m not sure but they were founded in munich , bavaria .") == [
+        "they were founded in munich , bavaria"
+    ]
+    assert split_claims("i don't know how heavy those flags are. i was reading that 14 of them are silk") == [
+        "i was reading that 14 of them are silk"
+    ]
+    assert split_claims("i am not sure.") == []
     answer = (
         "I don't know anything about him, but I know that he's a great athlete and a great philanthropist"
     )
