@@ -21,6 +21,11 @@ the command, a SHA-256 of the training rows, their counts and the out-of-fold ac
 
     python bench/judge/train_learned.py [--data PATH] [--out PATH] [--version learned/2]
 
+This is how learned/2 was made. The shipped model is now learned/3, from `loso.py --ship` (the same
+fitting and veto, on all nine sources of the leave-one-source-out set); run this with `--out` elsewhere
+to reproduce learned/2 without replacing it (`tests/service/judge/test_default_judge.py` checks the
+shipped file is loso.py's).
+
 `--split` exists only to refuse anything but `tune`: the test half is for reporting.
 """
 

@@ -65,7 +65,7 @@ class Stump(BaseModel):
 
 
 class LearnedModel(BaseModel):
-    """The learned judge's parameters, as `train_learned.py` writes them."""
+    """The learned judge's parameters, as `bench/judge/train_learned.py`'s `model_json` writes them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

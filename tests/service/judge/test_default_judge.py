@@ -50,7 +50,9 @@ def test_the_table_covers_enough_sources_and_kinds(summary: dict[str, Any]) -> N
 def test_the_choice_follows_the_rule_from_the_figures(summary: dict[str, Any]) -> None:
     candidates = summary["candidates"]
     learned = [c for c in RUNNABLE if c != "heuristic"]
-    best = max(learned, key=lambda c: (candidates[c]["worst_balanced_accuracy"], -learned.index(c)))
+    top = max(candidates[c]["worst_balanced_accuracy"] for c in learned)
+    near = [c for c in learned if candidates[c]["worst_balanced_accuracy"] >= top - 0.005]
+    best = max(near, key=lambda c: (candidates[c]["mean_balanced_accuracy"], -learned.index(c)))
     assert summary["learned_option"] == best
     beats = (
         candidates[best]["worst_balanced_accuracy"] > candidates["heuristic"]["worst_balanced_accuracy"]
