@@ -393,7 +393,7 @@ class JudgeConfig(BaseModel):
     offline: Literal["heuristic", "learned"] = Field(
         default="heuristic",
         description="judge without an endpoint: heuristic (rules, heuristic/N) or learned (boosted stumps on "
-        "claim features, learned/N); chosen by leave-one-source-out validation, bench/judge/loso_summary.json",
+        "claim features, learned/N); chosen by leave-one-source-out (bench/judge/loso_summary.json)",
     )
 
     def endpoint_configured(self, environ: Mapping[str, str] | None = None) -> bool:
