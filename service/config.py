@@ -400,9 +400,9 @@ class JudgeConfig(BaseModel):
         default="faithfulness", description="the Phoenix evals template of the phoenix_evals backend"
     )
     offline: Literal["heuristic", "learned"] = Field(
-        default="learned",
-        description="judge without an endpoint: learned (boosted stumps on claim features, learned/N) or "
-        "heuristic (rules, heuristic/N); bench/RESULTS.md measures both",
+        default="heuristic",
+        description="judge without an endpoint: heuristic (rules, heuristic/N) or learned (boosted stumps on "
+        "claim features, learned/N); chosen by leave-one-source-out (bench/judge/loso_summary.json)",
     )
 
     def endpoint_configured(self, environ: Mapping[str, str] | None = None) -> bool:

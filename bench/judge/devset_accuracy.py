@@ -259,8 +259,10 @@ def main() -> int:
     print(
         f"dev set {args.data}: {len(rows)} rows; "
         f"reporting the {args.split} split ({int(chosen.sum())} rows). "
-        f"{judge.version}, {cpu_ms:.2f} ms CPU a row; {learned_judge.version} (trained on the tune split, "
-        f"{learned_judge.model.training['data_sha256'][:12]}), {learned_ms:.2f} ms CPU a row; "
+        f"{judge.version}, {cpu_ms:.2f} ms CPU a row; {learned_judge.version} (trained on: "
+        f"{learned_judge.model.training['data']}, {learned_judge.model.training['data_sha256'][:12]}; "
+        "a model trained on test rows is not tested by them), "
+        f"{learned_ms:.2f} ms CPU a row; "
         f"baseline: word-overlap ratio >= {threshold:.3f} (tuned on the tune split)"
     )
     print(

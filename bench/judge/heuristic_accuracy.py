@@ -9,9 +9,11 @@ Wilson intervals, on the two halves split by question id parity (the
 thresholds were chosen by reasoning before the first run and not tuned), and
 the answer-length baseline that shows the dataset's style confound.
 
-`--judge learned` measures the learned offline judge instead. It was trained on the dev set's
+`--judge learned` measures the learned offline judge instead. learned/2 was trained on the dev set's
 `tune` half, which holds 150 of this file's questions: the rows of those questions are reported
-apart as well ("outside the tune half"), read from the dev set when it is there.
+apart as well ("outside the tune half"), read from the dev set when it is there. learned/3 was
+trained on all nine sources of `loso.py`'s set, 250 of this file's questions among them: for it,
+only `loso.py`'s held-out figures count.
 
     python bench/judge/heuristic_accuracy.py [--data PATH] [--boot 2000] [--judge heuristic|learned]
 """

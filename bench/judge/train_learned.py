@@ -21,6 +21,11 @@ the command, a SHA-256 of the training rows, their counts and the out-of-fold ac
 
     python bench/judge/train_learned.py [--data PATH] [--out PATH] [--version learned/2]
 
+This is how learned/2 was made. The shipped model is now learned/3, from `loso.py --ship` (the same
+fitting and veto, on all nine sources of the leave-one-source-out set); run this with `--out` elsewhere
+to reproduce learned/2 without replacing it (`tests/service/judge/test_default_judge.py` checks the
+shipped file is loso.py's).
+
 `--split` exists only to refuse anything but `tune`: the test half is for reporting.
 """
 
@@ -197,6 +202,35 @@ def cross_validate(
     return min((r for r in results if r[0] >= top - TIE), key=lambda r: (r[1], -r[0]))
 
 
+def recipe() -> dict[str, Any]:
+    """The fixed training settings, as the model file records them."""
+    return {
+        "bins": BINS,
+        "min_leaf": MIN_LEAF,
+        "l2": L2,
+        "weights": "equal total per (source, label) cell",
+        "veto": f"the last stump is set, not learned: min_content_share < {VETO_SHARE} scores {VETO}",
+    }
+
+
+def model_json(
+    version: str, base: float, stumps: list[dict[str, float]], threshold: float, training: dict[str, Any]
+) -> str:
+    """The model file's text (`learned.LearnedModel`), one stump a line: small and readable in a diff."""
+    model = {
+        "version": version,
+        "features": list(MODEL_FEATURES),
+        "base": round(base, 6),
+        "stumps": [{k: (round(v, 6) if k != "feature" else int(v)) for k, v in s.items()} for s in stumps],
+        "threshold": round(threshold, 6),
+        "training": training,
+    }
+    text = json.dumps(model, indent=1)
+    stump_lines = ",\n  ".join(json.dumps(s, separators=(",", ":")) for s in model["stumps"])
+    text = text.replace(json.dumps(model["stumps"], indent=1).replace("\n", "\n "), f"[\n  {stump_lines}\n ]")
+    return text + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -231,36 +265,21 @@ def main(argv: list[str] | None = None) -> int:
     command = "python bench/judge/train_learned.py " + shlex.join(
         a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--out")
     )
-    model = {
-        "version": args.version,
-        "features": list(MODEL_FEATURES),
-        "base": round(base, 6),
-        "stumps": [{k: (round(v, 6) if k != "feature" else int(v)) for k, v in s.items()} for s in stumps],
-        "threshold": round(threshold, 6),
-        "training": {
-            "command": command.strip(),
-            "data": "dev set of bench/judge/build_devset.py, tune half",
-            "data_sha256": data_hash(tune),
-            "rows": len(tune),
-            "rows_with_claims": len(kept),
-            "faithful": int(y.sum()),
-            "stumps": n_stumps,
-            "learning_rate": rate,
-            "bins": BINS,
-            "min_leaf": MIN_LEAF,
-            "l2": L2,
-            "weights": "equal total per (source, label) cell",
-            "veto": f"the last stump is set, not learned: min_content_share < {VETO_SHARE} scores {VETO}",
-            "threshold_from": f"{FOLDS}-fold out-of-fold scores over groups within the tune half",
-            "out_of_fold_balanced_accuracy": round(accuracy, 4),
-            "out_of_fold_per_source": per_source,
-        },
+    training = {
+        "command": command.strip(),
+        "data": "dev set of bench/judge/build_devset.py, tune half",
+        "data_sha256": data_hash(tune),
+        "rows": len(tune),
+        "rows_with_claims": len(kept),
+        "faithful": int(y.sum()),
+        "stumps": n_stumps,
+        "learning_rate": rate,
+        **recipe(),
+        "threshold_from": f"{FOLDS}-fold out-of-fold scores over groups within the tune half",
+        "out_of_fold_balanced_accuracy": round(accuracy, 4),
+        "out_of_fold_per_source": per_source,
     }
-    # one stump a line: small and still readable in a diff
-    text = json.dumps(model, indent=1)
-    stump_lines = ",\n  ".join(json.dumps(s, separators=(",", ":")) for s in model["stumps"])
-    text = text.replace(json.dumps(model["stumps"], indent=1).replace("\n", "\n "), f"[\n  {stump_lines}\n ]")
-    args.out.write_text(text + "\n", "utf-8")
+    args.out.write_text(model_json(args.version, base, stumps, threshold, training), "utf-8")
     print(
         f"wrote {args.out} ({args.out.stat().st_size} bytes): {len(stumps)} stumps, rate {rate}, threshold "
         f"{threshold:.3f}, out-of-fold balanced accuracy {accuracy:.3f}; {time.monotonic() - started:.0f} s"

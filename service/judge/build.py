@@ -16,8 +16,8 @@ __all__ = ["build_judge"]
 
 def build_judge(config: JudgeConfig | None = None, *, cost_fn: CostFn | None = None) -> Judge:
     """The judge to run: phoenix_evals when `judge.backend` says so, else the LLM judge when an endpoint is
-    configured, else the offline judge `judge.offline` names (heuristic or learned). Raises ValueError for
-    phoenix_evals without an endpoint."""
+    configured, else the offline judge `judge.offline` names (heuristic, the default, or learned).
+    Raises ValueError for phoenix_evals without an endpoint."""
     config = config or JudgeConfig()
     if config.backend == "phoenix_evals":
         # arize-phoenix-evals is needed only by this backend

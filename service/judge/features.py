@@ -1,6 +1,6 @@
 """Claim features for the learned offline judge: how much of a claim, and of which kind, its context holds.
 
-Each claim of an answer (as `split_claims` cuts it) gets one vector of `FEATURE_NAMES`, measured
+Each claim of an answer (as `claims.answer_claims` reads it) gets one vector of `FEATURE_NAMES`, measured
 against the context's words: shares of its words, bigrams and trigrams found, the same share
 weighted by how rare each word is in the context (IDF over the context's own sentences: a claim
 whose only new word is a rare name is worse off than one whose new word is "said"), the longest
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from service.judge.heuristic import HeuristicJudge, split_claims
+from service.judge.claims import answer_claims
+from service.judge.heuristic import HeuristicJudge
 from service.judge.text import (
     STOPWORDS,
     content,
@@ -60,7 +61,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "new_quantifier",  # all, never, only ... not in the context
     "negation_only_claim",  # the claim negates, its best window does not
     "negation_only_context",  # the best window negates, the claim does not
-    "heuristic_supported",  # heuristic/3's verdict on this claim
+    "heuristic_supported",  # the heuristic's verdict on this claim
     # A claim recombined from the context's words, or copied with one word swapped, has all or most of
     # its words there but not their arrangement:
     "swap_share",  # claim word trigrams (a, b, c) whose (a, _, c) is in the context but (a, b, c) is not
@@ -210,9 +211,9 @@ def answer_features(
     question: str, context: Sequence[str], answer: str, titles: Sequence[str] = ()
 ) -> AnswerFeatures:
     """Feature rows of the answer's claims against the context (no rows for an answer without claims);
-    `titles` are the chunks' titles, which an answer may cite by (`split_claims`)."""
+    `titles` are the chunks' titles, which an answer may cite by (`claims.split_claims`)."""
     verdict = _HEURISTIC.verdict(question, context, answer, titles)
-    claims = split_claims(answer, titles)
+    claims = answer_claims(question, answer, titles).claims
     if claims != verdict.claims:  # the heuristic splits with the same function; guard the alignment
         raise AssertionError("claims differ from the heuristic's")
     ctx = context_index(context)

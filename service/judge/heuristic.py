@@ -4,12 +4,10 @@ It is a heuristic, labelled `judge="heuristic"` everywhere, and only as good as
 `bench/judge/heuristic_accuracy.py` measures it to be. It is deterministic (same
 trace, same verdict) and makes no network call. How it decides:
 
-* claims: the answer split into sentences, and sentences into clauses at
-  semicolons and contrastive conjunctions; a sentence that only hedges or
-  refuses ("Note: the passage does not mention ...", "I don't know") is no
-  claim, the other sentences still are; citation markers (`[1]`, `[doc-3]`)
-  and an opening "According to <source>:" are not part of a claim (a source
-  that is one of the chunks' titles is cut as a whole, colons in it included);
+* claims: as `claims.answer_claims` reads them: sentences and clauses, without
+  hedges, refusals, citation markers and talk about the speaker; a bare yes or
+  no to a yes/no question claims the question's proposition (or, for a no,
+  denies it);
 * a claim is supported when every number in it occurs in the context, every
   multi-word proper name occurs there as a phrase and every single proper
   name as a word, an absolute quantifier (all, never, ...) is not new, and at
@@ -18,6 +16,11 @@ trace, same verdict) and makes no network call. How it decides:
   name, contradiction for a number the context does not have (fabrication when
   the context has no numbers at all), overgeneralization for a new quantifier,
   fabrication otherwise;
+* a denial (a bare "no" to "Is X Y?") is supported when the context holds the
+  question's names and at least half its content words but does not state the
+  proposition: it fails as a contradiction when one window of the context
+  holds all its content words without a negation ("X is Y" answered "no"), and
+  as fabrication or wrong_entity when the context is about something else;
 * context: the chunks' text and their titles (metadata `title`, `source`,
   `name`, ...), which answers cite;
 * context_sufficient: at least `min_question_coverage` of the question's
@@ -32,7 +35,6 @@ trace, same verdict) and makes no network call. How it decides:
 from __future__ import annotations
 
 import asyncio
-import functools
 import re
 import time
 from collections.abc import Sequence
@@ -40,6 +42,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.judge.claims import answer_claims, split_claims
 from service.judge.judgment import FailureMode, FailureReason, JudgeName, Judgment, Verdict
 from service.judge.text import (
     INSTRUCTION_WORDS,
@@ -49,24 +52,15 @@ from service.judge.text import (
     context_index,
     fold,
     numbers,
-    sentences,
     words,
 )
 from service.model import RagTrace
 
 __all__ = ["HEURISTIC_VERSION", "HeuristicConfig", "HeuristicJudge", "split_claims"]
 
-HEURISTIC_VERSION = "3"
+HEURISTIC_VERSION = "4"
 
 _QUANTIFIERS = frozenset({"all", "always", "every", "everyone", "never", "none", "nobody", "only", "entire"})
-_REFUSAL = re.compile(
-    r"\b(?:i\s+(?:do\s+not|don't|cannot|can't)\s+(?:know|answer|say|find)"
-    r"|(?:cannot|can't|unable\s+to)\s+(?:answer|determine|find|tell)"
-    r"|not\s+(?:enough|sufficient)\s+(?:information|context)"
-    r"|no\s+(?:relevant\s+)?information"
-    r"|(?:context|passages?|documents?)\s+(?:does|do)\s+not\s+(?:say|mention|contain|provide))",
-    re.IGNORECASE,
-)
 # A question with one of these asks to transform the context it comes with (a summary, a rewrite):
 # that context is all it needs.
 _TASK_VERBS = frozenset(
@@ -82,36 +76,8 @@ _TASK_VERBS = frozenset(
         "condense",
     }
 )
-_CITATION = re.compile(r"\s*\[(?:\d+(?:\s*[,-]\s*\d+)*|[A-Za-z][\w.-]{0,40})\]")
-_CITING = r"^\s*(?:according\s+to|as\s+(?:stated|described)\s+in|per)\s+"
-# A source not among the chunk titles: it may be quoted, and a quoted title may hold its own colon
-# ("Account: two-factor login"); unquoted, it ends at the first colon or comma.
-_ACCORDING_TO = re.compile(
-    _CITING + r"(?:\"[^\"]{1,120}\"|\u201c[^\u201d]{1,120}\u201d|'[^']{1,120}'|[^:,]{1,120})\s*[:,]\s*",
-    re.IGNORECASE,
-)
-_TITLE_CHARS = 200  # longer metadata values (a path, a URL) are no title an answer cites in a sentence
 _NEGATION = re.compile(r"\b(?:not|never|no|neither|nor|cannot)\b|n['’]t\b")
-_CLAUSE_SPLIT = re.compile(r";\s+|,\s+(?:but|while|whereas|although)\s+", re.IGNORECASE)
-_WORD = re.compile(r"\w+(?:['’]\w+)*")
 _NAME = re.compile(r"[A-Z][\w'’.-]*(?:\s+(?:[A-Z][\w'’.-]*|of|de|la|van|von|der|du|da)(?=\s+[A-Z]|$|\W))*")
-
-
-# Conversation, not content: an opening interjection ("yes ,", "that's great !"), a lead-in that
-# only frames what follows ("i do know that ..."), and a clause about the speaker ("i love it",
-# "i've never heard of it"): none of them is a claim about the context.
-_INTERJECTION = re.compile(
-    r"^\s*(?:(?:yes|yeah|yep|yup|no|nope|well|oh|wow|sure|ok|okay|hmm|haha|lol|right|true|indeed|"
-    r"that\s*['’]?\s*s\s+(?:great|awesome|cool|interesting|amazing|true|right|good|nice|sad|funny|"
-    r"wonderful|fascinating|neat)|you\s*['’]?\s*re\s+(?:welcome|right)|thanks|thank\s+you)\b[\s,.!?]*)+",
-    re.IGNORECASE,
-)
-_LEAD_IN = re.compile(
-    r"^\s*i\s+(?:do\s+|also\s+)?(?:know|think|believe|heard|read|remember|guess|learned)\s+(?:that\s+)?",
-    re.IGNORECASE,
-)
-_SPEAKER_CLAUSE_WORDS = 6
-_ABOUT_THE_SPEAKER = re.compile(r"^\s*(?:i|me|my|we|i\s*['’]\s*(?:m|ve|d|ll))\b", re.IGNORECASE)
 
 
 class HeuristicConfig(BaseModel):
@@ -127,51 +93,6 @@ class HeuristicConfig(BaseModel):
 
 def _negates(folded_claim: str) -> bool:
     return _NEGATION.search(folded_claim) is not None
-
-
-def _conversational(clause: str) -> str:
-    """The clause without its interjections and lead-ins; empty when it is a short one about the
-    speaker ("i love indian food"; a longer one, "i visited manhattan, the largest borough of
-    manhattan", still says something about the world)."""
-    clause = _LEAD_IN.sub("", _INTERJECTION.sub("", clause))
-    short = len(_WORD.findall(clause)) <= _SPEAKER_CLAUSE_WORDS
-    return "" if short and _ABOUT_THE_SPEAKER.match(clause) else clause
-
-
-@functools.lru_cache(maxsize=256)
-def _citing_a_title(titles: tuple[str, ...]) -> re.Pattern[str] | None:
-    """The pattern of an opening "According to <one of the titles>:", the title quoted or not, any
-    case, the longest title first: a cited title is the source as a whole, colons and commas in it
-    included ("Troubleshooting: can't sign in")."""
-    names = sorted({" ".join(t.split()) for t in titles if 0 < len(t) <= _TITLE_CHARS}, key=len, reverse=True)
-    if not names:
-        return None
-    name = "(?:" + "|".join(r"\s+".join(map(re.escape, n.split())) for n in names) + ")"
-    return re.compile(
-        _CITING + rf"(?:\"{name}\"|\u201c{name}\u201d|['\u2018]{name}['\u2019]|{name})\s*[:,]\s*",
-        re.IGNORECASE,
-    )
-
-
-def _without_source(sentence: str, citing_a_title: re.Pattern[str] | None) -> str:
-    if citing_a_title is not None:
-        cut, n = citing_a_title.subn("", sentence, count=1)
-        if n:
-            return cut
-    return _ACCORDING_TO.sub("", sentence)
-
-
-def split_claims(answer: str, titles: Sequence[str] = ()) -> list[str]:
-    """The answer's claims: sentences, split further into clauses, without the sentences that only
-    hedge or refuse, citation markers, an opening "According to <source>:" (a source among `titles`,
-    the chunks' titles, as a whole) or conversation about the speaker ("i love it"); empty for a
-    refusal."""
-    citing = _citing_a_title(tuple(titles))
-    kept = [
-        _without_source(s, citing) for s in sentences(_CITATION.sub("", answer)) if not _REFUSAL.search(s)
-    ]
-    claims = [_conversational(part).strip(" ,.:!?") for s in kept for part in _CLAUSE_SPLIT.split(s)]
-    return [c for c in claims if _WORD.search(c)]
 
 
 class HeuristicJudge:
@@ -200,12 +121,13 @@ class HeuristicJudge:
         all_question_words = set(content(words(question)))
         question_words = all_question_words - INSTRUCTION_WORDS
         covered = sum(1 for w in question_words if w in ctx.words)
-        claims = split_claims(answer, titles)
+        found = answer_claims(question, answer, titles)
+        claims = found.claims
         supported: list[int] = []
         unsupported: list[int] = []
         failure_mode: FailureMode = "none"
         for i, claim in enumerate(claims):
-            problem = self._problem(claim, ctx)
+            problem = self._denial_problem(claim, ctx) if i in found.denied else self._problem(claim, ctx)
             if problem is None:
                 supported.append(i)
                 continue
@@ -255,6 +177,20 @@ class HeuristicJudge:
         if _negates(fold(claim)) and not negated:
             return "contradiction"
         return None
+
+    def _denial_problem(self, claim: str, ctx: ContextIndex) -> FailureMode | None:
+        """Why the context does not support a denial ("no" to the question `claim` states), or None:
+        its names must be there and half its content words, the proposition itself must not be."""
+        for name in _NAME.findall(claim):
+            if any(w not in ctx.words for w in content(words(name))):
+                return "wrong_entity"
+        claim_content = [w for w in content(words(claim)) if w != "case"]  # "it is not the case that"
+        if not claim_content:
+            return None
+        if sum(1 for w in claim_content if ctx.has(w)) * 2 < len(claim_content):
+            return "fabrication"
+        share, _, negated = ctx.best_window(claim_content)
+        return "contradiction" if share == 1.0 and not negated else None
 
     async def judge(self, trace: RagTrace) -> Judgment:
         """Judge one trace offline: `failed` only when it has no answer or no chunk text."""

@@ -3,14 +3,16 @@
 The model is an additive ensemble of stumps (one feature, one threshold, two leaf values) over an
 answer's features (`features.py`): per claim feature its minimum and mean over the answer's
 claims, then the answer-level features. Its parameters are a JSON file in this package
-(`learned_judge.json`), written by `bench/judge/train_learned.py` from the `tune` half of the dev
-set only, with the command, the training data's hash and the version recorded in it. At judge
-time it needs numpy alone: no model hub, no network, deterministic. The last stump is set by the
-training script, not learned: a claim with under half its content words in the context fails the
-answer, however well the rest is supported. It is the default offline judge (`judge.offline`).
+(`learned_judge.json`), written by `bench/judge/loso.py --ship` from all nine public sources of
+its leave-one-source-out set (learned/2 came from `train_learned.py` and the dev set's tune half),
+with the command, the training data's hash and the version recorded in it. At judge time it needs
+numpy alone: no model hub, no network, deterministic. The last stump is set by the training
+script, not learned: a claim with under half its content words in the context fails the answer,
+however well the rest is supported. It is an option (`judge.offline: learned`), not the default:
+on sources it never saw it did not beat the heuristic (`bench/judge/loso_summary.json`).
 
 An answer is faithful when its score reaches the file's threshold (chosen on out-of-fold scores of
-the tune half). Claims keep the judgment contract: when the answer passes, every claim is
+the training rows). Claims keep the judgment contract: when the answer passes, every claim is
 supported; when it fails, a claim is unsupported when it fails on its own (scored as a one-claim
 answer: its own features in place of the minimum and the mean, the answer-level ones kept), and
 the lowest-scoring claim is unsupported when none fails alone, so "no unsupported claim" and
@@ -63,7 +65,7 @@ class Stump(BaseModel):
 
 
 class LearnedModel(BaseModel):
-    """The learned judge's parameters, as `train_learned.py` writes them."""
+    """The learned judge's parameters, as `bench/judge/train_learned.py`'s `model_json` writes them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

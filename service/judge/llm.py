@@ -12,6 +12,10 @@ parsed into `Verdict` by the `openai` SDK. Guarantees of `LlmJudge.judge`:
   and a `retry_after_s`, so the caller keeps the item queued and the sample
   stays unbiased; with `when_unavailable="record"` it returns a failed
   `Judgment` with that reason instead.
+* A server that ignores `response_format` (an older local server, a model
+  without structured output) may still write the schema's JSON inside its
+  prose or a ```json fence: that object is read and validated like any reply.
+  Prose without one is a malformed reply.
 * A reply that is not the schema's JSON, or breaks the claim partition, is
   retried at once up to `max_invalid_replies` replies, then returned as a failed
   `Judgment` (`malformed`, `partition_violation`, `inconsistent_verdict`).
@@ -26,8 +30,10 @@ openai exceptions are caught here and nowhere else (STYLE.md §2).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -100,6 +106,30 @@ def _usage(body: object) -> tuple[int | None, int | None, bool]:
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None, None, False
     return prompt, completion, True
+
+
+_FENCED = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL | re.IGNORECASE)
+
+
+def _json_in_prose(body: object) -> str | None:
+    """The JSON object a reply's text holds inside prose (a ```json fence, else the span from the
+    first `{` to the last `}`), when the text is not JSON itself; None when there is none."""
+    try:
+        content = body["choices"][0]["message"]["content"]  # type: ignore[index]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(content, str):
+        return None
+    try:
+        json.loads(content)
+        return None  # JSON already: what is wrong with it is not the prose around it
+    except ValueError:
+        pass
+    fenced = _FENCED.search(content)
+    if fenced:
+        return fenced.group(1)
+    start, end = content.find("{"), content.rfind("}")
+    return content[start : end + 1] if 0 <= start < end else None
 
 
 def _invalid_reason(exc: ValidationError) -> FailureReason:
@@ -323,7 +353,15 @@ class LlmJudge:
                 usage_reported=usage is not None,
             )
         except ValidationError as exc:
-            return _Reply(_invalid_reason(exc), http_status, None, *_usage(self._body(raw.http_response)))
+            body = self._body(raw.http_response)
+            reason = _invalid_reason(exc)
+            inside = _json_in_prose(body)
+            if inside is not None:
+                try:
+                    return _Reply("ok", http_status, Verdict.model_validate_json(inside), *_usage(body))
+                except ValidationError as again:
+                    reason = _invalid_reason(again)
+            return _Reply(reason, http_status, None, *_usage(body))
         except (ValueError, TypeError, AttributeError, KeyError, IndexError):
             # A 200 whose body is not a chat completion at all.
             return _Reply("malformed", http_status, None, *_usage(self._body(raw.http_response)))

@@ -54,8 +54,8 @@ def test_the_shipped_model_loads_and_says_how_it_was_made() -> None:
     assert tuple(model.features) == MODEL_FEATURES
     assert model.stumps
     assert re.fullmatch(r"[0-9a-f]{64}", model.training["data_sha256"])
-    assert model.training["command"].startswith("python bench/judge/train_learned.py")
-    assert "tune" in model.training["data"]
+    assert model.training["command"].startswith("python bench/judge/loso.py")
+    assert "all nine sources" in model.training["data"]
     assert MODEL_PATH.stat().st_size < 16_000  # a small data file, not a blob
     assert LearnedJudge().version == model.version
 
@@ -158,8 +158,9 @@ def test_the_training_data_hash_is_stable_and_order_free() -> None:
 def test_the_offline_setting_chooses_the_learned_judge(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
         monkeypatch.delenv(name, raising=False)
-    assert build_judge(JudgeConfig()).version == load_model().version  # the default since learned/2
-    assert build_judge(JudgeConfig(offline="heuristic")).version.startswith("heuristic/")
+    assert build_judge(JudgeConfig(offline="learned")).version == load_model().version
+    # the default again since the leave-one-source-out table (test_default_judge.py)
+    assert build_judge(JudgeConfig()).version.startswith("heuristic/")
 
 
 @pytest.mark.parametrize(
