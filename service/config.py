@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -450,6 +450,23 @@ class ReviewConfig(_Section):
         ge=0,
         le=1,
         description="share of judged traces sent to the blind calibration queue (chosen by trace id)",
+    )
+    blind_rates: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=dict,
+        description="app -> its own blind rate, beating blind_rate (`ragmon review labels` says what "
+        "rate gives the interval width you want)",
+    )
+    min_labels: int = Field(
+        30,
+        ge=2,
+        description="fewest blind labels in a group (app, release or intent) for a human-corrected "
+        "faithfulness estimate; below it the API says why there is none",
+    )
+    agreement_reference_s: float = Field(
+        28 * 86400.0,
+        gt=0,
+        description="judge-human disagreement in the estimate window is tested against the blind labels "
+        "of this long a period before it",
     )
     regeneration_share: float = Field(
         0.1, ge=0, le=1, description="share of regenerated answers sent to review (by trace id)"

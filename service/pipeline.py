@@ -358,14 +358,17 @@ class Pipeline:
         """
         if not self.phoenix_annotations.enabled or judgment.outcome == "failed":
             return False
-        if not self.review_intake.in_blind_sample(judgment.tenant, judgment.trace_id):
+        if not self.review_intake.in_blind_sample(judgment.tenant, judgment.trace_id, judgment.app):
             return False
         item = await asyncio.to_thread(self.reviews.find, judgment.tenant, "blind", judgment.trace_id)
         return item is None or item.judge_hidden
 
     async def after_review(self, record: ReviewRecord) -> None:
         """A reviewer's label: counted, annotated in Phoenix, and a blind item's held judgment released."""
-        self.review_gauges.reviewed(record.queue, record.review.verdict)
+        if not record.replaced:  # a relabel replaces the review: counted once
+            self.review_gauges.reviewed(record.queue, record.review.verdict)
+        else:
+            self.review_gauges.refresh()
         self.phoenix_annotations.reviewed(record)
         if record.queue == "blind" and self.phoenix_annotations.enabled:
             judged, _ = await asyncio.to_thread(self.judgments.for_trace, record.tenant, record.trace_id)
