@@ -43,7 +43,15 @@ def exported_metrics() -> list[MetricDoc]:
         try:
             metrics = pipeline.metrics
             docs = []
+            found: list[object] = []
             for value in vars(metrics).values():
+                # a family of gauges kept together (per reading, per estimate) counts as its members
+                if isinstance(value, dict):
+                    value = list(value.values())
+                members = value if isinstance(value, (list, tuple)) else [value]
+                for member in members:
+                    found.extend(member if isinstance(member, tuple) else [member])
+            for value in found:
                 if isinstance(value, MetricWrapperBase):
                     kind = str(value._type)
                     name = value._name
