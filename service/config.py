@@ -462,6 +462,12 @@ class ReviewConfig(_Section):
         description="fewest blind labels in a group (app, release or intent) for a human-corrected "
         "faithfulness estimate; below it the API says why there is none",
     )
+    plan_half_width: float = Field(
+        0.05,
+        gt=0,
+        lt=0.5,
+        description="the half-width of the human-corrected interval the weekly report plans blind labels for",
+    )
     agreement_reference_s: float = Field(
         28 * 86400.0,
         gt=0,
