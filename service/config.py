@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -451,7 +451,7 @@ class ReviewConfig(_Section):
         le=1,
         description="share of judged traces sent to the blind calibration queue (chosen by trace id)",
     )
-    blind_rates: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
+    blind_rates: dict[str, float] = Field(
         default_factory=dict,
         description="app -> its own blind rate, beating blind_rate (`ragmon review labels` says what "
         "rate gives the interval width you want)",
@@ -490,6 +490,14 @@ class ReviewConfig(_Section):
     max_judge_versions: int = Field(
         5, gt=0, description="judge versions with calibration metrics (the most recently reviewed)"
     )
+
+    @field_validator("blind_rates")
+    @classmethod
+    def _rates_are_shares(cls, rates: dict[str, float]) -> dict[str, float]:
+        bad = {app: rate for app, rate in rates.items() if not 0.0 <= rate <= 1.0}
+        if bad:
+            raise ValueError(f"blind rates are shares in [0, 1], got {bad}")
+        return rates
 
 
 class PricingConfig(_Section):
