@@ -159,3 +159,17 @@ def test_the_disagreement_test_holds_its_false_alarm_rate_under_no_change(
     same = [LabelledSample(1.0, 1.0, 1.0)] * 10 + [LabelledSample(1.0, 1.0, 0.0)]
     assert agreement(same, same).p_value == pytest.approx(disagreement_p_value(1, 11, 1, 11))
     assert agreement(same, []).p_value is None
+
+
+def test_with_a_tenant_label_each_tenant_gets_its_own_series(world: World) -> None:
+    for n, tenant in ((0, "a"), (100, "b")):
+        for i in range(4):
+            trace_id = world.judged(n + i, 1.0, tenant=tenant)
+            world.label(trace_id, ReviewIn("faithful" if tenant == "a" else "unfaithful"), tenant=tenant)
+    metrics = Metrics(MetricsConfig(tenant_label=True))
+    correction(world, metrics=metrics).export()
+    text = generate_latest(metrics.registry).decode()
+    labels = 'app="shop",intent="all",release="all"'
+    assert f'ragmon_faithful_answers_corrected_ratio{{{labels},tenant="a"}} 1.0' in text
+    assert f'ragmon_faithful_answers_corrected_ratio{{{labels},tenant="b"}} 0.0' in text
+    assert 'ragmon_judge_human_pairs{app="shop",tenant="b"} 4.0' in text
