@@ -256,15 +256,47 @@ def _quality(t: Thresholds) -> list[Alert]:
         ),
         Alert(
             "RagmonFaithfulnessLow",
-            'max without (instance) (ragmon_faithfulness_estimate_upper{intent="all",release!="all"})'
-            f" < {t.faithfulness.upper_bound_min:g}",
+            f"(\n  {_faithfulness_upper()}\n) < {t.faithfulness.upper_bound_min:g}",
             "critical",
             "Answers are unfaithful to their sources",
-            "Faithfulness of " + _APP_NAME + ", release {{ $labels.release }}: even the upper bound"
-            " of its 95% interval is {{ $value | humanizePercentage }}, under "
-            + f"{t.faithfulness.upper_bound_min:.0%}.",
+            "Faithfulness of " + _APP_NAME + ", release {{ $labels.release }} ({{ $labels.estimate }}"
+            " estimate): even the upper bound of its 95% interval is {{ $value | humanizePercentage }},"
+            + f" under {t.faithfulness.upper_bound_min:.0%}.",
+        ),
+        Alert(
+            "RagmonJudgeHumanDisagreementRose",
+            _with_release(
+                "max without (instance) (ragmon_judge_human_disagreement_p_value)"
+                f" < {t.judge.human_disagreement_alpha:g}"
+                "\n  and (1 - max without (instance) (ragmon_judge_human_agreement_ratio))"
+                "\n  - max without (instance) (ragmon_judge_human_disagreement_reference_ratio)"
+                f" > {t.judge.human_disagreement_increase_min:g}"
+            ),
+            "warning",
+            "The judge and the reviewers part ways",
+            "On the blind sample of "
+            + _APP_NAME
+            + _RELEASE
+            + ", judge and reviewers disagree more often than in the reference period before the"
+            ' window (one-sided Fisher exact p = {{ $value | printf "%.2g" }}, alpha '
+            + f"{t.judge.human_disagreement_alpha:g}, an increase over "
+            + f"{t.judge.human_disagreement_increase_min:.0%}).",
         ),
     ]
+
+
+def _faithfulness_upper() -> str:
+    """Each release's faithfulness upper bound: the human-corrected one where it exists, else the
+    judge's own, with an `estimate` label that says which."""
+    selector = '{intent="all",release!="all"}'
+
+    def named(metric: str, which: str) -> str:
+        return f'label_replace(max without (instance) ({metric}{selector}), "estimate", "{which}", "", "")'
+
+    return (
+        f"{named('ragmon_faithfulness_corrected_estimate_upper', 'human-corrected')}"
+        f"\n  or ignoring (estimate)\n  {named('ragmon_faithfulness_estimate_upper', 'judge-only')}"
+    )
 
 
 # An alert's templates see only its own series' labels, so the group that grew is read from its info

@@ -255,7 +255,10 @@ class _Board:
         repeat: str | None = None,
         runbooks: Sequence[str] = (),
         data_links: Sequence[tuple[str, str]] = (),
+        counts: str | None = None,
     ) -> _Board:
+        """A time series panel; `counts`: a regular expression of the legends that are counts (n, no
+        claims), drawn on a right axis in plain numbers beside the estimates they qualify."""
         panel = (
             timeseries.Panel().id(self._id()).title(title).datasource(_DS).unit(unit).span(width).height(8)
         )
@@ -264,6 +267,15 @@ class _Board:
         )
         for band in bands:
             panel = _band_overrides(panel, band)
+        if counts is not None:
+            panel = panel.override_by_regexp(
+                counts,
+                [
+                    DynamicConfigValue("custom.axisPlacement", "right"),
+                    DynamicConfigValue("unit", "short"),
+                    DynamicConfigValue("custom.lineStyle", {"fill": "dot", "dash": [2.0, 4.0]}),
+                ],
+            )
         if limit is not None:
             panel = panel.thresholds(_steps(limit)).thresholds_style(
                 common_builders.GraphThresholdsStyleConfig().mode(GraphThresholdsStyleMode.DASHED)
@@ -606,67 +618,136 @@ def quality(t: Thresholds) -> dict[str, Any]:
         )
     )
     est = f'{{release="all",intent="all",{_APP}}}'
-    b.row("Faithfulness")
-    _interval(
-        b,
-        "Faithfulness with 95% interval",
-        "Share of the answers' claims that the context supports (Hajek over the rolling window); "
-        "the alert fires when a release's upper bound is under the dashed line "
-        "(faithfulness.upper_bound_min)",
-        "percentunit",
-        "ragmon_faithfulness_estimate",
-        est,
-        "tenant, app",
-        limit=floor,
-        runbooks=["RagmonFaithfulnessLow"],
+    b.row("Faithfulness: the judge's estimate and the one corrected by reviewers")
+    readings = (
+        (
+            "Faithfulness with 95% interval",
+            "Share of the answers' claims that the context supports over the rolling window",
+            "ragmon_faithfulness_estimate",
+            "ragmon_faithfulness_corrected_estimate",
+            "claims",
+        ),
+        (
+            "Faithful answers with 95% interval",
+            "Share of answers with no unsupported claim, over the same judged answers: lower than the "
+            "claim-level rate whenever some answers are partly supported",
+            "ragmon_faithful_answers_ratio",
+            "ragmon_faithful_answers_corrected_ratio",
+            "answers",
+        ),
     )
-    _interval(
-        b,
-        "Faithful answers with 95% interval",
-        "Share of answers with no unsupported claim, over the same judged answers: lower than the "
-        "claim-level rate whenever some answers are partly supported",
-        "percentunit",
-        "ragmon_faithful_answers_ratio",
-        est,
-        "tenant, app",
-    )
-    b.series(
-        "Faithfulness by release",
-        "the alert compares each release's upper bound with the dashed line (faithfulness.upper_bound_min)",
-        "percentunit",
-        [
+    for title, what, judge_only, corrected, reading in readings:
+        is_claims = reading == "claims"
+        b.series(
+            f"{title}: $app",
+            what + ". Judge-only: the judge's Hajek estimate, its band sampling error only. Human-corrected: "
+            "plus the mean reviewer-minus-judge difference on the blind review sample, its band also "
+            "carrying the judge's error (shown from review.min_labels blind labels). Right axis: the "
+            "judged answers without claims (in neither) and the blind labels. One panel per app"
+            + (
+                "; the alert compares each release's upper bound, corrected where it exists, with the "
+                "dashed line (faithfulness.upper_bound_min)"
+                if is_claims
+                else ""
+            ),
+            "percentunit",
+            [
+                (f"max by (tenant, app) ({judge_only}{est})", "judge-only"),
+                (f"max by (tenant, app) ({judge_only}_lower{est})", "judge-only lower"),
+                (f"max by (tenant, app) ({judge_only}_upper{est})", "judge-only upper"),
+                (f"max by (tenant, app) ({corrected}{est})", "human-corrected"),
+                (f"max by (tenant, app) ({corrected}_lower{est})", "human-corrected lower"),
+                (f"max by (tenant, app) ({corrected}_upper{est})", "human-corrected upper"),
+                (f"max by (tenant, app) (ragmon_faithfulness_no_claims{est})", "n no claims"),
+                (
+                    f'max by (tenant, app) (ragmon_faithfulness_human_labels{{release="all",intent="all",'
+                    f'reading="{reading}",{_APP}}})',
+                    "n blind labels",
+                ),
+            ],
+            bands=[
+                Band("judge-only lower", "judge-only upper", "judge-only"),
+                Band("human-corrected lower", "human-corrected upper", "human-corrected"),
+            ],
+            limit=floor if is_claims else None,
+            repeat="app",
+            runbooks=["RagmonFaithfulnessLow"] if is_claims else (),
+            counts="^n ",
+        )
+    for by, other in (("release", "intent"), ("intent", "release")):
+        sel = f'{other}="all",{by}!="all",{_APP}'
+        b.series(
+            f"Faithfulness by {by}",
             (
-                "max by (tenant, app, release)"
-                f' (ragmon_faithfulness_estimate{{intent="all",release!="all",{_APP}}})',
-                "{{app}} {{release}}",
+                "the alert compares each release's upper bound (human-corrected where it exists) with the "
+                "dashed line (faithfulness.upper_bound_min); "
+                if by == "release"
+                else ""
             )
-        ],
-        limit=floor,
-        runbooks=["RagmonFaithfulnessLow"],
-        data_links=[("Review queue", "${ragmon_url}/review")],
-    )
-    b.series(
-        "Faithfulness by intent",
-        "",
-        "percentunit",
-        [
-            (
-                "max by (tenant, app, intent)"
-                f' (ragmon_faithfulness_estimate{{release="all",intent!="all",{_APP}}})',
-                "{{app}} {{intent}}",
-            )
-        ],
-        limit=floor,
-    )
+            + "dotted, right axis: judged answers without claims",
+            "percentunit",
+            [
+                (
+                    f"max by (tenant, app, {by}) (ragmon_faithfulness_estimate{{{sel}}})",
+                    f"{{{{app}}}} {{{{{by}}}}} judge-only",
+                ),
+                (
+                    f"max by (tenant, app, {by}) (ragmon_faithfulness_corrected_estimate{{{sel}}})",
+                    f"{{{{app}}}} {{{{{by}}}}} human-corrected",
+                ),
+                (
+                    f"max by (tenant, app, {by}) (ragmon_faithfulness_no_claims{{{sel}}})",
+                    f"n no claims {{{{app}}}} {{{{{by}}}}}",
+                ),
+            ],
+            limit=floor,
+            runbooks=["RagmonFaithfulnessLow"] if by == "release" else (),
+            data_links=[("Review queue", "${ragmon_url}/review")] if by == "release" else (),
+            counts="^n ",
+        )
     b.series(
         "Judged sample size",
-        "scored judgments behind both readings, and answers without claims (in neither)",
+        "scored judgments behind both readings, answers without claims (in neither), and the blind human "
+        "labels behind each corrected reading",
         "short",
         [
             (f"max by (tenant, app) (ragmon_faithfulness_sample_size{est})", "{{app}} scored"),
             (f"max by (tenant, app) (ragmon_faithfulness_no_claims{est})", "{{app}} no claims"),
+            (
+                f"max by (tenant, app, reading) (ragmon_faithfulness_human_labels{est})",
+                "{{app}} blind labels ({{reading}})",
+            ),
         ],
-        width=24,
+    )
+    people = f"{{{_APP}}}"
+    b.series(
+        "Judge and reviewers: $app",
+        "Per app over the rolling window, on the blind sample's pairs: agreement and Cohen's kappa with 95% "
+        "intervals, and the reference period's disagreement as 1 - it (the alert tests the window's "
+        "disagreement against it); right axis: the pairs in each period",
+        "percentunit",
+        [
+            (f"max by (tenant, app) (ragmon_judge_human_agreement_ratio{people})", "agreement"),
+            (f"max by (tenant, app) (ragmon_judge_human_agreement_ratio_lower{people})", "agreement lower"),
+            (f"max by (tenant, app) (ragmon_judge_human_agreement_ratio_upper{people})", "agreement upper"),
+            (f"max by (tenant, app) (ragmon_judge_human_kappa{people})", "kappa"),
+            (f"max by (tenant, app) (ragmon_judge_human_kappa_lower{people})", "kappa lower"),
+            (f"max by (tenant, app) (ragmon_judge_human_kappa_upper{people})", "kappa upper"),
+            (
+                f"1 - max by (tenant, app) (ragmon_judge_human_disagreement_reference_ratio{people})",
+                "reference agreement",
+            ),
+            (f"max by (tenant, app) (ragmon_judge_human_pairs{people})", "n pairs"),
+            (f"max by (tenant, app) (ragmon_judge_human_reference_pairs{people})", "n reference pairs"),
+        ],
+        bands=[
+            Band("agreement lower", "agreement upper", "agreement"),
+            Band("kappa lower", "kappa upper", "kappa"),
+        ],
+        repeat="app",
+        runbooks=["RagmonJudgeHumanDisagreementRose"],
+        data_links=[("Review queue", "${ragmon_url}/review")],
+        counts="^n ",
     )
     cal = '{judge_version="$judge_version",sample="$sample"}'
     b.row("Judge calibration (judge vs reviewers)")

@@ -37,7 +37,15 @@ class MetricDoc:
 
 def _declared(metrics: Any) -> list[MetricDoc]:
     docs = []
+    found: list[object] = []
     for value in vars(metrics).values():
+        # a family of gauges kept together (per reading, per estimate) counts as its members
+        if isinstance(value, dict):
+            value = list(value.values())
+        members = value if isinstance(value, (list, tuple)) else [value]
+        for member in members:
+            found.extend(member if isinstance(member, tuple) else [member])
+    for value in found:
         if isinstance(value, MetricWrapperBase):
             kind = str(value._type)
             docs.append(MetricDoc(value._name, kind, tuple(value._labelnames), value._documentation))

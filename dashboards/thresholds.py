@@ -51,6 +51,8 @@ class Judge(_Section):
     backlog_window: str = Field(pattern=DURATION)
     stalled_after_seconds: PositiveFloat
     failure_ratio: float = Field(gt=0, le=1)
+    human_disagreement_alpha: float = Field(0.01, gt=0, lt=1)
+    human_disagreement_increase_min: float = Field(0.05, ge=0, lt=1)
 
 
 class Ingest(_Section):

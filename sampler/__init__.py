@@ -4,7 +4,8 @@
 probabilities, `JudgeBudget` caps judge calls and spend, `JudgeQueue` /
 `SqlJudgeQueue` hold the selected traces durably until a judge worker takes
 them, and `hajek` turns judged scores back into a population rate with a
-confidence interval.
+confidence interval; `corrected` adds the blind human labels' correction of the judge's error
+(a two-phase difference estimator) and `plan_labels` says how many labels that needs.
 """
 
 from sampler.budget import (
@@ -15,6 +16,15 @@ from sampler.budget import (
     JudgeBudget,
     SkipReason,
     TokenBucket,
+)
+from sampler.corrected import (
+    CorrectedEstimate,
+    LabelledSample,
+    LabelPlan,
+    corrected,
+    corrected_by,
+    corrected_cells,
+    plan_labels,
 )
 from sampler.estimate import (
     GROUPINGS,
@@ -63,6 +73,7 @@ __all__ = [
     "AdmissionBudget",
     "BudgetConfig",
     "BudgetCounts",
+    "CorrectedEstimate",
     "Decision",
     "DriftOutlierHook",
     "FaithfulnessEstimate",
@@ -73,6 +84,8 @@ __all__ = [
     "JudgeItem",
     "JudgeQueue",
     "JudgedSample",
+    "LabelPlan",
+    "LabelledSample",
     "Outcome",
     "QueueRecord",
     "QueueStats",
@@ -87,10 +100,14 @@ __all__ = [
     "TraceSampler",
     "TraceSummary",
     "cells_of",
+    "corrected",
+    "corrected_by",
+    "corrected_cells",
     "create_tables",
     "estimate_by",
     "estimate_cells_by",
     "hajek",
     "hajek_cells",
+    "plan_labels",
     "selection_u",
 ]

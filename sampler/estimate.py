@@ -60,6 +60,7 @@ __all__ = [
     "JudgedSample",
     "Outcome",
     "SampleCell",
+    "admitted_shares",
     "cells_of",
     "estimate_by",
     "estimate_cells_by",
@@ -243,10 +244,9 @@ def hajek_cells(
         raise ValueError(f"min_n must be >= 2, got {min_n}")
     cells = list(cells)
     counts = dict.fromkeys(OUTCOMES, 0)
-    design: dict[tuple[str, float], list[int]] = defaultdict(lambda: [0, 0])  # [admitted, skipped]
     for c in cells:
         counts[c.outcome] += c.count
-        design[(c.stratum, c.inclusion_probability)][c.outcome == "skipped"] += c.count
+    design = _design(cells)
     unadjusted = sum(skipped for admitted, skipped in design.values() if admitted == 0)
 
     scored = [c for c in cells if c.outcome == "scored"]
@@ -309,6 +309,25 @@ def hajek_cells(
         method=method,
         confidence=confidence,
     )
+
+
+def _design(cells: Iterable[SampleCell]) -> dict[tuple[str, float], tuple[int, int]]:
+    """(stratum, inclusion probability) -> (admitted, skipped) counts of the design cell."""
+    design: dict[tuple[str, float], list[int]] = defaultdict(lambda: [0, 0])
+    for c in cells:
+        design[(c.stratum, c.inclusion_probability)][c.outcome == "skipped"] += c.count
+    return {key: (admitted, skipped) for key, (admitted, skipped) in design.items()}
+
+
+def admitted_shares(cells: Iterable[SampleCell]) -> dict[tuple[str, float], float]:
+    """(stratum, inclusion probability) -> the share of the design cell the budget admitted, for cells
+    with at least one admitted sample: an admitted item's effective inclusion probability is π times
+    this (the weighting-class adjustment of the module doc)."""
+    return {
+        key: admitted / (admitted + skipped)
+        for key, (admitted, skipped) in _design(cells).items()
+        if admitted > 0
+    }
 
 
 def estimate_by(

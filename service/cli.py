@@ -25,6 +25,7 @@ from service.probes import cli as probe_cli
 from service.probes import eval_cli
 from service.report import cli as report_cli
 from service.review import export as review_export
+from service.review import label_plan
 
 if TYPE_CHECKING:
     from service.config import RagmonConfig
@@ -456,6 +457,10 @@ def _cmd_review_export(args: argparse.Namespace) -> int:
     return review_export.main(args, config_from_args(args).store_url)
 
 
+def _cmd_review_labels(args: argparse.Namespace) -> int:
+    return label_plan.main(args, config_from_args(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ragmon", description="Monitor RAG applications from their live traces."
@@ -508,13 +513,22 @@ def build_parser() -> argparse.ArgumentParser:
     report_cli.add_arguments(report_parser)
     report_parser.set_defaults(run=_cmd_report)
 
-    review_parser = commands.add_parser("review", help="the human review queue: export reviewed items")
+    review_parser = commands.add_parser(
+        "review", help="the human review queue: export reviewed items, plan blind labels"
+    )
     review_commands = review_parser.add_subparsers(dest="review_command", required=True)
     export_parser = review_commands.add_parser(
         "export", parents=configured, help="reviewed items as golden-set JSONL"
     )
     review_export.add_arguments(export_parser)
     export_parser.set_defaults(run=_cmd_review_export)
+    labels_parser = review_commands.add_parser(
+        "labels",
+        parents=configured,
+        help="blind labels a week per app for a human-corrected interval of a chosen width, and the rate",
+    )
+    label_plan.add_arguments(labels_parser)
+    labels_parser.set_defaults(run=_cmd_review_labels)
 
     probe_parser = commands.add_parser(
         "probe", help="send golden-set probes to an app (on a schedule); score runs, pin a baseline"

@@ -460,6 +460,29 @@ class ReviewConfig(_Section):
         le=1,
         description="share of judged traces sent to the blind calibration queue (chosen by trace id)",
     )
+    blind_rates: dict[str, float] = Field(
+        default_factory=dict,
+        description="app -> its own blind rate, beating blind_rate (`ragmon review labels` says what "
+        "rate gives the interval width you want)",
+    )
+    min_labels: int = Field(
+        30,
+        ge=2,
+        description="fewest blind labels in a group (app, release or intent) for a human-corrected "
+        "faithfulness estimate; below it the API says why there is none",
+    )
+    plan_half_width: float = Field(
+        0.05,
+        gt=0,
+        lt=0.5,
+        description="the half-width of the human-corrected interval the weekly report plans blind labels for",
+    )
+    agreement_reference_s: float = Field(
+        28 * 86400.0,
+        gt=0,
+        description="judge-human disagreement in the estimate window is tested against the blind labels "
+        "of this long a period before it",
+    )
     regeneration_share: float = Field(
         0.1, ge=0, le=1, description="share of regenerated answers sent to review (by trace id)"
     )
@@ -476,6 +499,14 @@ class ReviewConfig(_Section):
     max_judge_versions: int = Field(
         5, gt=0, description="judge versions with calibration metrics (the most recently reviewed)"
     )
+
+    @field_validator("blind_rates")
+    @classmethod
+    def _rates_are_shares(cls, rates: dict[str, float]) -> dict[str, float]:
+        bad = {app: rate for app, rate in rates.items() if not 0.0 <= rate <= 1.0}
+        if bad:
+            raise ValueError(f"blind rates are shares in [0, 1], got {bad}")
+        return rates
 
 
 class PricingConfig(_Section):

@@ -132,6 +132,26 @@ JUDGE_CALIBRATION_GAUGES = {
     "ragmon_judge_calibration_pairs": "judge/reviewer pairs behind the calibration gauges (unsure left out)",
 }
 
+# Judge-human agreement per app over the rolling window, from the blind sample (service/review/agreement.py).
+_JUDGE_HUMAN_ESTIMATES = {
+    "ragmon_judge_human_agreement_ratio": "share of blind pairs in the window where judge and reviewer agree",
+    "ragmon_judge_human_kappa": "Cohen's kappa between judge and reviewer on the window's blind pairs",
+}
+JUDGE_HUMAN_GAUGES = {
+    **_JUDGE_HUMAN_ESTIMATES,
+    **{
+        f"{name}_{bound}": f"{bound} bound of the 95 % interval: {doc}"
+        for name, doc in _JUDGE_HUMAN_ESTIMATES.items()
+        for bound in ("lower", "upper")
+    },
+    "ragmon_judge_human_pairs": "blind judge/reviewer pairs in the window (unsure left out)",
+    "ragmon_judge_human_disagreement_reference_ratio": "share of blind pairs that disagree in the reference "
+    "period before the window (review.agreement_reference_s)",
+    "ragmon_judge_human_reference_pairs": "blind judge/reviewer pairs in the reference period",
+    "ragmon_judge_human_disagreement_p_value": "one-sided Fisher exact p-value: the window's judge-human "
+    "disagreement is above the reference period's",
+}
+
 
 class _StateCollector(Collector):
     """Gauges computed at scrape time from callables (queue depth, open traces, ...)."""
@@ -573,6 +593,49 @@ class Metrics:
             estimate_labels,
             registry=r,
         )
+        self._declare_corrected_metrics(estimate_labels)
+
+    def _declare_corrected_metrics(self, estimate_labels: list[str]) -> None:
+        """The human-corrected readings (service/review/correction.py) and judge-human agreement per app."""
+        r = self.registry
+        corrected = {
+            "claims": ("ragmon_faithfulness_corrected_estimate", "share of claims supported"),
+            "answers": (
+                "ragmon_faithful_answers_corrected_ratio",
+                "share of answers with no unsupported claim",
+            ),
+        }
+        self.corrected: dict[str, tuple[Gauge, Gauge, Gauge]] = {}
+        for reading, (name, what) in corrected.items():
+
+            def bound(which: str, name: str = name, what: str = what) -> Gauge:
+                return Gauge(
+                    f"{name}_{which}",
+                    f"{which} bound of the 95% interval of the human-corrected {what} (both phases' "
+                    "sampling error and the judge's error as the blind labels measure it)",
+                    estimate_labels,
+                    registry=r,
+                )
+
+            point = Gauge(
+                name,
+                f"human-corrected {what}: the judge's Hajek estimate plus the weighted mean "
+                "reviewer-minus-judge difference on the blind sample; absent below review.min_labels "
+                "blind labels",
+                estimate_labels,
+                registry=r,
+            )
+            self.corrected[reading] = (point, bound("lower"), bound("upper"))
+        self.human_labels = Gauge(
+            "ragmon_faithfulness_human_labels",
+            "blind human labels in the window behind the human-corrected estimate, by reading",
+            [*estimate_labels, "reading"],
+            registry=r,
+        )
+        scope = list(self.scope_labels)
+        self.human_agreement = {
+            name: Gauge(name, doc, scope, registry=r) for name, doc in JUDGE_HUMAN_GAUGES.items()
+        }
 
     def _declare_review_metrics(self) -> None:
         self.reviews = Counter(

@@ -6,6 +6,7 @@
     feedback ──────────────────────────────────────────────────────────▶ bus ───┴─▶ Fanout ─┬─ MetricsSink
                                                                                            └─ JudgeQueueSink
     judge queue ──▶ JudgeWorker(s) ──▶ judgments + flags;  FaithfulnessEstimator ──▶ gauges
+    blind review labels + judgments ──▶ HumanCorrection ──▶ corrected gauges, judge-human agreement
 
 `start()` starts the sinks first, then the bus, then the assembler (receivers
 are started by the API once this returns); `stop()` runs the other way round
@@ -59,6 +60,7 @@ from service.probes.gauges import restore_probe_gauges
 from service.probes.store import GoldenStore
 from service.redaction import RedactingFilter, Redactor
 from service.regeneration import ReaskDetector
+from service.review.correction import HumanCorrection
 from service.review.gauges import ReviewGauges
 from service.review.intake import ReviewIntake
 from service.review.records import ReviewRecord
@@ -201,6 +203,7 @@ class Pipeline:
             for n in range(config.judging.workers if config.judging.enabled else 0)
         ]
         self.estimator = FaithfulnessEstimator(config.judging, self.judgments, self.metrics)
+        self.correction = HumanCorrection(config.judging, config.review, self.judgments, self.metrics)
         fanout = Fanout(downstream)
         self.sinks = StoreSink(self.store, new_traces=fanout, new_feedback=fanout)
         self.outbox_sweep = OutboxSweep(
@@ -365,14 +368,17 @@ class Pipeline:
         """
         if not self.phoenix_annotations.enabled or judgment.outcome == "failed":
             return False
-        if not self.review_intake.in_blind_sample(judgment.tenant, judgment.trace_id):
+        if not self.review_intake.in_blind_sample(judgment.tenant, judgment.trace_id, judgment.app):
             return False
         item = await asyncio.to_thread(self.reviews.find, judgment.tenant, "blind", judgment.trace_id)
         return item is None or item.judge_hidden
 
     async def after_review(self, record: ReviewRecord) -> None:
         """A reviewer's label: counted, annotated in Phoenix, and a blind item's held judgment released."""
-        self.review_gauges.reviewed(record.queue, record.review.verdict)
+        if not record.replaced:  # a relabel replaces the review: counted once
+            self.review_gauges.reviewed(record.queue, record.review.verdict)
+        else:
+            self.review_gauges.refresh()
         self.phoenix_annotations.reviewed(record)
         if record.queue == "blind" and self.phoenix_annotations.enabled:
             judged, _ = await asyncio.to_thread(self.judgments.for_trace, record.tenant, record.trace_id)
@@ -532,6 +538,7 @@ class Pipeline:
             for worker in self.judge_workers:
                 await worker.start()
             await self.estimator.start()
+            await self.correction.start()
         await self.phoenix_annotations.start()
         await self.phoenix_forward.start()
         await self.bus.start()
@@ -588,6 +595,7 @@ class Pipeline:
             await self.durable.stop()
         await self.drift.stop()
         await self.estimator.stop()
+        await self.correction.stop()
         for worker in self.judge_workers:
             await worker.stop()
         await self.phoenix_forward.stop()

@@ -13,9 +13,9 @@ Roles (`--role`, repeatable; default `worker.roles`):
   `MetricsSink`, so a redelivered batch changes no counter. On shutdown the
   traces still open are not stored: they were not committed, and the
   partitions' next owner assembles them whole.
-* `judge`: judge workers claiming from the shared SQL judge queue, and the
-  faithfulness estimator. The queue is durable: while the judge endpoint is
-  down, the items wait there.
+* `judge`: judge workers claiming from the shared SQL judge queue, the
+  faithfulness estimator and its human correction. The queue is durable:
+  while the judge endpoint is down, the items wait there.
 * `drift`: may run the drift detectors, gated by a leader lock
   (`service.bus.leader`), so one replica at a time runs them. Drift windows live
   in the memory of the process that consumes the traces, so every `sinks`
@@ -124,6 +124,7 @@ class Worker:
             for judge_worker in p.judge_workers:
                 await judge_worker.start()
             await p.estimator.start()
+            await p.correction.start()
         if self.config.drift.enabled and self.roles & {"sinks", "drift"}:
             p.drift.gate = self._drift_gate()
             await p.drift.start()
@@ -155,6 +156,7 @@ class Worker:
             await p.drift.stop()
             self._drift_started = False
         await p.estimator.stop()
+        await p.correction.stop()
         for judge_worker in p.judge_workers:
             await judge_worker.stop()
         await p.phoenix_annotations.stop()

@@ -8,11 +8,18 @@ Two numbers answer "how faithful are the answers", and users read one as the oth
   (`ragmon_faithful_answers_ratio`). An answer with 4 of 5 claims supported counts 0.8 in the
   first and 0 in the second, so the second is never above the first.
 
-Each is the Hájek estimate over the judged sample of the rolling window
-(`sampler/estimate.py`, computed by `service.judge.judging.FaithfulnessEstimator`) with its
-95 % interval, the number of scored answers it rests on (`n_judged`) and what is left out of its
-denominator (`n_no_claims`, `n_failed`, `n_skipped`). Scoped to the caller's tenant, where the
-gauges sum every tenant; per app, per (app, release) or per (app, intent).
+Each is the judge's Hájek estimate over the judged sample of the rolling window
+(`sampler/estimate.py`) with its 95 % interval, the number of scored answers it rests on
+(`n_judged`) and what is left out of its denominator (`n_no_claims`, `n_failed`, `n_skipped`). It
+describes the judge's verdicts, sampling error only: the judge's own error is in none of it.
+
+`human_corrected` is the same reading corrected by the blind review sample (`sampler/corrected.py`,
+`service/review/correction.py`): `estimate` with its 95 % interval `low`-`high`, which carries the
+sampling error of both the judged and the labelled sample and the judge's error as the labels
+measure it, and `n_human`, the blind labels it rests on. It is null, with `human_corrected_reason`,
+below `review.min_labels` labels. Where it exists it is the number to read; the judge's is kept
+beside it, named as such. Scoped to the caller's tenant, where the gauges sum every tenant; per
+app, per (app, release) or per (app, intent).
 """
 
 from __future__ import annotations
@@ -24,9 +31,9 @@ from typing import Any, Literal
 
 from fastapi import APIRouter
 
-from sampler import FaithfulnessEstimate, Grouping
+from sampler import CorrectedEstimate, FaithfulnessEstimate, Grouping
 from service.api.deps import PipelineDep, TenantDep
-from service.judge.judging import FaithfulnessEstimator
+from service.review.correction import HumanCorrection
 
 __all__ = ["router"]
 
@@ -36,8 +43,28 @@ By = Literal["app", "release", "intent"]
 _GROUPING: dict[By, Grouping] = {"app": "app", "release": "app_release", "intent": "app_intent"}
 
 
-def _reading(est: FaithfulnessEstimate) -> dict[str, Any]:
-    return asdict(est)
+def _reading(est: FaithfulnessEstimate, fixed: CorrectedEstimate | None) -> dict[str, Any]:
+    reading = asdict(est)
+    if fixed is None or fixed.estimate is None or fixed.lower is None or fixed.upper is None:
+        reading["human_corrected"] = None
+        reading["human_corrected_reason"] = (
+            fixed.reason if fixed is not None and fixed.reason else "no blind labels in the window"
+        )
+        reading["n_human"] = 0 if fixed is None else fixed.n_human
+        return reading
+    reading["human_corrected"] = {
+        "estimate": fixed.estimate,
+        "low": fixed.lower,
+        "high": fixed.upper,
+        "n_human": fixed.n_human,
+        "n_judged": fixed.n_judged,
+        "judge_estimate": fixed.judge_estimate,
+        "mean_difference": fixed.mean_difference,
+        "labelled_share": fixed.labelled_share,
+        "method": fixed.method,
+        "confidence": fixed.confidence,
+    }
+    return reading
 
 
 @router.get("/faithfulness", summary="Faithfulness estimates, claim-level and answer-level, with intervals")
@@ -55,17 +82,18 @@ async def faithfulness(
         by = "release"
     elif by == "app" and intent is not None:
         by = "intent"
-    estimator = FaithfulnessEstimator(
-        pipeline.config.judging, pipeline.judgments, pipeline.metrics, tenant=tenant
+    config = pipeline.config
+    correction = HumanCorrection(
+        config.judging, config.review, pipeline.judgments, pipeline.metrics, tenant=tenant
     )
     now = datetime.now(UTC)
     claims, answers = await asyncio.gather(
-        asyncio.to_thread(estimator.compute, now, "claims"),
-        asyncio.to_thread(estimator.compute, now, "answers"),
+        asyncio.to_thread(correction.compute, now, "claims"),
+        asyncio.to_thread(correction.compute, now, "answers"),
     )
     grouping = _GROUPING[by]
     items = []
-    for key, claim_est in claims[grouping].items():
+    for key, claim_est in claims.judge[grouping].items():
         item: dict[str, Any] = {"app": key[0]}
         if by != "app":
             item[by] = key[1]
@@ -75,8 +103,8 @@ async def faithfulness(
             continue
         if intent is not None and item.get("intent") != intent:
             continue
-        item["claims"] = _reading(claim_est)
-        item["answers"] = _reading(answers[grouping][key])
+        item["claims"] = _reading(claim_est, claims.corrected[grouping].get(key))
+        item["answers"] = _reading(answers.judge[grouping][key], answers.corrected[grouping].get(key))
         items.append(item)
     return {
         "tenant": tenant,
@@ -87,5 +115,6 @@ async def faithfulness(
             "claims": "mean share of an answer's claims the context supports",
             "answers": "share of answers with no unsupported claim",
         },
+        "min_labels": config.review.min_labels,
         "items": items,
     }

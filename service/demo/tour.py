@@ -33,6 +33,8 @@ class Findings:
     faithful_interval: tuple[float, float] | None
     regenerations_by_source: Mapping[str, int]
     traces: int
+    faithful_estimate: str = "judge-only"
+    """Which estimate `faithful_share` is: `human-corrected` (by the blind review labels) or `judge-only`."""
 
 
 class Ragmon:
@@ -121,7 +123,7 @@ class Ragmon:
         judged_bands.sort(key=lambda b: (not b["alarm"], -b["n_window"]))
         faithfulness = self.client.get("/api/v1/faithfulness").json()["items"]
         judged = sum(int(item["answers"]["n_judged"]) for item in faithfulness)
-        share, interval = _pooled_share(faithfulness)
+        share, interval, which = _pooled_share(faithfulness)
         return Findings(
             review_open=int(self.metric_total("ragmon_review_items", state="open")),
             drift_alarm=alarms[0] if alarms else None,
@@ -133,23 +135,31 @@ class Ragmon:
                 k: int(v) for k, v in sorted(self.metric_totals("ragmon_regenerations", by="source").items())
             },
             traces=int(self.metric_total("ragmon_traces")),
+            faithful_estimate=which,
         )
 
 
-def _pooled_share(items: Sequence[Mapping[str, Any]]) -> tuple[float | None, tuple[float, float] | None]:
-    """The answer-level faithful share of the app with the most judged answers, with its interval.
+def _pooled_share(
+    items: Sequence[Mapping[str, Any]],
+) -> tuple[float | None, tuple[float, float] | None, str]:
+    """The answer-level faithful share of the app with the most judged answers, with its interval and
+    which estimate it is: the human-corrected one where the blind labels allow it, else the judge's.
 
     Per app, as ragmon reports it: pooling apps' estimates would need their weights, which the API
     does not return."""
     if not items:
-        return None, None
+        return None, None, "judge-only"
     top = max(items, key=lambda item: item["answers"]["n_judged"])
     answers = top["answers"]
+    fixed = answers.get("human_corrected")
+    if fixed is not None:
+        return float(fixed["estimate"]), (float(fixed["low"]), float(fixed["high"])), "human-corrected"
     estimate = answers.get("estimate")
     lower, upper = answers.get("lower"), answers.get("upper")
     if estimate is None:
-        return None, None
-    return float(estimate), (float(lower), float(upper)) if lower is not None and upper is not None else None
+        return None, None, "judge-only"
+    bounds = (float(lower), float(upper)) if lower is not None and upper is not None else None
+    return float(estimate), bounds, "judge-only"
 
 
 def _group_text(group: Mapping[str, Any]) -> str:
@@ -215,7 +225,7 @@ def look_lines(url: str, found: Findings, report: str | None) -> list[str]:
         ci = f" (95 % CI {interval[0]:.2f}-{interval[1]:.2f})" if interval else ""
         lines.append(
             f"  judged traces            {found.judged}, faithful share {found.faithful_share:.2f}{ci} "
-            f"in the busiest app    {url}/api/v1/faithfulness"
+            f"in the busiest app ({found.faithful_estimate})    {url}/api/v1/faithfulness"
         )
     sources = ", ".join(f"{k} {v}" for k, v in found.regenerations_by_source.items()) or "none"
     lines.append(f"  regenerations by source  {sources} (a regenerate feedback is also a re-ask)")

@@ -3,7 +3,10 @@ whose command is `service/report/cli.py`).
 
 Per app: query drift over time (the stored query-embedding runs), the
 faithfulness estimate per day with its interval (Hájek over the judge queue,
-computed by `service.judge.judging.FaithfulnessEstimator`), the regeneration rate
+computed by `service.judge.judging.FaithfulnessEstimator`) and the answers
+without claims beside it, both readings over the period judge-only and
+corrected by the blind review labels, with judge-human agreement and the
+blind labels a week to ask for (`faithfulness.py`), the regeneration rate
 per day with its Wilson interval and the regeneration detector's control band
 (its exact binomial test at its own baseline rate, for each day's traces), p50 and
 p95 latency per stage with distribution-free intervals, cost per query with a
@@ -40,7 +43,9 @@ from service.drift.store import DriftStore, RunRecord
 from service.judge.judging import FaithfulnessEstimator
 from service.judge.store import JudgmentStore, Reading
 from service.metrics import Metrics
+from service.report.faithfulness import FaithfulnessSection, faithfulness_lines, faithfulness_section
 from service.report.svg_chart import BandSpan, Series, time_chart
+from service.review.correction import HumanCorrection
 from service.store.tables import feedback, traces
 from service.store.trace_store import Store
 
@@ -100,6 +105,7 @@ class Day:
     band: tuple[float, float] | None = None  # the regeneration detector's limits for this day's n
     faithfulness: Interval = None
     judged: int = 0
+    no_claims: int = 0  # judged answers without claims: in neither reading's denominator
 
     @property
     def middle(self) -> datetime:
@@ -124,6 +130,7 @@ class AppReport:
     no_claims: int
     drift_runs: list[RunRecord]
     faithful_answers: Interval = None  # the answer-level reading: answers with no unsupported claim
+    faithfulness_section: FaithfulnessSection | None = None  # judge-only and corrected, agreement, plan
     groups: list[dict[str, Any]] = field(default_factory=list)
     groups_note: str = ""
     band_note: str = ""  # why a day (or the whole period) has no control band
@@ -208,11 +215,23 @@ def build_report(
     judgments = JudgmentStore(store.engine)
     day_config = JudgingConfig(estimate_window_s=86400.0)
     per_day = FaithfulnessEstimator(day_config, judgments, Metrics(config.metrics), tenant=tenant)
-    period_config = JudgingConfig(estimate_window_s=max(1.0, (until - since).total_seconds()))
+    period_s = max(1.0, (until - since).total_seconds())
+    period_config = JudgingConfig(estimate_window_s=period_s)
     whole = FaithfulnessEstimator(period_config, judgments, Metrics(config.metrics), tenant=tenant)
+    correction = HumanCorrection(
+        period_config, config.review, judgments, Metrics(config.metrics), tenant=tenant, window_s=period_s
+    )
     apps = []
     for name, app_rows in sorted(by_app.items()):
-        apps.append(_app_report(config, drift, tenant, name, app_rows, since, until, per_day, whole))
+        report = _app_report(config, drift, tenant, name, app_rows, since, until, per_day, whole)
+        report.faithfulness_section = faithfulness_section(
+            correction,
+            until,
+            name,
+            half_width=config.review.plan_half_width,
+            blind_rate=config.review.blind_rates.get(name, config.review.blind_rate),
+        )
+        apps.append(report)
     return Report(tenant, since, until, datetime.now(UTC), apps, config.drift.alpha)
 
 
@@ -295,7 +314,7 @@ def _app_report(
         if day_rows and baseline is not None:
             lower, upper = binomial_band(len(day_rows), baseline[0], baseline[1])
             band = (lower / len(day_rows), upper / len(day_rows))
-        faith, judged, _, _ = _faithfulness(per_day, end, app)
+        faith, judged, _, day_no_claims = _faithfulness(per_day, end, app)
         days.append(
             Day(
                 start=max(start, since),
@@ -309,6 +328,7 @@ def _app_report(
                 band=band,
                 faithfulness=faith,
                 judged=judged,
+                no_claims=day_no_claims,
             )
         )
     stages = {}
@@ -419,18 +439,19 @@ def _headline(app: AppReport, alpha: float) -> list[str]:
         f"cost per query: {fmt(app.cost, ' USD')}, over {app.priced} priced traces"
         f" ({app.unpriced} with an unpriced model call or one without token counts)",
         f"regeneration rate: {_pct(app.regeneration)}, {app.regenerations} of {app.traces} traces",
-        "faithfulness (share of claims supported): "
-        + (
-            f"{fmt(app.faithfulness)}, n = {app.judged} judged (Hájek, weighted by inclusion probability;"
-            f" not in it: {app.judge_failed} judge failures, {app.no_claims} answers without claims)"
-            if app.faithfulness is not None
-            else f"no judgments in this period ({app.judge_failed} judge failures)"
-        ),
-        "faithful answers (share with no unsupported claim): "
-        + (
-            f"{fmt(app.faithful_answers)}, over the same {app.judged} judged answers"
-            if app.faithful_answers is not None
-            else "no judgments in this period"
+        *(
+            faithfulness_lines(app.faithfulness_section)
+            if app.faithfulness_section is not None
+            else [
+                "faithfulness (share of claims supported): "
+                + (
+                    f"{fmt(app.faithfulness)}, n = {app.judged} judged (Hájek, weighted by inclusion "
+                    f"probability; not in it: {app.judge_failed} judge failures, {app.no_claims} answers "
+                    "without claims)"
+                    if app.faithfulness is not None
+                    else f"no judgments in this period ({app.judge_failed} judge failures)"
+                )
+            ]
         ),
         f"drift: {len(alarms)} alarms in {len(app.drift_runs)} detector runs"
         + (f" ({', '.join(sorted({r.result.detector for r in alarms}))})" if alarms else "")
@@ -536,7 +557,7 @@ def _app_html(app: AppReport, alpha: float, period: tuple[datetime, datetime]) -
         )
     parts.append(
         time_chart(
-            "Faithfulness estimate per day (Hájek, 95 % CI)",
+            "Faithfulness estimate per day (judge-only Hájek, 95 % CI)",
             [
                 Series(
                     "faithfulness",
@@ -631,7 +652,16 @@ def _app_html(app: AppReport, alpha: float, period: tuple[datetime, datetime]) -
     )
     parts.append(
         _table(
-            ["day", "traces", "regenerations", "rate (95 % CI)", "band", "faithfulness (95 % CI)", "judged"],
+            [
+                "day",
+                "traces",
+                "regenerations",
+                "rate (95 % CI)",
+                "band",
+                "faithfulness, judge-only (95 % CI)",
+                "judged",
+                "no claims",
+            ],
             [
                 [
                     f"{d.start:%Y-%m-%d}",
@@ -643,6 +673,7 @@ def _app_html(app: AppReport, alpha: float, period: tuple[datetime, datetime]) -
                     else f"{100 * d.band[0]:.3g}–{100 * d.band[1]:.3g} %",
                     fmt(d.faithfulness),
                     str(d.judged),
+                    str(d.no_claims),
                 ]
                 for d in app.days
             ],

@@ -34,7 +34,7 @@ from scipy.stats import binomtest, norm
 
 from service.review.records import CalibrationRow, Queue
 
-__all__ = ["Calibration", "Rate", "calibrate", "judge_says_faithful"]
+__all__ = ["Calibration", "Rate", "calibrate", "cohen_kappa", "judge_says_faithful"]
 
 JudgeLabel = Literal["faithful", "unfaithful"]
 
@@ -122,7 +122,11 @@ def judge_says_faithful(outcome: str, faithfulness: float | None) -> bool | None
     return faithfulness >= 1.0 - 1e-9
 
 
-def _kappa(ff: int, fu: int, uf: int, uu: int, z: float) -> tuple[float | None, float | None, float | None]:
+def cohen_kappa(
+    ff: int, fu: int, uf: int, uu: int, z: float
+) -> tuple[float | None, float | None, float | None]:
+    """Cohen's kappa of a 2x2 table (judge label first, reviewer second) with its interval at normal
+    quantile `z` (see the module doc); (None, None, None) without pairs or when kappa is undefined."""
     n = ff + fu + uf + uu
     if n == 0:
         return None, None, None
@@ -162,7 +166,7 @@ def calibrate(rows: Iterable[CalibrationRow], confidence: float = 0.95) -> list[
             cell[(0 if judge else 2) + (0 if row.verdict == "faithful" else 1)] += 1
     result = []
     for (version, sample), (ff, fu, uf, uu, unsure, none) in sorted(counts.items()):
-        kappa, lower, upper = _kappa(ff, fu, uf, uu, z)
+        kappa, lower, upper = cohen_kappa(ff, fu, uf, uu, z)
         result.append(
             Calibration(
                 judge_version=version,

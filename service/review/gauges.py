@@ -45,6 +45,10 @@ class ReviewGauges:
     def reviewed(self, queue: str, verdict: str) -> None:
         """Count a recorded review and let the next scrape read fresh figures."""
         self.metrics.reviews.labels(queue=queue, verdict=verdict).inc()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Let the next scrape read fresh figures (a label changed without a new review)."""
         with self._lock:
             self._cache.clear()
 

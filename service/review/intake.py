@@ -8,9 +8,11 @@
 
 Choices by chance are made by trace id (a salted sha256 mapped to [0, 1)),
 so every replica, every redelivery and every rerun picks the same traces: a
-trace is in the blind sample when its draw is under `blind_rate`, whatever
-the judge said, which keeps the calibration sample independent of the
-verdict. Every path is idempotent (the store keeps one item per tenant,
+trace is in the blind sample when its draw is under its app's blind rate
+(`blind_rates`, else `blind_rate`), whatever the judge said, which keeps the
+calibration sample independent of the verdict: a random subsample of the
+judged one, which is what lets its labels correct the judge's estimate
+(`service/review/correction.py`). Every path is idempotent (the store keeps one item per tenant,
 queue and trace), so redelivered traces, feedback and judgments are harmless.
 """
 
@@ -44,8 +46,13 @@ class ReviewIntake:
         self.flag_threshold = flag_threshold
         self.store = store
 
-    def in_blind_sample(self, tenant: str, trace_id: str) -> bool:
-        return draw("review-blind", tenant, trace_id) < self.config.blind_rate
+    def blind_rate(self, app: str) -> float:
+        """The share of an app's judged traces drawn into the blind queue (`blind_rates`, else
+        `blind_rate`)."""
+        return self.config.blind_rates.get(app, self.config.blind_rate)
+
+    def in_blind_sample(self, tenant: str, trace_id: str, app: str) -> bool:
+        return draw("review-blind", tenant, trace_id) < self.blind_rate(app)
 
     def regeneration_chosen(self, tenant: str, trace_id: str) -> bool:
         return draw("review-regeneration", tenant, trace_id) < self.config.regeneration_share
@@ -67,7 +74,8 @@ class ReviewIntake:
 
         entries = [entry("flagged", f.reason, f.detail) for f in flags_for(judgment, self.flag_threshold)]
         # A failed judgment has no verdict to calibrate against.
-        if judgment.outcome != "failed" and self.in_blind_sample(judgment.tenant, judgment.trace_id):
+        blind = self.in_blind_sample(judgment.tenant, judgment.trace_id, judgment.app)
+        if judgment.outcome != "failed" and blind:
             entries.append(entry("blind", "blind_sample", None))
         return entries
 

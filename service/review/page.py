@@ -319,6 +319,7 @@ def _detail(pipeline: Any, item: ReviewItem, filters: ItemFilters, tenants: Sequ
     trace = pipeline.store.get_trace(item.tenant, item.trace_id)
     judged, _flags = pipeline.judgments.for_trace(item.tenant, item.trace_id)
     review = pipeline.reviews.review_of(item.id)
+    queued_for = _judgment_of(pipeline, item)
     hidden = item.judge_hidden
     answer = (trace or {}).get("answer") or ""
     context = (trace or {}).get("context") or {}
@@ -345,6 +346,7 @@ def _detail(pipeline: Any, item: ReviewItem, filters: ItemFilters, tenants: Sequ
         },
         "judge_hidden": hidden,
         "judgment": None if hidden or not judged else _judgment_view(judged[-1], answer),
+        "claims_to_label": _claims_to_label(queued_for),
         "review": None
         if review is None
         else {
@@ -357,6 +359,9 @@ def _detail(pipeline: Any, item: ReviewItem, filters: ItemFilters, tenants: Sequ
             "category": review.review.category,
             "expected_behaviour": review.review.expected_behaviour,
             "note": review.review.note,
+            "claims_supported": None
+            if review.review.claims_supported is None
+            else list(review.review.claims_supported),
         },
         "prev_id": neighbours[at - 1] if at > 0 else None,
         "next_id": neighbours[at + 1] if 0 <= at < len(neighbours) - 1 else None,
@@ -434,22 +439,67 @@ class ReviewBody(BaseModel):
     category: str | None = Field(None, max_length=200)
     expected_behaviour: ExpectedBehaviour = "answer"
     note: str | None = Field(None, max_length=20_000)
+    claims_supported: list[bool] | None = Field(
+        None,
+        max_length=500,
+        description="true or false for each of the judge's claims, in order (`claims_to_label` of the item)",
+    )
+
+
+def _judgment_of(pipeline: Any, item: ReviewItem) -> dict[str, Any] | None:
+    """The judgment the item was queued for (its judge version), else the newest one of its trace."""
+    judged, _flags = pipeline.judgments.for_trace(item.tenant, item.trace_id)
+    for record in judged:
+        if record.get("judge_version") == item.judge_version:
+            return dict(record)
+    return dict(judged[-1]) if judged else None
+
+
+def _claims_to_label(judgment: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The judge's claims as text only, in order: what a reviewer marks supported or not (a blind
+    item shows them too, without the judge's marks)."""
+    if judgment is None or judgment.get("outcome") != "scored":
+        return []
+    return [{"index": i, "text": text} for i, text in enumerate(judgment.get("claims") or [])]
+
+
+def _claim_marks_error(pipeline: Any, item: ReviewItem, marks: Sequence[bool] | None) -> str | None:
+    """Why the claim marks cannot be stored for the item, or None when they fit its judgment."""
+    if marks is None:
+        return None
+    claims = _claims_to_label(_judgment_of(pipeline, item))
+    if len(marks) != len(claims):
+        return f"claims_supported has {len(marks)} marks; the judge's answer has {len(claims)} claims"
+    return None
 
 
 @router.post(
-    "/api/v1/review/items/{item_id}/review", summary="Record a review; closes the item", status_code=201
+    "/api/v1/review/items/{item_id}/review",
+    summary="Record a review; closes the item (201). The reviewer who labelled an item may label it "
+    "again: the later label replaces theirs (200, replaced)",
+    status_code=201,
 )
 async def submit(item_id: int, body: ReviewBody, request: Request, reviewer: ReviewerDep) -> Response:
     pipeline = _pipeline(request)
-    review = ReviewIn(
-        verdict=body.verdict,
-        failure_mode=body.failure_mode,
-        expected_chunk_ids=tuple(c.strip() for c in body.expected_chunk_ids if c.strip()),
-        reference_answer=(body.reference_answer or "").strip() or None,
-        category=(body.category or "").strip() or None,
-        expected_behaviour=body.expected_behaviour,
-        note=(body.note or "").strip() or None,
-    )
+    item = await asyncio.to_thread(pipeline.reviews.get, item_id, reviewer.tenants)
+    if item is None:
+        return _error(404, "not_found", "no such review item")
+    error = await asyncio.to_thread(_claim_marks_error, pipeline, item, body.claims_supported)
+    if error is not None:
+        return _error(422, "invalid_claim_marks", error)
+    try:
+        review = ReviewIn(
+            verdict=body.verdict,
+            failure_mode=body.failure_mode,
+            expected_chunk_ids=tuple(c.strip() for c in body.expected_chunk_ids if c.strip()),
+            reference_answer=(body.reference_answer or "").strip() or None,
+            category=(body.category or "").strip() or None,
+            expected_behaviour=body.expected_behaviour,
+            note=(body.note or "").strip() or None,
+            claims_supported=None if body.claims_supported is None else tuple(body.claims_supported),
+        )
+    except ValueError as exc:
+        return _error(422, "invalid_review", str(exc))
     try:
         record = await asyncio.to_thread(
             pipeline.reviews.submit, item_id, reviewer.name, reviewer.tenants, review
@@ -459,7 +509,13 @@ async def submit(item_id: int, body: ReviewBody, request: Request, reviewer: Rev
     if record is None:
         return _error(404, "not_found", "no such review item")
     await pipeline.after_review(record)
-    return _json({"item_id": record.item_id, "verdict": body.verdict, "reviewer": record.reviewer}, 201)
+    body_out = {
+        "item_id": record.item_id,
+        "verdict": body.verdict,
+        "reviewer": record.reviewer,
+        "replaced": record.replaced,
+    }
+    return _json(body_out, 200 if record.replaced else 201)
 
 
 class SendBody(BaseModel):

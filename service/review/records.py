@@ -102,10 +102,30 @@ class ReviewIn:
     category: str | None = None
     expected_behaviour: ExpectedBehaviour = "answer"
     note: str | None = None
+    claims_supported: tuple[bool, ...] | None = None
+    """The reviewer's mark on each of the judge's claims (in the judge's order): supported or not;
+    None when the reviewer marked none. The claim-level human label is the share marked supported."""
 
     def __post_init__(self) -> None:
         if self.verdict not in REVIEW_VERDICTS:
             raise ValueError(f"unknown verdict {self.verdict!r}")
+        if self.claims_supported is not None:
+            if not all(isinstance(mark, bool) for mark in self.claims_supported):
+                raise ValueError("claims_supported holds true or false for each claim")
+            if self.verdict == "faithful" and not all(self.claims_supported):
+                raise ValueError(
+                    "a faithful verdict means every claim is supported; mark them so or say unfaithful"
+                )
+
+    def claim_share(self) -> float | None:
+        """The claim-level label: the share of claims marked supported; 1.0 for a `faithful` verdict
+        with no marks (faithful means no unsupported claim); None when there is nothing to read it from
+        (no marks on an unfaithful or unsure verdict, or marks on an answer without claims)."""
+        if self.claims_supported:
+            return sum(self.claims_supported) / len(self.claims_supported)
+        if self.claims_supported is None and self.verdict == "faithful":
+            return 1.0
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +139,8 @@ class ReviewRecord:
     reviewer: str
     review: ReviewIn
     created_at: datetime
+    replaced: bool = False
+    """True when this label replaced the same reviewer's earlier one of the item (the later one wins)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ from service.review.records import (
 from service.store.tables import UtcDateTime, to_utc
 from service.store.trace_store import transaction
 
-__all__ = ["ReviewStore", "metadata", "review_items", "review_reasons", "reviews"]
+__all__ = ["ReviewStore", "metadata", "review_claim_labels", "review_items", "review_reasons", "reviews"]
 
 metadata = sa.MetaData()
 
@@ -105,6 +105,15 @@ reviews = sa.Table(
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Index("reviews_by_time", "created_at"),
     sa.Index("reviews_by_trace", "tenant", "trace_id"),
+)
+
+# The reviewer's mark on each of the judge's claims, apart from `reviews` so that a database made before
+# claim marks existed gets the table from `create_schema` (which creates missing tables, never columns).
+review_claim_labels = sa.Table(
+    "review_claim_labels",
+    metadata,
+    sa.Column("item_id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),
+    sa.Column("supported", sa.Text, nullable=False),  # JSON list of booleans, the judge's claim order
 )
 
 
@@ -436,12 +445,26 @@ class ReviewStore:
 
         Returns None when the item is not visible to the reviewer; raises
         `ClaimRefused` when they do not hold it (never claimed, taken by
-        another reviewer after their lease expired, or already done). A
-        reviewer whose lease expired but whom nobody replaced may still submit.
+        another reviewer after their lease expired, or done by someone else).
+        A reviewer whose lease expired but whom nobody replaced may still
+        submit. The reviewer who labelled a done item may label it again: the
+        later label replaces theirs (one review per item, so it counts once),
+        and the record says `replaced`.
         """
         now = now or _now()
         t = review_items.c
         visible = sa.and_(t.id == item_id, t.tenant.in_(tenants))
+        values = {
+            "reviewer": reviewer,
+            "verdict": review.verdict,
+            "failure_mode": review.failure_mode,
+            "expected_chunk_ids": json.dumps(list(review.expected_chunk_ids)),
+            "reference_answer": review.reference_answer,
+            "category": review.category,
+            "expected_behaviour": review.expected_behaviour,
+            "note": review.note,
+            "created_at": now,
+        }
         with self._connect(writes=True) as conn:
             row = conn.execute(
                 sa.update(review_items)
@@ -449,30 +472,46 @@ class ReviewStore:
                 .values(state="done", lease_until=None, done_at=now)
                 .returning(t.tenant, t.queue, t.trace_id)
             ).first()
+            replaced = False
             if row is None:
                 current = conn.execute(sa.select(review_items).where(visible)).first()
                 if current is None:
                     return None
-                item = self._item(current, now)
-                raise ClaimRefused(item.state, item.reviewer, item.lease_until)
-            conn.execute(
-                reviews.insert().values(
-                    item_id=item_id,
-                    tenant=row.tenant,
-                    queue=row.queue,
-                    trace_id=row.trace_id,
-                    reviewer=reviewer,
-                    verdict=review.verdict,
-                    failure_mode=review.failure_mode,
-                    expected_chunk_ids=json.dumps(list(review.expected_chunk_ids)),
-                    reference_answer=review.reference_answer,
-                    category=review.category,
-                    expected_behaviour=review.expected_behaviour,
-                    note=review.note,
-                    created_at=now,
+                mine = (
+                    current.state == "done"
+                    and conn.execute(
+                        sa.select(reviews.c.item_id).where(
+                            reviews.c.item_id == item_id, reviews.c.reviewer == reviewer
+                        )
+                    ).first()
+                    is not None
                 )
-            )
-        return ReviewRecord(item_id, row.tenant, row.queue, row.trace_id, reviewer, review, now)
+                if not mine:
+                    item = self._item(current, now)
+                    raise ClaimRefused(item.state, item.reviewer, item.lease_until)
+                row, replaced = current, True
+                conn.execute(sa.update(reviews).where(reviews.c.item_id == item_id).values(**values))
+                conn.execute(sa.delete(review_claim_labels).where(review_claim_labels.c.item_id == item_id))
+            else:
+                conn.execute(
+                    reviews.insert().values(
+                        item_id=item_id, tenant=row.tenant, queue=row.queue, trace_id=row.trace_id, **values
+                    )
+                )
+            if review.claims_supported is not None:
+                conn.execute(
+                    review_claim_labels.insert().values(
+                        item_id=item_id, supported=json.dumps(list(review.claims_supported))
+                    )
+                )
+        return ReviewRecord(item_id, row.tenant, row.queue, row.trace_id, reviewer, review, now, replaced)
+
+    @staticmethod
+    def _with_claims() -> sa.Select[Any]:
+        c = review_claim_labels.c
+        return sa.select(reviews, c.supported.label("claims_supported")).outerjoin(
+            review_claim_labels, c.item_id == reviews.c.item_id
+        )
 
     @staticmethod
     def _record(row: Any) -> ReviewRecord:
@@ -490,13 +529,16 @@ class ReviewStore:
                 category=row.category,
                 expected_behaviour=row.expected_behaviour,
                 note=row.note,
+                claims_supported=None
+                if row.claims_supported is None
+                else tuple(bool(mark) for mark in json.loads(row.claims_supported)),
             ),
             created_at=row.created_at,
         )
 
     def review_of(self, item_id: int) -> ReviewRecord | None:
         with self._connect() as conn:
-            row = conn.execute(sa.select(reviews).where(reviews.c.item_id == item_id)).first()
+            row = conn.execute(self._with_claims().where(reviews.c.item_id == item_id)).first()
         return None if row is None else self._record(row)
 
     def list_reviews(
@@ -504,7 +546,7 @@ class ReviewStore:
     ) -> list[ReviewRecord]:
         """Reviews, oldest first; `tenants` None means every tenant."""
         r = reviews.c
-        query = sa.select(reviews).order_by(r.created_at, r.item_id)
+        query = self._with_claims().order_by(r.created_at, r.item_id)
         if tenants is not None:
             query = query.where(r.tenant.in_(tenants))
         if since is not None:

@@ -34,6 +34,13 @@ CALIBRATION_PREFIXES = (
     "ragmon_judge_kappa",
     "ragmon_judge_calibration_pairs",
 )
+# Human-corrected faithfulness and judge-human agreement: sampled once reviewers labelled enough of the
+# blind sample (service/review/correction.py; tests/service/review/test_correction_e2e.py samples them).
+HUMAN_LABEL_PREFIXES = (
+    "ragmon_faithfulness_corrected_estimate",
+    "ragmon_faithful_answers_corrected_ratio",
+    "ragmon_judge_human_",
+)
 # Families of distributed mode (Kafka): declared by its producer and receiver, sampled in tests/distributed.
 KAFKA_PREFIXES = ("ragmon_kafka_",)
 # Counters whose label values are known only once the event happens (no pre-created zero series).
@@ -143,6 +150,7 @@ def test_every_name_used_has_samples_after_traffic_and_judging(scrape: Expositio
         and (drift_ran or not name.startswith(DRIFT_PREFIXES))
         and not name.startswith(PROBE_PREFIXES)
         and not name.startswith(CALIBRATION_PREFIXES)
+        and not name.startswith(HUMAN_LABEL_PREFIXES)
         and not name.startswith(KAFKA_PREFIXES)
     }
     assert set(missing) - ONLY_ON_EVENT == set(), missing

@@ -96,9 +96,10 @@ def test_each_lower_upper_pair_has_a_fill_between_override() -> None:
             for legend in (lo, up):
                 assert overrides[legend]["custom.lineStyle"]["fill"] == "dash", where
             checked += 1
-    # faithfulness estimate, faithful answers, regeneration band, agreement, false approval,
-    # false rejection, kappa, recall@k delta, MRR delta
-    assert checked == 9
+    # faithfulness and faithful answers, each judge-only and human-corrected; regeneration band,
+    # agreement, false approval, false rejection, kappa; per-app judge-human agreement and kappa;
+    # recall@k delta, MRR delta
+    assert checked == 13
 
 
 def test_band_panels_hold_every_multi_valued_label_fixed() -> None:
@@ -223,7 +224,8 @@ def test_data_links_point_at_ragmon() -> None:
         for link in panel.get("fieldConfig", {}).get("defaults", {}).get("links", []):
             assert link["url"].startswith("${ragmon_url}/"), f"{board}: {panel['title']}"
             count += 1
-    assert count == 6  # verdicts, diagnoses, review flags, faithfulness by release, calibration, drift
+    # verdicts, diagnoses, review flags, faithfulness by release, calibration, judge and reviewers, drift
+    assert count == 7
 
 
 def test_no_placeholder_urls_in_generated_files() -> None:

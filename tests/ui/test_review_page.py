@@ -65,10 +65,24 @@ def test_sign_in_label_a_blind_item_by_keyboard_see_calibration_and_export(
         page.fill("textarea[name=reference_answer]", "Refunds take 30 days.")
         page.fill("input[name=category]", "refunds")
         page.locator("#chunks button").first.click()
+        # the judge's claims are listed to mark (without its marks): every one or none
+        marks = page.locator("select[data-claim-mark]")
+        expect(page.locator("#claim-marks")).to_be_visible()
+        claims = marks.count()
+        assert claims >= 1
+        marks.nth(0).select_option("unsupported")
+        if claims > 1:
+            page.locator("body").click(position={"x": 5, "y": 5})
+            page.keyboard.press("Enter")
+            expect(page.locator("#status")).to_contain_text("Mark every claim, or none")
+            for n in range(1, claims):
+                marks.nth(n).select_option("unsupported")
         page.locator("body").click(position={"x": 5, "y": 5})
         page.keyboard.press("Enter")
         # saved: the page moves on to the next blind item
         page.wait_for_url(lambda url: f"/review/items/{first}?" not in url)
+        stored = server.pipeline.reviews.review_of(int(first or 0))
+        assert stored is not None and stored.review.claims_supported == (False,) * claims
         page.goto(server.url + "/review")
         expect(page.locator('#calibration tr[data-sample="blind"] .pairs')).to_have_text("1")
         expect(page.locator('#progress tr[data-queue="blind"] .done')).to_have_text("1")

@@ -290,6 +290,29 @@ function renderAnswer(detail) {
   }
 }
 
+function renderClaimMarks(detail) {
+  const claims = detail.claims_to_label || [];
+  const list = document.getElementById("claim-list");
+  list.replaceChildren();
+  document.getElementById("claim-marks").hidden = claims.length === 0;
+  for (const claim of claims) {
+    const choice = el("select", { name: `claim-${claim.index}`, "data-claim-mark": String(claim.index) },
+      el("option", { value: "", text: "—" }),
+      el("option", { value: "supported", text: "supported" }),
+      el("option", { value: "unsupported", text: "unsupported" }));
+    list.append(el("li", {}, choice, " ", el("span", { class: "text", text: claim.text })));
+  }
+}
+
+// null when no claim is marked; the marks in order when every claim is; a string saying what is missing
+function claimMarks() {
+  const choices = [...document.querySelectorAll("select[data-claim-mark]")];
+  const marked = choices.filter((c) => c.value !== "");
+  if (marked.length === 0) return null;
+  if (marked.length < choices.length) return `Mark every claim, or none (${marked.length} of ${choices.length} marked).`;
+  return choices.map((c) => c.value === "supported");
+}
+
 function renderReview(review) {
   const view = document.getElementById("review-view");
   view.replaceChildren();
@@ -326,6 +349,7 @@ async function itemPage() {
   renderAnswer(detail);
   document.getElementById("legend").hidden = !detail.judgment;
   renderJudgment(detail);
+  renderClaimMarks(detail);
   chunkRows(document.getElementById("chunks"), trace ? trace.chunks : [], form);
   if (trace && trace.reranked.length) {
     document.getElementById("reranked-section").hidden = false;
@@ -359,8 +383,14 @@ async function itemPage() {
       setStatus("Choose a verdict first (f, u or s).", "error");
       return;
     }
+    const marks = claimMarks();
+    if (typeof marks === "string") {
+      setStatus(marks, "error");
+      return;
+    }
     const body = {
       verdict,
+      claims_supported: marks,
       failure_mode: values.get("failure_mode") || null,
       expected_chunk_ids: String(values.get("expected_chunk_ids") || "").split(",").map((s) => s.trim()).filter(Boolean),
       reference_answer: values.get("reference_answer") || null,
@@ -369,7 +399,7 @@ async function itemPage() {
       note: values.get("note") || null,
     };
     const result = await call("POST", `${API}/items/${id}/review`, body);
-    if (result.status === 201) {
+    if (result.status === 201 || result.status === 200) {
       held = false;
       setStatus("Saved.", "ok");
       if (detail.next_id) go(detail.next_id);

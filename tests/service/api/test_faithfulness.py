@@ -82,6 +82,10 @@ def test_both_readings_per_app_with_n_and_the_no_claims_count(server: LiveServer
         assert (reading["n_judged"], reading["n_no_claims"], reading["n_failed"]) == (7, 1, 0)
         assert reading["lower"] <= reading["estimate"] <= reading["upper"]
         assert reading["method"] == "wilson_kish"  # fewer than 30 scored answers
+        # no reviewer labelled the blind sample: no human-corrected reading, and why
+        assert reading["human_corrected"] is None and reading["n_human"] == 0
+        assert reading["human_corrected_reason"] == "0 blind labels, fewer than the 30 needed"
+    assert body["min_labels"] == 30
 
 
 def test_per_release_and_filtered(server: LiveServer) -> None:

@@ -292,5 +292,5 @@ def test_a_period_without_a_judged_band_says_why_in_the_title(tmp_path: Path) ->
     assert "No control band: the regeneration detector did not run in this period" in html
     assert '<rect class="band"' not in html
     # Nothing was judged and no cost was sent: those charts say so instead of drawing an empty axis.
-    assert "no data in this window" in charts["Faithfulness estimate per day (Hájek, 95 % CI)"]
+    assert "no data in this window" in charts["Faithfulness estimate per day (judge-only Hájek, 95 % CI)"]
     assert "no data in this window" in charts["Cost per query per day (mean, 95 % CI)"]

@@ -242,3 +242,53 @@ async def test_intake_of_judgments_is_idempotent_and_calibration_pairs_join(
     )
     assert row.judge_faithfulness == 1.0
     assert reviews.calibration_rows(["b"]) == []
+
+
+def test_the_reviewer_who_labelled_an_item_may_label_it_again_and_the_later_label_wins(
+    reviews: ReviewStore,
+) -> None:
+    [item_id] = reviews.add([Intake("a", "blind", tid(1), "shop", "blind_sample")], now=T0)
+    reviews.claim(item_id, "alice", ["a"], 60)
+    first = reviews.submit(item_id, "alice", ["a"], ReviewIn("faithful"), now=T0)
+    assert first is not None and not first.replaced
+    again = ReviewIn("unfaithful", claims_supported=(True, False))
+    second = reviews.submit(item_id, "alice", ["a"], again, now=T0 + timedelta(minutes=5))
+    assert second is not None and second.replaced
+    [stored] = reviews.list_reviews(["a"])
+    assert stored.review == again and stored.created_at == T0 + timedelta(minutes=5)
+    assert reviews.review_of(item_id) == stored
+    # marks dropped by a later label without marks
+    reviews.submit(item_id, "alice", ["a"], ReviewIn("unfaithful"))
+    assert reviews.review_of(item_id).review.claims_supported is None  # type: ignore[union-attr]
+    # nobody else may overwrite it, and another tenant's reviewer does not see it
+    with pytest.raises(ClaimRefused):
+        reviews.submit(item_id, "bob", ["a"], ReviewIn("faithful"))
+    assert reviews.submit(item_id, "alice", ["b"], ReviewIn("faithful")) is None
+    assert len(reviews.list_reviews(["a"])) == 1
+
+
+def test_claim_marks_and_the_claim_level_label() -> None:
+    assert ReviewIn("unfaithful", claims_supported=(True, False, True, True)).claim_share() == 0.75
+    assert ReviewIn("faithful").claim_share() == 1.0  # faithful: no unsupported claim
+    assert ReviewIn("unfaithful").claim_share() is None
+    assert ReviewIn("unsure").claim_share() is None
+    assert ReviewIn("unsure", claims_supported=(False, True)).claim_share() == 0.5
+    assert ReviewIn("faithful", claims_supported=()).claim_share() is None
+    with pytest.raises(ValueError, match="every claim is supported"):
+        ReviewIn("faithful", claims_supported=(True, False))
+    with pytest.raises(ValueError, match="true or false"):
+        ReviewIn("unfaithful", claims_supported=(1, 0))  # type: ignore[arg-type]
+
+
+def test_the_blind_rate_can_be_set_per_app() -> None:
+    intake = ReviewIntake(
+        ReviewConfig(blind_rate=0.0, blind_rates={"shop": 1.0, "docs": 0.25}),
+        0.5,
+        None,  # type: ignore[arg-type]
+    )
+    ids = [tid(n) for n in range(2000)]
+    assert all(intake.in_blind_sample("a", i, "shop") for i in ids)
+    assert not any(intake.in_blind_sample("a", i, "bank") for i in ids)
+    docs = sum(intake.in_blind_sample("a", i, "docs") for i in ids)
+    assert 400 < docs < 600  # 500 expected; the draw is fixed by the trace id
+    assert docs == sum(intake.in_blind_sample("a", i, "docs") for i in ids)
