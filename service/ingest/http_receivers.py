@@ -250,6 +250,19 @@ def _first_error(exc: ValidationError) -> str:
 )
 async def ingest_json_traces(batch: TraceBatchIn, tenant: TenantDep, pipeline: IngestDep) -> Any:
     """Each record is validated on its own (schema: `TraceIn`); good ones are kept, bad ones listed."""
+    # in a thread: thousands of records of one body, validated and converted on the event loop,
+    # held every other request of every tenant for as long
+    accepted, rejected = await asyncio.to_thread(_validated, batch, tenant, pipeline)
+    if not accepted:
+        return Response(TraceBatchOut(accepted=0, rejected=rejected).model_dump_json(), 422, media_type=JSON)
+    await pipeline.accept_traces(accepted)
+    return TraceBatchOut(accepted=len(accepted), rejected=rejected)
+
+
+def _validated(
+    batch: TraceBatchIn, tenant: str, pipeline: IngestTarget
+) -> tuple[list[RagTrace], list[RejectedRecord]]:
+    """The batch's valid records as traces, and the invalid ones (each counted by reason)."""
     accepted: list[RagTrace] = []
     rejected: list[RejectedRecord] = []
     dims: dict[str | None, int] = {}
@@ -273,10 +286,7 @@ async def ingest_json_traces(batch: TraceBatchIn, tenant: TenantDep, pipeline: I
                 pipeline.metrics.reject("vector_dimension_mismatch")
                 continue
         accepted.append(trace_from_wire(record, tenant, pipeline))
-    if not accepted:
-        return Response(TraceBatchOut(accepted=0, rejected=rejected).model_dump_json(), 422, media_type=JSON)
-    await pipeline.accept_traces(accepted)
-    return TraceBatchOut(accepted=len(accepted), rejected=rejected)
+    return accepted, rejected
 
 
 @api_router.post(
