@@ -1,19 +1,20 @@
 """Which traces get judged, and what the judged sample says about all traces.
 
 `TraceSampler` (policy) picks traces by stratum with known inclusion
-probabilities, `JudgeBudget` caps judge calls and spend, `JudgeQueue` /
-`SqlJudgeQueue` hold the selected traces durably until a judge worker takes
-them, and `hajek` turns judged scores back into a population rate with a
-confidence interval.
+probabilities, `JudgeQueue` / `SqlJudgeQueue` hold the selected traces durably
+until a judge worker takes them, `JudgeBudget` caps judge calls and spend and
+`FairAdmission` shares it between tenants as workers take work (a tenant over
+its share waits, deferred), and `hajek` turns judged scores back into a
+population rate with a confidence interval.
 """
 
 from sampler.budget import (
-    SKIP_REASONS,
+    REFUSAL_REASONS,
     AdmissionBudget,
     BudgetConfig,
     BudgetCounts,
     JudgeBudget,
-    SkipReason,
+    RefusalReason,
     TokenBucket,
 )
 from sampler.estimate import (
@@ -30,6 +31,7 @@ from sampler.estimate import (
     hajek,
     hajek_cells,
 )
+from sampler.fair import FairAdmission, FairShares
 from sampler.policy import (
     STRATA,
     Decision,
@@ -43,7 +45,10 @@ from sampler.policy import (
     selection_u,
 )
 from sampler.queue import (
+    EXPIRED,
     ITEM_STATES,
+    Admission,
+    Claim,
     ItemKey,
     ItemState,
     JudgeItem,
@@ -55,16 +60,21 @@ from sampler.queue import (
 )
 
 __all__ = [
+    "EXPIRED",
     "GROUPINGS",
     "ITEM_STATES",
     "OUTCOMES",
-    "SKIP_REASONS",
+    "REFUSAL_REASONS",
     "STRATA",
+    "Admission",
     "AdmissionBudget",
     "BudgetConfig",
     "BudgetCounts",
+    "Claim",
     "Decision",
     "DriftOutlierHook",
+    "FairAdmission",
+    "FairShares",
     "FaithfulnessEstimate",
     "Grouping",
     "ItemKey",
@@ -76,10 +86,10 @@ __all__ = [
     "Outcome",
     "QueueRecord",
     "QueueStats",
+    "RefusalReason",
     "SampleCell",
     "SamplerConfig",
     "SamplerCounts",
-    "SkipReason",
     "SqlJudgeQueue",
     "StrataRates",
     "Stratum",

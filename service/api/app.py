@@ -44,7 +44,7 @@ VERSION = "0.1.0"
 
 
 def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
-    metrics = metrics or Metrics(config.metrics)
+    metrics = metrics or Metrics(config.metrics, tenants=config.auth.tenants)
     resolver = TenantResolver(config.auth)
 
     @asynccontextmanager

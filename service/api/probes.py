@@ -227,7 +227,7 @@ async def score(
     vs_baseline = await asyncio.to_thread(_compare, pipeline, scored, baseline)
     newest = await asyncio.to_thread(_newest_scored, store, tenant, run.golden_name)
     if newest == run_id:
-        publish_probe_run(pipeline.metrics, run.golden_name, result, started_at, vs_baseline)
+        publish_probe_run(pipeline.metrics, tenant, run.golden_name, result, started_at, vs_baseline)
     return {
         "run": scored.to_json(),
         "published": newest == run_id,
@@ -277,7 +277,7 @@ async def pin(body: PinIn, tenant: TenantDep, pipeline: PipelineDep) -> dict[str
             other = None if newest_id == run.run_id else run
             comparison = await asyncio.to_thread(_compare, pipeline, newest, other)
             publish_probe_run(
-                pipeline.metrics, newest.golden_name, newest.result, newest.started_at, comparison
+                pipeline.metrics, tenant, newest.golden_name, newest.result, newest.started_at, comparison
             )
     return run.to_json()
 
