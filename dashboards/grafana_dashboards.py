@@ -873,14 +873,17 @@ def quality(t: Thresholds) -> dict[str, Any]:
         runbooks=["RagmonJudgeStalled"],
     )
     b.series(
-        "Sampled and skipped per minute",
-        "traces put in the queue by stratum; traces the budget refused by reason",
+        "Sampled, deferred and skipped per minute",
+        "traces put in the queue by stratum; traces the budget had no room for when their turn came "
+        "(deferred: judged as it refills, in fair shares of the tenants); traces never judged by reason "
+        "(expired: deferred past budget.max_deferral_s)",
         "short",
         [
             (
                 "60 * sum by (stratum) (rate(ragmon_judge_sampled_total[$__rate_interval]))",
                 "sampled {{stratum}}",
             ),
+            ("60 * sum(rate(ragmon_judge_deferred_total[$__rate_interval]))", "deferred"),
             (
                 "60 * sum by (reason) (rate(ragmon_judge_skipped_total[$__rate_interval]))",
                 "skipped {{reason}}",

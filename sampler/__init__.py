@@ -1,20 +1,22 @@
 """Which traces get judged, and what the judged sample says about all traces.
 
 `TraceSampler` (policy) picks traces by stratum with known inclusion
-probabilities, `JudgeBudget` caps judge calls and spend, `JudgeQueue` /
-`SqlJudgeQueue` hold the selected traces durably until a judge worker takes
-them, and `hajek` turns judged scores back into a population rate with a
-confidence interval; `corrected` adds the blind human labels' correction of the judge's error
-(a two-phase difference estimator) and `plan_labels` says how many labels that needs.
+probabilities, `JudgeQueue` / `SqlJudgeQueue` hold the selected traces durably
+until a judge worker takes them, `JudgeBudget` caps judge calls and spend and
+`FairAdmission` shares it between tenants as workers take work (a tenant over
+its share waits, deferred), and `hajek` turns judged scores back into a
+population rate with a confidence interval; `corrected` adds the blind human
+labels' correction of the judge's error (a two-phase difference estimator) and
+`plan_labels` says how many labels that needs.
 """
 
 from sampler.budget import (
-    SKIP_REASONS,
+    REFUSAL_REASONS,
     AdmissionBudget,
     BudgetConfig,
     BudgetCounts,
     JudgeBudget,
-    SkipReason,
+    RefusalReason,
     TokenBucket,
 )
 from sampler.corrected import (
@@ -40,6 +42,7 @@ from sampler.estimate import (
     hajek,
     hajek_cells,
 )
+from sampler.fair import FairAdmission, FairShares
 from sampler.policy import (
     STRATA,
     Decision,
@@ -53,7 +56,10 @@ from sampler.policy import (
     selection_u,
 )
 from sampler.queue import (
+    EXPIRED,
     ITEM_STATES,
+    Admission,
+    Claim,
     ItemKey,
     ItemState,
     JudgeItem,
@@ -65,17 +71,22 @@ from sampler.queue import (
 )
 
 __all__ = [
+    "EXPIRED",
     "GROUPINGS",
     "ITEM_STATES",
     "OUTCOMES",
-    "SKIP_REASONS",
+    "REFUSAL_REASONS",
     "STRATA",
+    "Admission",
     "AdmissionBudget",
     "BudgetConfig",
     "BudgetCounts",
+    "Claim",
     "CorrectedEstimate",
     "Decision",
     "DriftOutlierHook",
+    "FairAdmission",
+    "FairShares",
     "FaithfulnessEstimate",
     "Grouping",
     "ItemKey",
@@ -89,10 +100,10 @@ __all__ = [
     "Outcome",
     "QueueRecord",
     "QueueStats",
+    "RefusalReason",
     "SampleCell",
     "SamplerConfig",
     "SamplerCounts",
-    "SkipReason",
     "SqlJudgeQueue",
     "StrataRates",
     "Stratum",

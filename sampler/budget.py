@@ -1,10 +1,12 @@
 """The judge budget: token buckets for judge calls per minute and USD per day.
 
-The sampler asks the budget before it admits a selected trace to the judge
-queue. A refusal is not a loss: the sampler records the trace as skipped with
-the reason (`budget_calls` or `budget_usd`), the counts here feed the metrics,
-and the estimator corrects the inclusion probabilities of the cells the budget
-thinned (see `sampler.estimate`).
+The judge worker asks the budget as it takes a trace from the judge queue
+(`SqlJudgeQueue.claim_within`), tenant by tenant in fair shares
+(`sampler.fair`). A refusal is not a loss: the trace goes back to the queue,
+deferred, and is asked for again as the budget refills; only one still
+deferred after `max_deferral_s` ends skipped (reason `expired`), and the
+estimator corrects the inclusion probabilities of the cells that lost traces
+(see `sampler.estimate`).
 
 `JudgeBudget` keeps the buckets in one process (`scope: process`). The
 running service uses one budget for the whole deployment instead (`scope:
@@ -22,20 +24,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
-    "SKIP_REASONS",
+    "REFUSAL_REASONS",
     "AdmissionBudget",
     "BudgetConfig",
     "BudgetCounts",
     "JudgeBudget",
-    "SkipReason",
+    "RefusalReason",
     "TokenBucket",
 ]
 
-SkipReason = Literal["budget_calls", "budget_usd"]
-SKIP_REASONS: tuple[SkipReason, ...] = get_args(SkipReason)
+RefusalReason = Literal["budget_calls", "budget_usd"]
+"""Why the budget had no room for a judgment: the call bucket, or the spend bucket, is empty."""
+REFUSAL_REASONS: tuple[RefusalReason, ...] = get_args(RefusalReason)
 
 _SECONDS_PER_DAY = 86_400.0
 
@@ -72,6 +75,26 @@ class BudgetConfig(BaseModel):
         gt=0,
         description="after the budget refused a lease, how long a process refuses before it asks again",
     )
+    tenant_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="tenant -> weight: among the tenants with traces waiting for the judge, each gets "
+        "weight / sum of their weights of the budget; a tenant with nothing waiting lends its share",
+    )
+    default_tenant_weight: float = Field(default=1.0, gt=0, description="the weight of a tenant not named")
+    max_deferral_s: float = Field(
+        default=6 * 3600.0,
+        gt=0,
+        description="a trace the budget kept deferring this long after it was selected ends skipped "
+        "(reason expired), counted and corrected for in the estimate, instead of waiting on",
+    )
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _positive_weights(cls, weights: dict[str, float]) -> dict[str, float]:
+        for tenant, weight in weights.items():
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f"the weight of tenant {tenant!r} must be a positive number, got {weight!r}")
+        return weights
 
     def capacity(self) -> tuple[float, float]:
         """(call tokens, USD tokens) the buckets hold when full."""
@@ -85,9 +108,9 @@ class BudgetConfig(BaseModel):
 
 
 class AdmissionBudget(Protocol):
-    """What the sampler asks before it admits a selected trace to the judge queue."""
+    """What the judge queue asks before a worker takes a trace to judge (`sampler.fair`)."""
 
-    def try_admit(self, cost_usd: float) -> SkipReason | None:
+    def try_admit(self, cost_usd: float) -> RefusalReason | None:
         """Admit one judgment of estimated `cost_usd`: None if admitted, else the reason it refused."""
         ...
 
@@ -139,7 +162,7 @@ class BudgetCounts:
     """Cumulative counts since the budget was built: admitted, and refused per reason."""
 
     admitted: int
-    skipped: Mapping[SkipReason, int]
+    refused: Mapping[RefusalReason, int]
     admitted_usd: float
 
 
@@ -159,20 +182,20 @@ class JudgeBudget:
         self._lock = threading.Lock()
         self._admitted = 0
         self._admitted_usd = 0.0
-        self._skipped: dict[SkipReason, int] = dict.fromkeys(SKIP_REASONS, 0)
+        self._refused: dict[RefusalReason, int] = dict.fromkeys(REFUSAL_REASONS, 0)
 
-    def try_admit(self, cost_usd: float) -> SkipReason | None:
+    def try_admit(self, cost_usd: float) -> RefusalReason | None:
         """Admit one judgment of estimated `cost_usd`; None if admitted, else the reason."""
         if not (math.isfinite(cost_usd) and cost_usd >= 0):
             raise ValueError(f"cost_usd must be a finite number >= 0, got {cost_usd!r}")
         with self._lock:
-            reason: SkipReason | None = None
+            reason: RefusalReason | None = None
             if not self._calls.can_take(1.0):
                 reason = "budget_calls"
             elif not self._usd.can_take(cost_usd):
                 reason = "budget_usd"
             if reason is not None:
-                self._skipped[reason] += 1
+                self._refused[reason] += 1
                 return reason
             self._calls.charge(1.0)
             self._usd.charge(cost_usd)
@@ -196,7 +219,7 @@ class JudgeBudget:
     def counts(self) -> BudgetCounts:
         with self._lock:
             return BudgetCounts(
-                admitted=self._admitted, skipped=dict(self._skipped), admitted_usd=self._admitted_usd
+                admitted=self._admitted, refused=dict(self._refused), admitted_usd=self._admitted_usd
             )
 
     def levels(self) -> tuple[float, float]:

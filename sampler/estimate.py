@@ -27,16 +27,23 @@ What is not in the score's denominator, and how it is reported:
   make claims. Counted in `n_no_claims`.
 * `failed` (judge failures after retries): excluded, counted in `n_failed`.
   The estimate then assumes failures are unrelated to faithfulness.
-* `skipped` (refused by the budget): the budget thins a cell (stratum and
-  π) by a fraction the design did not plan. Within each cell the admitted
-  share f = admitted / (admitted + skipped) is observed, and the admitted
-  items get π·f as their effective inclusion probability: the standard
-  weighting-class adjustment for nonresponse. It is unbiased if, within a
-  cell, whether the budget had room is unrelated to faithfulness (the bucket
-  empties by time of day, so a window where quality moves with the hour and
-  the budget binds at peak is the case it cannot fix). A cell the budget
-  emptied completely cannot be adjusted; its traces are missing from the
-  estimate, and `n_skipped_unadjusted` says how many.
+* `pending` (selected, not judged yet: waiting for a worker, being judged, or
+  deferred because the judge budget had no room: `sampler.fair`) and
+  `skipped` (deferred past `max_deferral_s`, reason `expired`; or refused by
+  the budget of an earlier version): both thin a cell (stratum and π) by a
+  fraction the design did not plan. Within each cell the judged share
+  f = judged / (judged + pending + skipped) is observed, and the judged items
+  get π·f as their effective inclusion probability: the standard
+  weighting-class adjustment for nonresponse. A deferred item judged later
+  keeps its π and simply moves from `pending` to judged. Leaving pending
+  items out instead would weight a cell one tenant flooded (600 thumbs-downs
+  at π = 1, 69 judged so far) as if it held 69 traces. The adjustment is
+  unbiased if, within a cell, whether an item was judged yet is unrelated to
+  faithfulness (items are judged oldest first and the budget empties by time
+  of day, so a window where quality moves with the hour and the budget binds
+  at peak is the case it cannot fix). A cell with no judged item cannot be
+  adjusted; its traces are missing from the estimate, and
+  `n_skipped_unadjusted` says how many (skipped and pending together).
 """
 
 from __future__ import annotations
@@ -68,8 +75,11 @@ __all__ = [
     "hajek_cells",
 ]
 
-Outcome = Literal["scored", "no_claims", "failed", "skipped"]
+Outcome = Literal["scored", "no_claims", "failed", "skipped", "pending"]
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+_STATE_OUTCOMES: dict[str, Outcome] = {"skipped": "skipped", "failed": "failed"}
+_NOT_JUDGED: frozenset[str] = frozenset({"skipped", "pending"})
+"""Outcomes of selected items with no judgment (yet): the nonresponse of their cell."""
 
 Grouping = Literal["app", "app_release", "app_intent"]
 GROUPINGS: tuple[Grouping, ...] = get_args(Grouping)
@@ -106,15 +116,15 @@ class JudgedSample:
     def from_record(
         cls, record: QueueRecord, outcome: Outcome | None = None, score: float | None = None
     ) -> JudgedSample:
-        """The sample for a queue record. A `skipped` or `failed` record gives its own outcome;
-        a `done` one needs the judgment's outcome (`scored` with its score, or `no_claims`).
-        Raises ValueError for items not judged yet (pending, leased) or a mismatched outcome."""
-        if record.state in ("skipped", "failed"):
-            if outcome not in (None, record.state):
-                raise ValueError(f"a {record.state} record cannot have outcome {outcome!r}")
-            outcome = record.state
-        elif record.state != "done":
-            raise ValueError(f"record {record.key} is {record.state}, not judged yet")
+        """The sample for a queue record. A `skipped` or `failed` record gives its own outcome, a
+        `pending` or `leased` one (not judged yet) `pending`; a `done` one needs the judgment's
+        outcome (`scored` with its score, or `no_claims`). Raises ValueError on a mismatched outcome."""
+        state = record.state
+        own: Outcome | None = "pending" if state in ("pending", "leased") else _STATE_OUTCOMES.get(state)
+        if own is not None:
+            if outcome not in (None, own):
+                raise ValueError(f"a {state} record cannot have outcome {outcome!r}")
+            outcome = own
         elif outcome not in ("scored", "no_claims"):
             raise ValueError(f"a done record needs outcome 'scored' or 'no_claims', got {outcome!r}")
         item = record.item
@@ -145,9 +155,10 @@ class FaithfulnessEstimate:
     `estimate`, `lower` and `upper` are None when no item has a score.
     `n_judged` counts scored items (the denominator); `n_effective` is Kish's
     (Σw)²/Σw² over them; `sum_weights` estimates how many traces with claims
-    they stand for. `n_no_claims`, `n_failed` and `n_skipped` are not in
-    the denominator; `n_skipped_unadjusted` are skips in cells with no
-    admitted item, which the adjustment could not carry.
+    they stand for. `n_no_claims`, `n_failed`, `n_skipped` and `n_pending`
+    are not in the denominator; `n_skipped_unadjusted` are skipped and
+    pending items in cells with no judged item, which the adjustment could
+    not carry.
     """
 
     estimate: float | None
@@ -162,6 +173,7 @@ class FaithfulnessEstimate:
     sum_weights: float
     method: Literal["linearization", "wilson_kish", "none"]
     confidence: float
+    n_pending: int = 0
 
 
 # Equal scores (all 0.7, say) leave a variance of ~1e-33 from rounding where it is 0; below this
@@ -261,6 +273,7 @@ def hajek_cells(
             n_no_claims=counts["no_claims"],
             n_skipped=counts["skipped"],
             n_skipped_unadjusted=unadjusted,
+            n_pending=counts["pending"],
             sum_weights=0.0,
             method="none",
             confidence=confidence,
@@ -305,6 +318,7 @@ def hajek_cells(
         n_no_claims=counts["no_claims"],
         n_skipped=counts["skipped"],
         n_skipped_unadjusted=unadjusted,
+        n_pending=counts["pending"],
         sum_weights=total,
         method=method,
         confidence=confidence,
@@ -312,10 +326,11 @@ def hajek_cells(
 
 
 def _design(cells: Iterable[SampleCell]) -> dict[tuple[str, float], tuple[int, int]]:
-    """(stratum, inclusion probability) -> (admitted, skipped) counts of the design cell."""
+    """(stratum, inclusion probability) -> (judged, not judged) counts of the design cell: skipped by
+    the budget and still pending (waiting, deferred, in progress) are its nonresponse."""
     design: dict[tuple[str, float], list[int]] = defaultdict(lambda: [0, 0])
     for c in cells:
-        design[(c.stratum, c.inclusion_probability)][c.outcome == "skipped"] += c.count
+        design[(c.stratum, c.inclusion_probability)][c.outcome in _NOT_JUDGED] += c.count
     return {key: (admitted, skipped) for key, (admitted, skipped) in design.items()}
 
 

@@ -16,14 +16,14 @@ probability of selection, and a stratum that joins later (a thumbs-down
 after the trace) only adds the traces with u between the old and the new
 probability: exactly those, no trace twice.
 
-Selected traces pass the budget (`AdmissionBudget`); a refused trace is still returned,
-as an item with `skip_reason` set, for the queue to record as skipped.
+Every selected trace becomes a judge item. The budget is not asked here but when
+a worker takes the item from the queue (`sampler.fair`): a trace is selected by
+the design alone, whatever the budget has left at the moment it arrives.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import threading
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -32,7 +32,6 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sampler.budget import SKIP_REASONS, AdmissionBudget, SkipReason
 from sampler.queue import JudgeItem
 from service.model import Feedback, RagTrace
 
@@ -160,15 +159,10 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class SamplerCounts:
-    """Cumulative counts since the sampler was built, per deciding stratum.
-
-    `selected` = `admitted` + the skips of that stratum summed over reasons.
-    """
+    """Cumulative counts since the sampler was built: traces seen, and selected per deciding stratum."""
 
     seen: int
     selected: Mapping[Stratum, int]
-    admitted: Mapping[Stratum, int]
-    skipped: Mapping[tuple[Stratum, SkipReason], int]
 
 
 def selection_u(salt: str, trace_id: str) -> float:
@@ -181,9 +175,8 @@ class TraceSampler:
     """The sampling processor: decides per trace and returns the judge items to enqueue.
 
     `select` and the late hooks (`on_feedback`, `on_drift_outlier`) return
-    `JudgeItem`s, admitted or with `skip_reason` set when the budget refused;
-    the caller hands all of them to `JudgeQueue.enqueue`, which is idempotent,
-    so redelivered traces are harmless. Thread-safe.
+    `JudgeItem`s; the caller hands all of them to `JudgeQueue.enqueue`, which
+    is idempotent, so redelivered traces are harmless. Thread-safe.
     """
 
     def __init__(
@@ -191,21 +184,13 @@ class TraceSampler:
         config: SamplerConfig | None = None,
         *,
         judge_version: str,
-        budget: AdmissionBudget | None = None,
-        judgment_cost_usd: float | Callable[[TraceSummary], float] = 0.0,
         drift_outliers: DriftOutlierHook | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if not judge_version:
             raise ValueError("judge_version must not be empty")
-        if isinstance(judgment_cost_usd, float | int) and not (
-            math.isfinite(judgment_cost_usd) and judgment_cost_usd >= 0
-        ):
-            raise ValueError(f"judgment_cost_usd must be >= 0, got {judgment_cost_usd!r}")
         self.config = config or SamplerConfig()
         self.judge_version = judge_version
-        self.budget = budget
-        self.judgment_cost_usd = judgment_cost_usd
         self.drift_outliers = drift_outliers
         self._clock = clock
         self._rates: dict[Stratum, float] = {s: self.config.rates.of(s) for s in STRATA}
@@ -214,10 +199,6 @@ class TraceSampler:
         self._lock = threading.Lock()
         self._seen = 0
         self._selected: dict[Stratum, int] = dict.fromkeys(STRATA, 0)
-        self._admitted: dict[Stratum, int] = dict.fromkeys(STRATA, 0)
-        self._skipped: dict[tuple[Stratum, SkipReason], int] = {
-            (s, r): 0 for s in STRATA for r in SKIP_REASONS
-        }
 
     def u(self, trace_id: str) -> float:
         """`selection_u(config.salt, trace_id)`, from a pre-salted hash."""
@@ -249,7 +230,7 @@ class TraceSampler:
         return Decision(summary.trace_id, u, strata, stratum, p, u < p)
 
     def select(self, traces: Iterable[RagTrace | TraceSummary]) -> list[JudgeItem]:
-        """Decide each trace; the selected ones come back as items (admitted or skipped)."""
+        """Decide each trace; the selected ones come back as items."""
         items: list[JudgeItem] = []
         seen = 0
         for trace in traces:
@@ -257,7 +238,7 @@ class TraceSampler:
             decision = self.decide(summary)
             seen += 1
             if decision.selected:
-                items.append(self._admit(summary, decision))
+                items.append(self._item(summary, decision))
         with self._lock:
             self._seen += seen
         return items
@@ -285,12 +266,7 @@ class TraceSampler:
 
     def counts(self) -> SamplerCounts:
         with self._lock:
-            return SamplerCounts(
-                seen=self._seen,
-                selected=dict(self._selected),
-                admitted=dict(self._admitted),
-                skipped=dict(self._skipped),
-            )
+            return SamplerCounts(seen=self._seen, selected=dict(self._selected))
 
     def _reconsider(self, before: TraceSummary, after: TraceSummary) -> JudgeItem | None:
         return self._late(self.decide(before), self.decide(after), after)
@@ -298,20 +274,12 @@ class TraceSampler:
     def _late(self, old: Decision, new: Decision, summary: TraceSummary) -> JudgeItem | None:
         if new.inclusion_probability <= old.inclusion_probability or not new.selected:
             return None
-        return self._admit(summary, new)
+        return self._item(summary, new)
 
-    def _admit(self, summary: TraceSummary, decision: Decision) -> JudgeItem:
-        reason: SkipReason | None = None
-        if self.budget is not None:
-            cost = self.judgment_cost_usd
-            reason = self.budget.try_admit(float(cost(summary) if callable(cost) else cost))
+    def _item(self, summary: TraceSummary, decision: Decision) -> JudgeItem:
         stratum = decision.stratum
         with self._lock:
             self._selected[stratum] += 1
-            if reason is None:
-                self._admitted[stratum] += 1
-            else:
-                self._skipped[(stratum, reason)] += 1
         return JudgeItem(
             trace_id=summary.trace_id,
             tenant=summary.tenant,
@@ -323,7 +291,6 @@ class TraceSampler:
             trace_time=summary.start_time,
             release=summary.release,
             intent=summary.intent,
-            skip_reason=reason,
         )
 
     def _is_drift_outlier(self, summary: TraceSummary) -> bool:

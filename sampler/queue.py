@@ -15,16 +15,21 @@ PostgreSQL, the same code) and guarantees:
 * nothing disappears: each claim counts an attempt, and an item that used up
   `max_attempts` ends in the visible `failed` state with its last error.
 
-The table is also the record of the sampling decision: a trace the budget
-refused is stored in state `skipped` with its reason. It is never claimed, but
-the estimator counts it to correct the inclusion probability of its cell.
+The judge budget is asked as work is claimed (`claim_within`, in fair shares
+of tenants: `sampler.fair`). An item the budget had no room for goes back to
+`pending`, marked deferred (its `last_error` is the budget's reason), keeps its
+inclusion probability and is claimed again as the budget refills; one still
+deferred `max_deferral_s` after it was selected ends `skipped` with reason
+`expired` (`expire_deferred`). The table is also the record of the sampling
+decision: a skipped item is never claimed, but the estimator counts it, and
+every item not judged yet, to correct the inclusion probability of its cell.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -56,10 +61,14 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.types import TypeDecorator
 
+from sampler.budget import REFUSAL_REASONS, RefusalReason
 from service.errors import StoreUnavailable
 
 __all__ = [
+    "EXPIRED",
     "ITEM_STATES",
+    "Admission",
+    "Claim",
     "ItemKey",
     "ItemState",
     "JudgeItem",
@@ -76,6 +85,9 @@ ITEM_STATES: tuple[ItemState, ...] = get_args(ItemState)
 
 _TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 _ERROR_CHARS = 500
+
+EXPIRED = "expired"
+"""The skip reason of an item the budget deferred for longer than `max_deferral_s`."""
 
 
 class ItemKey(NamedTuple):
@@ -142,10 +154,16 @@ class QueueRecord:
     def key(self) -> ItemKey:
         return self.item.key
 
+    @property
+    def deferred(self) -> bool:
+        """Waiting for the budget: pending, and the budget's refusal was the last thing to happen to it."""
+        return self.state == "pending" and self.last_error in REFUSAL_REASONS
+
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """Item counts per state and the enqueue time of the oldest outstanding item."""
+    """Item counts per state (`pending` without the deferred ones) and the enqueue time of the oldest
+    outstanding item (deferred ones left out: they wait for the budget, not for a worker)."""
 
     pending: int
     leased: int
@@ -153,11 +171,35 @@ class QueueStats:
     failed: int
     skipped: int
     oldest_enqueued_at: datetime | None
+    deferred: int = 0
 
     @property
     def depth(self) -> int:
-        """Outstanding items: waiting or leased."""
+        """Outstanding items the workers can take: waiting (not for the budget) or leased."""
         return self.pending + self.leased
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What `claim_within` took: the records leased to the worker (the budget admitted each), the
+    traces the budget turned back and that were not deferred before (per tenant), and the budget's
+    reason when it turned any back."""
+
+    records: list[QueueRecord]
+    deferred: dict[str, int]
+    refused: RefusalReason | None
+
+
+class Admission(Protocol):
+    """What `claim_within` asks (`sampler.fair.FairAdmission`): the fair order of tenants, and the budget."""
+
+    def order(self, waiting: Mapping[str, int], n: int) -> list[str]:
+        """The tenants of the next `n` judgments, given how many traces each has waiting."""
+        ...
+
+    def admit(self, tenant: str) -> RefusalReason | None:
+        """None when the budget admits one judgment for `tenant`, else why it does not."""
+        ...
 
 
 class JudgeQueue(Protocol):
@@ -295,9 +337,10 @@ class SqlJudgeQueue:
         A key already stored adds no new item. Two things may still change
         on it, both so the stored row matches the final sampling design:
         a higher inclusion probability (a late thumbs-down raised it) replaces
-        the recorded probability and stratum, whatever the state; and an item
-        the budget skipped becomes pending when an admitted item for the same
-        key arrives (counted as new).
+        the recorded probability and stratum, whatever the state; and a
+        skipped item (its deferral expired) becomes pending again, counted as
+        new, when that higher probability comes with it (a redelivered trace
+        with the same probability revives nothing).
         """
         batch = _dedupe(items)
         if not batch:
@@ -319,7 +362,11 @@ class SqlJudgeQueue:
                 if item.skip_reason is None:
                     revived = conn.execute(
                         update(judge_queue)
-                        .where(where, judge_queue.c.state == "skipped")
+                        .where(
+                            where,
+                            judge_queue.c.state == "skipped",
+                            judge_queue.c.inclusion_probability < item.inclusion_probability,
+                        )
                         .values(
                             state="pending",
                             available_at=now,
@@ -346,49 +393,158 @@ class SqlJudgeQueue:
         attempts left. An expired lease with no attempts left is moved to
         `failed` here, so it stays visible instead of cycling forever.
         """
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not (math.isfinite(lease_s) and lease_s > 0):
-            raise ValueError(f"lease_s must be a positive number, got {lease_s!r}")
-        if not worker:
-            raise ValueError("worker must not be empty")
+        _check_claim(n, lease_s, worker)
         now = self._now()
+        t = judge_queue.c
+        candidates = (
+            select(t.id).where(self._claimable(now)).order_by(t.id).limit(n).with_for_update(skip_locked=True)
+        )
+        with self._connect() as conn:
+            self._fail_exhausted(conn, now)
+            rows = conn.execute(
+                update(judge_queue)
+                .where(t.id.in_(candidates.scalar_subquery()))
+                .values(**self._lease_values(now, lease_s, worker))
+                .returning(*judge_queue.c)
+            ).all()
+        return [_record(r) for r in sorted(rows, key=lambda r: int(r.id))]
+
+    def claim_within(self, n: int, lease_s: float, worker: str, admission: Admission) -> Claim:
+        """Lease up to `n` claimable items to `worker` in the order `admission` gives the tenants
+        (each tenant's oldest first), keeping those the budget admits (`admission.admit`).
+
+        The items are leased first and asked for one by one, so no admission is spent on an
+        item another worker took meanwhile; from the first refusal on, the rest go back to
+        `pending` (their attempt refunded), deferred: `last_error` is the budget's reason. When
+        the budget cannot be asked (`StoreUnavailable`), the items not admitted go back
+        untouched, and the error is raised unless some were admitted already.
+        """
+        _check_claim(n, lease_s, worker)
+        now = self._now()
+        t = judge_queue.c
+        ranked = (
+            select(t.id, t.tenant, func.row_number().over(partition_by=t.tenant, order_by=t.id).label("turn"))
+            .where(self._claimable(now))
+            .subquery()
+        )
+        with self._connect() as conn:
+            self._fail_exhausted(conn, now)
+            waiting: dict[str, list[int]] = {}
+            for item_id, tenant in conn.execute(
+                select(ranked.c.id, ranked.c.tenant).where(ranked.c.turn <= n).order_by(ranked.c.id)
+            ):
+                waiting.setdefault(tenant, []).append(int(item_id))
+        turns = {tenant: iter(ids) for tenant, ids in waiting.items()}
+        chosen = [
+            next(turns[tenant]) for tenant in admission.order({k: len(v) for k, v in waiting.items()}, n)
+        ]
+        if not chosen:
+            return Claim([], {}, None)
+        with self._connect() as conn:
+            rows = conn.execute(
+                update(judge_queue)
+                .where(t.id.in_(chosen), self._claimable(now))
+                .values(**self._lease_values(now, lease_s, worker))
+                .returning(*judge_queue.c)
+            ).all()
+        by_id = {int(row.id): row for row in rows}
+        leased = [by_id[item_id] for item_id in chosen if item_id in by_id]
+        admitted: list[Row[Any]] = []
+        refused: RefusalReason | None = None
+        try:
+            for row in leased:
+                refused = admission.admit(row.tenant)
+                if refused is not None:
+                    break
+                admitted.append(row)
+        except StoreUnavailable:
+            self._turn_back(leased[len(admitted) :], worker, None)
+            if not admitted:
+                raise
+            return Claim([_record(r) for r in admitted], {}, None)
+        back = leased[len(admitted) :]
+        deferred: dict[str, int] = {}
+        if back:
+            self._turn_back(back, worker, refused)
+            for row in back:
+                if row.last_error not in REFUSAL_REASONS:
+                    deferred[row.tenant] = deferred.get(row.tenant, 0) + 1
+        return Claim([_record(r) for r in admitted], deferred, refused)
+
+    def expire_deferred(self, max_age_s: float) -> dict[str, int]:
+        """End `skipped` (reason `expired`) every deferred item selected more than `max_age_s` ago;
+        returns how many per tenant (each item is returned to one caller only)."""
+        if not (math.isfinite(max_age_s) and max_age_s > 0):
+            raise ValueError(f"max_age_s must be a positive number, got {max_age_s!r}")
+        selected_before = self._now() - timedelta(seconds=max_age_s)
+        t = judge_queue.c
+        with self._connect() as conn:
+            rows = conn.execute(
+                update(judge_queue)
+                .where(
+                    t.state == "pending",
+                    t.last_error.in_(REFUSAL_REASONS),
+                    t.enqueued_at < selected_before,
+                )
+                .values(state="skipped", last_error=EXPIRED, worker=None, lease_until=None)
+                .returning(t.tenant)
+            ).all()
+        expired: dict[str, int] = {}
+        for row in rows:
+            expired[row.tenant] = expired.get(row.tenant, 0) + 1
+        return expired
+
+    def _claimable(self, now: datetime) -> Any:
+        """Pending and due, or leased with an expired lease and attempts left."""
+        t = judge_queue.c
+        return or_(
+            and_(t.state == "pending", t.available_at <= now),
+            and_(t.state == "leased", t.lease_until < now, t.attempts < self.max_attempts),
+        )
+
+    def _lease_values(self, now: datetime, lease_s: float, worker: str) -> dict[str, Any]:
+        t = judge_queue.c
+        return {
+            "state": "leased",
+            "attempts": t.attempts + 1,
+            "worker": worker,
+            "lease_until": now + timedelta(seconds=lease_s),
+        }
+
+    def _fail_exhausted(self, conn: Any, now: datetime) -> None:
+        """An expired lease with no attempts left ends `failed`: visible instead of cycling forever."""
         t = judge_queue.c
         exhausted = (
             select(t.id)
             .where(t.state == "leased", t.lease_until < now, t.attempts >= self.max_attempts)
             .with_for_update(skip_locked=True)
         )
-        candidates = (
-            select(t.id)
-            .where(
-                or_(
-                    and_(t.state == "pending", t.available_at <= now),
-                    and_(t.state == "leased", t.lease_until < now, t.attempts < self.max_attempts),
-                )
-            )
-            .order_by(t.id)
-            .limit(n)
-            .with_for_update(skip_locked=True)
+        conn.execute(
+            update(judge_queue)
+            .where(t.id.in_(exhausted.scalar_subquery()))
+            .values(state="failed", worker=None, lease_until=None, last_error="lease expired")
         )
+
+    def _turn_back(self, rows: Sequence[Row[Any]], worker: str, reason: RefusalReason | None) -> None:
+        """Leased items back to `pending` untried, their attempt refunded; deferred when `reason`."""
+        if not rows:
+            return
+        t = judge_queue.c
+        changes: dict[str, Any] = {
+            "state": "pending",
+            "attempts": _refunded_attempts(),
+            "available_at": self._now(),
+            "worker": None,
+            "lease_until": None,
+        }
+        if reason is not None:
+            changes["last_error"] = reason
         with self._connect() as conn:
             conn.execute(
                 update(judge_queue)
-                .where(t.id.in_(exhausted.scalar_subquery()))
-                .values(state="failed", worker=None, lease_until=None, last_error="lease expired")
+                .where(t.id.in_([int(r.id) for r in rows]), t.state == "leased", t.worker == worker)
+                .values(**changes)
             )
-            rows = conn.execute(
-                update(judge_queue)
-                .where(t.id.in_(candidates.scalar_subquery()))
-                .values(
-                    state="leased",
-                    attempts=t.attempts + 1,
-                    worker=worker,
-                    lease_until=now + timedelta(seconds=lease_s),
-                )
-                .returning(*judge_queue.c)
-            ).all()
-        return [_record(r) for r in sorted(rows, key=lambda r: int(r.id))]
 
     def complete(self, key: ItemKey) -> bool:
         """Mark the item judged. Any worker may complete it, even after its lease expired:
@@ -470,13 +626,10 @@ class SqlJudgeQueue:
     # -- observing -------------------------------------------------------
 
     def depth(self) -> int:
-        """Outstanding items: pending or leased."""
-        t = judge_queue.c
+        """Outstanding items the workers can take: pending (not deferred) or leased."""
         with self._connect() as conn:
             return int(
-                conn.execute(
-                    select(func.count()).select_from(judge_queue).where(t.state.in_(("pending", "leased")))
-                ).scalar_one()
+                conn.execute(select(func.count()).select_from(judge_queue).where(_outstanding())).scalar_one()
             )
 
     def oldest_age_s(self) -> float:
@@ -486,16 +639,28 @@ class SqlJudgeQueue:
 
     def stats(self) -> QueueStats:
         t = judge_queue.c
+        # grouped on a subquery's column: PostgreSQL does not match a GROUP BY expression that
+        # carries bind parameters to the same expression in the select list
+        rows = select(t.state, _deferred().label("deferred")).subquery()
         with self._connect() as conn:
             counts = dict.fromkeys(ITEM_STATES, 0)
-            for state, count in conn.execute(
-                select(t.state, func.count()).select_from(judge_queue).group_by(t.state)
+            waiting_for_budget = 0
+            for state, is_deferred, count in conn.execute(
+                select(rows.c.state, rows.c.deferred, func.count()).group_by(rows.c.state, rows.c.deferred)
             ):
-                counts[_state(state)] = int(count)
-            oldest = conn.execute(
-                select(func.min(t.enqueued_at)).where(t.state.in_(("pending", "leased")))
-            ).scalar_one()
-        return QueueStats(oldest_enqueued_at=oldest, **counts)
+                if is_deferred:
+                    waiting_for_budget += int(count)
+                else:
+                    counts[_state(state)] += int(count)
+            oldest = conn.execute(select(func.min(t.enqueued_at)).where(_outstanding())).scalar_one()
+        return QueueStats(oldest_enqueued_at=oldest, deferred=waiting_for_budget, **counts)
+
+    def deferred_by_tenant(self) -> dict[str, int]:
+        """Deferred items (waiting for the budget) per tenant."""
+        t = judge_queue.c
+        with self._connect() as conn:
+            rows = conn.execute(select(t.tenant, func.count()).where(_deferred()).group_by(t.tenant)).all()
+        return {tenant: int(count) for tenant, count in rows}
 
     def get(self, key: ItemKey) -> QueueRecord | None:
         """The stored record for `key` (the trace's sampling decision and delivery state)."""
@@ -533,9 +698,33 @@ class SqlJudgeQueue:
             raise StoreUnavailable(f"judge queue: database error: {exc.orig!r}") from exc
 
 
+def _check_claim(n: int, lease_s: float, worker: str) -> None:
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not (math.isfinite(lease_s) and lease_s > 0):
+        raise ValueError(f"lease_s must be a positive number, got {lease_s!r}")
+    if not worker:
+        raise ValueError("worker must not be empty")
+
+
 def _refunded_attempts() -> Any:
     """The attempt a claim counted, given back (never below zero): `release` and refunded `fail`."""
     return case((judge_queue.c.attempts > 0, judge_queue.c.attempts - 1), else_=0)
+
+
+def _deferred() -> Any:
+    """Pending items the budget turned back last: they wait for the budget, not for a worker."""
+    t = judge_queue.c
+    return and_(t.state == "pending", t.last_error.is_not(None), t.last_error.in_(REFUSAL_REASONS))
+
+
+def _outstanding() -> Any:
+    """Items a worker can take now or holds: pending (not deferred) or leased."""
+    t = judge_queue.c
+    return or_(
+        t.state == "leased",
+        and_(t.state == "pending", or_(t.last_error.is_(None), t.last_error.not_in(REFUSAL_REASONS))),
+    )
 
 
 def _dedupe(items: Sequence[JudgeItem]) -> list[JudgeItem]:

@@ -101,6 +101,11 @@ class AuthConfig(_Section):
         True, description="with no keys configured, accept unauthenticated clients on 127.0.0.1/::1"
     )
 
+    @property
+    def tenants(self) -> frozenset[str]:
+        """The tenants the API keys name (empty without keys: every caller is tenant `default`)."""
+        return frozenset(self.api_keys.values())
+
     @field_serializer("api_keys")
     def _mask_keys(self, keys: dict[str, str]) -> dict[str, str]:
         # the keys are the secrets; numbered, so that two keys of one tenant still show as two
@@ -323,25 +328,35 @@ class MetricsConfig(_Section):
         description="when set, /metrics answers only `Authorization: Bearer <token>` (Prometheus: "
         "authorization.credentials); unset: open to whoever reaches the port (loopback by default)",
     )
-    tenant_label: bool = Field(
-        False,
-        description="put a `tenant` label before `app` on every per-app metric, so equal app names of two "
-        "tenants are not summed; off for one-tenant installs (the series keep their current labels)",
+    tenant_label: bool | None = Field(
+        None,
+        description="put a `tenant` label before `app` on every per-app metric, so a tenant's traces only "
+        "ever count under its own tenant (from its API key) and equal app names of two tenants are not "
+        "summed; unset: on when auth.api_keys name two or more tenants, off for one-tenant installs (the "
+        "series keep their current labels); false is refused with two or more tenants",
     )
     max_tenants: int = Field(
-        20, gt=0, description="distinct tenant label values before the rest become 'other' (tenant_label)"
+        20,
+        gt=0,
+        description="tenant label values: the tenants auth.api_keys name (there may be no more than this), "
+        "or without keys the first seen, before the rest become 'other'",
     )
-    max_apps: int = Field(20, gt=0, description="distinct app label values before the rest become 'other'")
+    max_apps: int = Field(
+        20, gt=0, description="distinct app label values per tenant before the tenant's rest become 'other'"
+    )
     max_models: int = Field(
-        20, gt=0, description="distinct model label values before the rest become 'other'"
+        20, gt=0, description="distinct model label values per tenant before the tenant's rest become 'other'"
     )
     intents: list[str] = Field(
         default_factory=list,
-        description="intent values exported as such, others as 'other' (empty: the first max_intents seen)",
+        description="intent values exported as such, others as 'other' (empty: the first max_intents seen "
+        "of each tenant)",
     )
-    max_intents: int = Field(20, gt=0, description="distinct intent label values when `intents` is empty")
+    max_intents: int = Field(
+        20, gt=0, description="distinct intent label values per tenant when `intents` is empty"
+    )
     max_releases: int = Field(
-        20, gt=0, description="distinct release label values before the rest are 'other'"
+        20, gt=0, description="distinct release label values per tenant before the tenant's rest are 'other'"
     )
     max_probe_categories: int = Field(
         20, gt=0, description="golden-set category label values on probe gauges before the rest are 'other'"
@@ -735,6 +750,24 @@ class RagmonConfig(_Section):
     probes: ProbesConfig = ProbesConfig()
     phoenix: PhoenixConfig = PhoenixConfig()
     redaction: RedactionConfig = RedactionConfig()
+
+    @model_validator(mode="after")
+    def _tenants_have_their_own_labels(self) -> RagmonConfig:
+        tenants = len(self.auth.tenants)
+        label = self.metrics.tenant_label
+        if label is None:
+            self.metrics = self.metrics.model_copy(update={"tenant_label": tenants >= 2})
+        elif not label and tenants >= 2:
+            raise ValueError(
+                f"metrics.tenant_label is false, but auth.api_keys name {tenants} tenants: their traces "
+                "would count under each other's app names; remove the setting (it is on for them)"
+            )
+        if self.metrics.tenant_label and tenants > self.metrics.max_tenants:
+            raise ValueError(
+                f"auth.api_keys name {tenants} tenants, more than metrics.max_tenants "
+                f"({self.metrics.max_tenants}); raise it so that each tenant keeps its own label"
+            )
+        return self
 
     @model_validator(mode="after")
     def _redaction_covers_everything_sent(self) -> RagmonConfig:

@@ -7,9 +7,14 @@ and `intent` are capped by configuration and overflow into `other`. No label
 ever carries a user, session, trace or query.
 
 Per-app metrics are labelled by `scope_labels`: `app`, or `tenant` and `app`
-when `metrics.tenant_label` is on (capped by `metrics.max_tenants`), so two
-tenants' equal app names stay two series. Call sites pass `scope(tenant, app)`
-and never name the scope labels themselves.
+when the tenant label is on (`metrics.tenant_label`; on by default as soon as
+the API keys name two tenants), so two tenants' equal app names stay two
+series and a tenant's traces only ever count under its own tenant label: the
+tenant comes from the API key, never from the trace. Each tenant has its own
+caps of app, model, intent and release values with its own `other`
+(`LabelBudget`), so one tenant's 25 apps cannot push another's new app into
+`other`. Call sites pass `scope(tenant, app)` (and `model_label(tenant, ...)`,
+...) and never name the scope labels themselves.
 
 Each `Metrics` owns its own `CollectorRegistry`, so several apps can live in
 one process (tests) without `Duplicated timeseries` errors. Values that are
@@ -33,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sampler.budget import SKIP_REASONS
+from sampler.queue import EXPIRED
 from service.config import MetricsConfig
 from service.labels import FailureReason, RejectReason
 from service.model import Feedback, RagTrace
@@ -107,6 +112,22 @@ class BoundedLabel:
                 self._seen.add(value)
                 return value
         return OTHER
+
+
+class LabelBudget:
+    """One tenant's label values: its own capped sets of app, model, intent and release values (and
+    golden-set names and categories), each overflowing into its own `other`, so no tenant's values
+    can push another's out."""
+
+    __slots__ = ("app", "golden", "intent", "model", "probe_category", "release")
+
+    def __init__(self, config: MetricsConfig) -> None:
+        self.app = BoundedLabel(config.max_apps)
+        self.model = BoundedLabel(config.max_models)
+        self.intent = BoundedLabel(config.max_intents, config.intents)
+        self.release = BoundedLabel(config.max_releases)
+        self.golden = BoundedLabel(config.max_golden_sets)
+        self.probe_category = BoundedLabel(config.max_probe_categories)
 
 
 LabelledValues = Iterable[tuple[Sequence[str], float]]
@@ -239,15 +260,21 @@ class _Tally:
 class Metrics:
     """The registry and every metric of one ragmon process."""
 
-    def __init__(self, config: MetricsConfig | None = None) -> None:
+    def __init__(self, config: MetricsConfig | None = None, *, tenants: Iterable[str] = ()) -> None:
+        """`tenants`: the tenants the API keys name (`AuthConfig.tenants`); with the tenant label on,
+        each is its own label value and any other tenant counts as `other` (without them, the first
+        `max_tenants` seen are their own)."""
         config = config or MetricsConfig()
+        self._label_config = config
         self.registry = CollectorRegistry(auto_describe=True)
-        self.app_label = BoundedLabel(config.max_apps)
-        self.model_label = BoundedLabel(config.max_models)
-        self.intent_label = BoundedLabel(config.max_intents, config.intents)
-        self.release_label = BoundedLabel(config.max_releases)
-        self.tenant_label = BoundedLabel(config.max_tenants) if config.tenant_label else None
+        named = frozenset(tenants)
+        self.tenant_label = BoundedLabel(config.max_tenants, named) if config.tenant_label else None
         self.scope_labels: tuple[str, ...] = ("tenant", "app") if config.tenant_label else ("app",)
+        # `tenant` alone, on the per-tenant series that have no app (judge deferrals, probe gauges)
+        self.tenant_scope_labels: tuple[str, ...] = ("tenant",) if config.tenant_label else ()
+        # per tenant label value (one for all without the label): bounded by the tenant label's cap
+        self._budgets: dict[str, LabelBudget] = {}
+        self._budgets_lock = threading.Lock()
         # (metric, label values) -> child, for the per-trace counters; see `_child`
         self._children: dict[tuple[Counter | Histogram, tuple[str, ...]], Any] = {}
         r = self.registry
@@ -477,8 +504,16 @@ class Metrics:
         )
         self.judge_skipped = Counter(
             "ragmon_judge_skipped",
-            "traces selected for judging that the budget refused (kept, visible)",
-            ["reason"],
+            "traces selected for judging that were never judged, by reason (expired: the budget kept them "
+            "deferred past budget.max_deferral_s); kept, visible, corrected for in the estimate",
+            [*self.tenant_scope_labels, "reason"],
+            registry=r,
+        )
+        self.judge_deferred = Counter(
+            "ragmon_judge_deferred",
+            "traces whose turn for the judge came when the budget had no room, each counted once: kept "
+            "in the queue and judged as the budget refills, in fair shares of the tenants waiting",
+            [*self.tenant_scope_labels],
             registry=r,
         )
         self.judge_requests = Counter(
@@ -531,8 +566,10 @@ class Metrics:
         # Series that start at 0, so rate() and alerts see them before the first event.
         for reason in (*get_args(FailureReason), "trace_missing", "judge_unavailable"):
             self.judge_failures.labels(reason=reason)
-        for skip in SKIP_REASONS:
-            self.judge_skipped.labels(reason=skip)
+        for tenant in self._named_tenants() if self.tenant_label is not None else [None]:
+            self.judge_skipped.labels(*self.tenant_scope(tenant), EXPIRED)
+            if self.tenant_label is not None:
+                self.judge_deferred.labels(*self.tenant_scope(tenant))
         for judge in ("llm", "heuristic"):
             self.judge_cost.labels(judge=judge)
             self.judge_completed.labels(judge=judge)
@@ -873,103 +910,150 @@ class Metrics:
     def _declare_probe_metrics(self, config: MetricsConfig) -> None:
         """Golden-set probe runs: the latest scored run of each golden set, and its delta vs the baseline.
 
-        Set by `service/probes/gauges.py`; `golden` and `category` are capped (`other`), `category`
-        "all" is the whole run, `k` comes from the probes config, `slice` is a closed set.
+        Set by `service/probes/gauges.py`; led by `tenant` when the metrics carry it (two tenants'
+        golden sets of one name are two series), `golden` and `category` are capped per tenant
+        (`other`), `category` "all" is the whole run, `k` comes from the probes config, `slice` is a
+        closed set.
         """
         r = self.registry
-        self.probe_golden_label = BoundedLabel(config.max_golden_sets)
-        self.probe_category_label = BoundedLabel(config.max_probe_categories)
+        g = [*self.tenant_scope_labels, "golden"]
         self.probe_recall = Gauge(
             "ragmon_probe_recall_ratio",
             "mean recall@k over the scored questions of the latest probe run",
-            ["golden", "k", "category"],
+            [*g, "k", "category"],
             registry=r,
         )
         self.probe_mrr = Gauge(
             "ragmon_probe_mrr_ratio",
             "mean reciprocal rank over the scored questions of the latest probe run",
-            ["golden", "category"],
+            [*g, "category"],
             registry=r,
         )
         self.probe_ndcg = Gauge(
             "ragmon_probe_ndcg_ratio",
             "mean graded nDCG@k over the scored questions of the latest probe run",
-            ["golden", "k", "category"],
+            [*g, "k", "category"],
             registry=r,
         )
         self.probe_questions = Gauge(
             "ragmon_probe_questions",
             "questions of the latest probe run by slice (only `scored` enters the means)",
-            ["golden", "slice"],
+            [*g, "slice"],
             registry=r,
         )
         self.probe_false_exclusion = Gauge(
             "ragmon_probe_filter_false_exclusion_ratio",
             "share of scored questions with a logged filter whose every eligible gold chunk it excluded",
-            ["golden"],
+            g,
             registry=r,
         )
         self.probe_correct = Gauge(
             "ragmon_probe_answer_correct_ratio",
             "share of judged probe answers stating every expected fact (latest run)",
-            ["golden"],
+            g,
             registry=r,
         )
         self.probe_diagnoses = Gauge(
             "ragmon_probe_diagnoses",
             "probe answers of the latest run by diagnosis (success, retrieval_failure, ...)",
-            ["golden", "diagnosis"],
+            [*g, "diagnosis"],
             registry=r,
         )
         self.probe_last_run = Gauge(
             "ragmon_probe_last_run_timestamp_seconds",
             "when the latest scored probe run started",
-            ["golden"],
+            g,
             registry=r,
         )
         delta = "paired delta (latest run - pinned baseline) of mean"
         self.probe_recall_delta = Gauge(
-            "ragmon_probe_recall_delta_ratio", f"{delta} recall@k", ["golden", "k"], registry=r
+            "ragmon_probe_recall_delta_ratio", f"{delta} recall@k", [*g, "k"], registry=r
         )
         self.probe_recall_delta_lower = Gauge(
             "ragmon_probe_recall_delta_lower_ratio",
             "lower bound of the bootstrap interval of the recall@k delta vs the baseline",
-            ["golden", "k"],
+            [*g, "k"],
             registry=r,
         )
         self.probe_recall_delta_upper = Gauge(
             "ragmon_probe_recall_delta_upper_ratio",
             "upper bound of the bootstrap interval of the recall@k delta vs the baseline",
-            ["golden", "k"],
+            [*g, "k"],
             registry=r,
         )
         self.probe_mrr_delta = Gauge(
-            "ragmon_probe_mrr_delta_ratio", f"{delta} reciprocal rank", ["golden"], registry=r
+            "ragmon_probe_mrr_delta_ratio", f"{delta} reciprocal rank", g, registry=r
         )
         self.probe_mrr_delta_lower = Gauge(
             "ragmon_probe_mrr_delta_lower_ratio",
             "lower bound of the bootstrap interval of the MRR delta vs the baseline",
-            ["golden"],
+            g,
             registry=r,
         )
         self.probe_mrr_delta_upper = Gauge(
             "ragmon_probe_mrr_delta_upper_ratio",
             "upper bound of the bootstrap interval of the MRR delta vs the baseline",
-            ["golden"],
+            g,
             registry=r,
         )
-        # label tuples each gauge holds per golden label, so a new run can drop the series it no longer has
-        self.probe_series: dict[str, dict[str, set[tuple[str, ...]]]] = {}
+        # label tuples each gauge holds per (tenant and) golden label, so a new run can drop the series
+        # it no longer has
+        self.probe_series: dict[tuple[str, ...], dict[str, set[tuple[str, ...]]]] = {}
+
+    def _scoped(self, tenant: str | None, app: str | None) -> tuple[tuple[str, ...], LabelBudget]:
+        """`scope(tenant, app)` and the label budget of the tenant's label value."""
+        tenant_value = "" if self.tenant_label is None else self.tenant_label(tenant)
+        budget = self._budgets.get(tenant_value)
+        if budget is None:
+            with self._budgets_lock:
+                budget = self._budgets.setdefault(tenant_value, LabelBudget(self._label_config))
+        app_value = budget.app(app)
+        return ((app_value,) if self.tenant_label is None else (tenant_value, app_value)), budget
+
+    def _named_tenants(self) -> list[str]:
+        return sorted(self.tenant_label.allowed) if self.tenant_label is not None else []
+
+    def tenant_scope(self, tenant: str | None) -> tuple[str, ...]:
+        """The values of `tenant_scope_labels` for one tenant: its label value, or nothing."""
+        return () if self.tenant_label is None else (self.tenant_label(tenant),)
+
+    def count_deferred(self, tenant: str, count: int) -> None:
+        """`count` of the tenant's traces deferred by the judge budget for the first time."""
+        scope = self.tenant_scope(tenant)
+        (self.judge_deferred.labels(*scope) if scope else self.judge_deferred).inc(count)
+
+    def count_expired(self, tenant: str, count: int) -> None:
+        """`count` of the tenant's deferred traces that ended skipped (`max_deferral_s` passed)."""
+        self.judge_skipped.labels(*self.tenant_scope(tenant), EXPIRED).inc(count)
+
+    def probe_scope(self, tenant: str | None, golden: str) -> tuple[tuple[str, ...], LabelBudget]:
+        """The values of `tenant_scope_labels` and `golden` for one tenant's golden set, and the
+        tenant's label budget (for the set's categories)."""
+        (*tenant_value, _), budget = self._scoped(tenant, None)
+        return (*tenant_value, budget.golden(golden)), budget
+
+    def label_budget(self, tenant: str | None) -> LabelBudget:
+        """The tenant's own caps of app, model, intent and release values (one set for every tenant
+        when the metrics carry no tenant label)."""
+        return self._scoped(tenant, None)[1]
 
     def scope(self, tenant: str | None, app: str | None) -> tuple[str, ...]:
-        """The bounded values of `scope_labels` for one tenant's app, in declaration order."""
-        if self.tenant_label is None:
-            return (self.app_label(app),)
-        return (self.tenant_label(tenant), self.app_label(app))
+        """The bounded values of `scope_labels` for one tenant's app, in declaration order: the
+        tenant's own label value and an app value from the tenant's own cap."""
+        return self._scoped(tenant, app)[0]
 
     def scope_kw(self, tenant: str | None, app: str | None) -> dict[str, str]:
         """`scope` as keyword label values, for `metric.labels(**...)`."""
         return dict(zip(self.scope_labels, self.scope(tenant, app), strict=True))
+
+    def model_label(self, tenant: str | None, model: str | None) -> str:
+        return self.label_budget(tenant).model(model)
+
+    def intent_label(self, tenant: str | None, intent: str | None) -> str:
+        return self.label_budget(tenant).intent(intent)
+
+    def release_label(self, tenant: str | None, release: str | None) -> str:
+        return self.label_budget(tenant).release(release)
 
     def _child(self, metric: Counter | Histogram, *values: str) -> Any:
         """`metric.labels(*values)` (values in declaration order), remembered.
@@ -994,11 +1078,11 @@ class Metrics:
         tally = _Tally()
         inc, observe = tally.inc, tally.observe
         for trace in batch:
-            app = self.scope(trace.tenant, trace.app)
+            app, labels = self._scoped(trace.tenant, trace.app)
             inc((self.traces, app))
-            intent = self.intent_label(trace.intent)
+            intent = labels.intent(trace.intent)
             inc((self.requests_by_intent, (*app, intent)))
-            inc((self.release_traces, (*app, self.release_label(trace.release))))
+            inc((self.release_traces, (*app, labels.release(trace.release))))
             if trace.partial:
                 inc((self.partial_traces, app))
             t = trace.timings
@@ -1014,7 +1098,7 @@ class Metrics:
             if t.ttft_s is not None:
                 observe((self.ttft, app), t.ttft_s)
             for usage in trace.usage:
-                model = self.model_label(usage.model)
+                model = labels.model(usage.model)
                 if usage.input_tokens:
                     inc((self.tokens, (*app, model, "input")), usage.input_tokens)
                 if usage.output_tokens:
@@ -1060,7 +1144,7 @@ class Metrics:
             known_app, known_intent = traces.get(event.trace_id, (None, None))
             app = self.scope_kw(event.tenant, event.app or known_app)
             if event.kind == "regenerate":
-                intent = self.intent_label(known_intent)
+                intent = self.intent_label(event.tenant, known_intent)
                 self.regenerations.labels(**app, intent=intent, source="feedback").inc()
             else:
                 self.feedback.labels(**app, rating=event.kind).inc()

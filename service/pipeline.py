@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
-from sampler import SqlJudgeQueue, TraceSampler, create_tables
+from sampler import FairAdmission, FairShares, SqlJudgeQueue, TraceSampler, create_tables
 from service.assemble import SpanAssembler
 from service.bus.leader import exclusive
 from service.bus.memory import MemoryBus
@@ -150,7 +150,7 @@ class Pipeline:
 
     def __init__(self, config: RagmonConfig, metrics: Metrics | None = None) -> None:
         self.config = config
-        self.metrics = metrics or Metrics(config.metrics)
+        self.metrics = metrics or Metrics(config.metrics, tenants=config.auth.tenants)
         self.prices = PriceTable.default().with_overrides(config.pricing.overrides)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(
@@ -167,14 +167,15 @@ class Pipeline:
         self.judge = build_judge(config.judge, cost_fn=self.prices.cost)
         self.phoenix_forward = PhoenixForwarder(config.phoenix, self.metrics)
         self.phoenix_annotations = PhoenixAnnotator(config.phoenix, self.metrics)
-        # one budget for the deployment, in the database (service/judge/shared_budget.py)
+        # one budget for the deployment, in the database (service/judge/shared_budget.py), asked as
+        # the judge workers claim work, in fair shares of the tenants waiting (sampler/fair.py)
         self.budget = judge_budget(config.budget, self.store.engine)
-        self.sampler = TraceSampler(
-            config.sampler,
-            judge_version=self.judge.version,
-            budget=self.budget,
-            judgment_cost_usd=config.judging.estimated_cost_usd,
+        self.admission = FairAdmission(
+            FairShares(config.budget.tenant_weights, config.budget.default_tenant_weight),
+            self.budget,
+            config.judging.estimated_cost_usd,
         )
+        self.sampler = TraceSampler(config.sampler, judge_version=self.judge.version)
         # the sinks that write (idempotently, by key) first and the in-memory counters after them: a
         # fan-out that failed half-way and is run again from the outbox counts nothing twice
         downstream: list[Any] = [self.review_intake]
@@ -199,6 +200,9 @@ class Pipeline:
                 self.metrics,
                 worker_id=f"{socket.gethostname()}-{os.getpid()}-{n}",
                 after_judgment=self._after_judgment,
+                admission=self.admission,
+                max_deferral_s=config.budget.max_deferral_s,
+                budget_retry_s=config.budget.lease_retry_s,
             )
             for n in range(config.judging.workers if config.judging.enabled else 0)
         ]
@@ -308,13 +312,18 @@ class Pipeline:
         )
         state.add(
             "ragmon_judge_queue_depth",
-            "judge queue items waiting or leased",
+            "judge queue items waiting for a worker or leased (deferred: ragmon_judge_queue_deferred)",
             lambda: self._queue_stats().depth,
         )
         state.add(
             "ragmon_judge_queue_oldest_age_seconds",
             "age of the oldest waiting or leased judge item",
             self._queue_oldest_age,
+        )
+        state.add(
+            "ragmon_judge_queue_deferred",
+            "judge queue items waiting for the judge budget (deferred; see ragmon_judge_deferred_total)",
+            lambda: self._queue_stats().deferred,
         )
         state.add(
             "ragmon_judge_queue_failed",

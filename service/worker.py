@@ -214,7 +214,7 @@ def create_worker_app(
 ) -> FastAPI:
     """The worker's HTTP face: `/healthz` (roles, assigned partitions, leadership), `/readyz` and
     `/metrics`."""
-    metrics = metrics or Metrics(config.metrics)
+    metrics = metrics or Metrics(config.metrics, tenants=config.auth.tenants)
     worker = Worker(config, roles, metrics)
 
     @asynccontextmanager

@@ -6,6 +6,7 @@ never at import, so a test process can build many apps side by side.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from service.api import faithfulness as faithfulness_api
 from service.api import probes as probes_api
 from service.api import reports as reports_api
 from service.api import traces as traces_api
+from service.api.request_pool import RequestPool
 from service.config import RagmonConfig
 from service.errors import DecodeError, InvalidInput, RagmonError
 from service.ingest import http_receivers as ingest
@@ -42,7 +44,7 @@ VERSION = "0.1.0"
 
 
 def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
-    metrics = metrics or Metrics(config.metrics)
+    metrics = metrics or Metrics(config.metrics, tenants=config.auth.tenants)
     resolver = TenantResolver(config.auth)
 
     @asynccontextmanager
@@ -50,6 +52,9 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
         pipeline = Pipeline(config, metrics)
         await pipeline.start()
         app.state.pipeline = pipeline
+        # requests' CPU-heavy work (golden-set uploads) in a process of its own; threads where the
+        # ingest pools use none (server.ingest_processes 0)
+        request_pool = app.state.request_pool = RequestPool(1 if pipeline.ingest_pool.processes else 0)
         grpc_receiver = None
         if config.server.grpc_port:
             grpc_receiver = OtlpGrpcReceiver(
@@ -64,6 +69,7 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
         finally:
             if grpc_receiver is not None:
                 await grpc_receiver.stop()
+            await request_pool.stop()
             await pipeline.stop()
 
     app = FastAPI(
@@ -151,7 +157,10 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
                     {"WWW-Authenticate": "Bearer"},
                     media_type="text/plain",
                 )
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        # in a thread: the scrape-time gauges ask the database (judge queue, review queue), and
+        # rendering thousands of series is not free; neither may hold up the event loop
+        body = await asyncio.to_thread(generate_latest, metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     # The last added runs first: the key check (headers only) before the body is read against its cap.
     app.add_middleware(

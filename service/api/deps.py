@@ -11,10 +11,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from service.api.request_pool import RequestPool
 from service.ingest.auth import TenantDep
 from service.pipeline import Pipeline
 
-__all__ = ["PipelineDep", "TenantDep"]
+__all__ = ["PipelineDep", "RequestPoolDep", "TenantDep"]
 
 
 def _pipeline(request: Request) -> Pipeline:
@@ -23,3 +24,12 @@ def _pipeline(request: Request) -> Pipeline:
 
 
 PipelineDep = Annotated[Pipeline, Depends(_pipeline)]
+
+
+def _request_pool(request: Request) -> RequestPool:
+    pool: RequestPool = request.app.state.request_pool
+    return pool
+
+
+RequestPoolDep = Annotated[RequestPool, Depends(_request_pool)]
+"""Where a route runs CPU-heavy work: a worker process, not the event loop (`request_pool.py`)."""

@@ -8,7 +8,8 @@ reuses correctness already judged for the same traces), compares it with the
 previous run and the pinned baseline, and, when it is its golden set's
 newest scored run, sets the probe gauges.
 
-    POST /golden                {name, jsonl}           load a golden set (idempotent by content hash)
+    POST /golden                {name, jsonl}           load a golden set (idempotent by content hash; parsed
+                                                        in a worker process: service/api/request_pool.py)
     GET  /golden                                        stored golden sets, every version
     POST /runs                  {golden, run_id?}       register a run before sending it
     GET  /runs?golden=NAME                              runs, newest first
@@ -22,34 +23,25 @@ newest scored run, sets the probe gauges.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.api.deps import PipelineDep, TenantDep
+from service.api.deps import PipelineDep, RequestPoolDep, TenantDep
 from service.judge.correctness import build_correctness
 from service.pipeline import Pipeline
 from service.probes.gauges import against_baseline, publish_probe_run
-from service.probes.golden import parse_golden
 from service.probes.scoring import compare_runs, score_run
 from service.probes.store import GoldenStore, ProbeRun
+from service.probes.upload import GoldenIn, read_golden_upload
 
 __all__ = ["GoldenIn", "PinIn", "RunIn", "ScoreIn", "router"]
 
 router = APIRouter(prefix="/api/v1/probes", tags=["probes"])
-
-
-class GoldenIn(BaseModel):
-    """A golden set as JSONL text (the format of `service/probes/golden.py`) and the name it is kept under."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, max_length=200)
-    jsonl: str
-    source: str | None = Field(default=None, max_length=500, description="where it came from (a file name)")
 
 
 class RunIn(BaseModel):
@@ -85,10 +77,25 @@ def _compare(pipeline: Pipeline, new: ProbeRun, old: ProbeRun | None) -> dict[st
     )
 
 
-@router.post("/golden", summary="Load a golden set (JSONL); the same content twice is stored once")
-async def load_golden_set(body: GoldenIn, tenant: TenantDep, pipeline: PipelineDep) -> dict[str, Any]:
-    golden = parse_golden(body.jsonl.splitlines(), source=body.source or body.name)
-    info = await asyncio.to_thread(_golden_store(pipeline).load, tenant, golden, body.name)
+@router.post(
+    "/golden",
+    summary="Load a golden set (JSONL); the same content twice is stored once",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": GoldenIn.model_json_schema()}},
+        }
+    },
+)
+async def load_golden_set(
+    request: Request, tenant: TenantDep, pipeline: PipelineDep, workers: RequestPoolDep
+) -> dict[str, Any]:
+    """The body (`GoldenIn`) arrives within `server.max_body_bytes` (413 past it, as every body) and
+    is parsed in a worker process (`service/api/request_pool.py`): a 10 MB set held every other
+    request on the event loop for seconds."""
+    body = await request.body()
+    upload = await workers.run(functools.partial(read_golden_upload, body))
+    info = await asyncio.to_thread(_golden_store(pipeline).load, tenant, upload.text, upload.name)
     return info.to_json()
 
 
@@ -189,23 +196,29 @@ async def score(
         if row.get("trace_id") and row.get("correctness")
     }
     p = pipeline.config.probes
-    judge = build_correctness(p.correctness, pipeline.config.judge)
-    try:
-        result = await score_run(
-            run_id,
-            tenant,
-            golden,
-            records,
-            ks=p.ks,
-            relevance_level=p.relevance_level,
-            correctness=judge,
-            faithfulness=faithfulness,
-            supported_threshold=p.supported_threshold,
-            reuse=reuse,
-            concurrency=p.correctness_concurrency,
-        )
-    finally:
-        await judge.aclose()
+
+    async def run_scoring() -> dict[str, Any]:
+        judge = build_correctness(p.correctness, pipeline.config.judge)
+        try:
+            return await score_run(
+                run_id,
+                tenant,
+                golden,
+                records,
+                ks=p.ks,
+                relevance_level=p.relevance_level,
+                correctness=judge,
+                faithfulness=faithfulness,
+                supported_threshold=p.supported_threshold,
+                reuse=reuse,
+                concurrency=p.correctness_concurrency,
+            )
+        finally:
+            await judge.aclose()
+
+    # in a thread with an event loop of its own: the retrieval metrics of every question of a large
+    # golden set are seconds of CPU, which on the server's loop held every request of every tenant
+    result = await asyncio.to_thread(asyncio.run, run_scoring())
     scored = ProbeRun(run_id, run.golden_name, run.golden_version, started_at, datetime.now(UTC), result)
     await asyncio.to_thread(store.save_score, tenant, scored)
     previous = await asyncio.to_thread(store.previous_run, tenant, scored)
@@ -214,7 +227,7 @@ async def score(
     vs_baseline = await asyncio.to_thread(_compare, pipeline, scored, baseline)
     newest = await asyncio.to_thread(_newest_scored, store, tenant, run.golden_name)
     if newest == run_id:
-        publish_probe_run(pipeline.metrics, run.golden_name, result, started_at, vs_baseline)
+        publish_probe_run(pipeline.metrics, tenant, run.golden_name, result, started_at, vs_baseline)
     return {
         "run": scored.to_json(),
         "published": newest == run_id,
@@ -264,7 +277,7 @@ async def pin(body: PinIn, tenant: TenantDep, pipeline: PipelineDep) -> dict[str
             other = None if newest_id == run.run_id else run
             comparison = await asyncio.to_thread(_compare, pipeline, newest, other)
             publish_probe_run(
-                pipeline.metrics, newest.golden_name, newest.result, newest.started_at, comparison
+                pipeline.metrics, tenant, newest.golden_name, newest.result, newest.started_at, comparison
             )
     return run.to_json()
 

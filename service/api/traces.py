@@ -69,6 +69,7 @@ def sampling_view(pipeline: PipelineDep, record: dict[str, Any]) -> dict[str, An
             attempts=queued.attempts,
             last_error=queued.last_error,
             skip_reason=queued.item.skip_reason,
+            deferred=queued.deferred,  # waiting for the judge budget (sampler/fair.py)
         )
     return view
 

@@ -99,7 +99,8 @@ class Ragmon:
         return items
 
     def wait_judged(self, timeout_s: float) -> bool:
-        """Wait until every trace the sampler queued for judging is judged (or refused by the budget)."""
+        """Wait until every trace the sampler queued for judging is judged (or skipped: deferred by the
+        budget past budget.max_deferral_s)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             sampled = self.metric_total("ragmon_judge_sampled")

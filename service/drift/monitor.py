@@ -676,7 +676,10 @@ class DriftScheduler:
             self._count(record)
             result = record.result
             if result.detector == REGENERATION:
-                labels = {**m.scope_kw(record.tenant, record.app), "intent": m.intent_label(record.intent)}
+                labels = {
+                    **m.scope_kw(record.tenant, record.app),
+                    "intent": m.intent_label(record.tenant, record.intent),
+                }
                 m.regeneration_rate.labels(**labels).set(result.statistic)
                 m.regeneration_band_lower.labels(**labels).set(float(str(result.details.get("lower", 0.0))))
                 m.regeneration_band_upper.labels(**labels).set(float(str(result.details.get("upper", 1.0))))

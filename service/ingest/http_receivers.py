@@ -259,10 +259,24 @@ async def ingest_json_traces(
     batch: TraceBatchIn, request: Request, tenant: TenantDep, pipeline: IngestDep
 ) -> Any:
     """Each record is validated on its own (schema: `TraceIn`); good ones are kept, bad ones listed."""
+    # in a thread: thousands of records of one body, validated and converted on the event loop,
+    # held every other request of every tenant for as long
+    measure = _may_hold_a_large_record(request)
+    accepted, rejected = await asyncio.to_thread(_validated, batch, tenant, pipeline, measure)
+    if not accepted:
+        return Response(TraceBatchOut(accepted=0, rejected=rejected).model_dump_json(), 422, media_type=JSON)
+    await pipeline.accept_traces(accepted)
+    return TraceBatchOut(accepted=len(accepted), rejected=rejected)
+
+
+def _validated(
+    batch: TraceBatchIn, tenant: str, pipeline: IngestTarget, measure: bool
+) -> tuple[list[RagTrace], list[RejectedRecord]]:
+    """The batch's valid records as traces, and the invalid ones (each counted by reason); `measure`:
+    whether a record's trace may be over `MAX_SPAN_BYTES` and must be serialized to be measured."""
     accepted: list[RagTrace] = []
     rejected: list[RejectedRecord] = []
     dims: dict[str | None, int] = {}
-    measure = _may_hold_a_large_record(request)
     for index, raw in enumerate(batch.traces):
         try:
             record = TraceIn.model_validate(raw)
@@ -295,10 +309,7 @@ async def ingest_json_traces(
             pipeline.metrics.reject(PayloadTooLarge.reason)
             continue
         accepted.append(trace)
-    if not accepted:
-        return Response(TraceBatchOut(accepted=0, rejected=rejected).model_dump_json(), 422, media_type=JSON)
-    await pipeline.accept_traces(accepted)
-    return TraceBatchOut(accepted=len(accepted), rejected=rejected)
+    return accepted, rejected
 
 
 @api_router.post(

@@ -102,7 +102,9 @@ def default_processes() -> int:
     return max(0, min(MAX_DEFAULT_PROCESSES, cpus - 1))
 
 
-def _context() -> multiprocessing.context.BaseContext:
+def worker_context() -> multiprocessing.context.BaseContext:
+    """Where ragmon's worker processes come from: a forkserver that imported this module once (one
+    forkserver per server process, whichever pool starts it first)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["service.ingest.pool"])
     return context
@@ -183,7 +185,7 @@ class _Workers:
         if self.processes > 0 and self.pool is None:
             pool = LoopProcessPool(
                 self.processes,
-                _context(),
+                worker_context(),
                 initializer=_worker_init,
                 initargs=(self.prices, self.niceness),
                 on_worker_died=self.metrics.ingest_pool_restarts.labels(role=self.role).inc,

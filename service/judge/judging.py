@@ -10,7 +10,10 @@ completes the item. A worker that dies mid-batch loses its leases, which
 expire and return the items; a judgment stored twice is stored once. When
 the judge endpoint is unavailable the item goes back to the queue with the
 endpoint's retry delay; after `max_attempts` it ends `failed`, visible in the
-queue and counted, never silently gone.
+queue and counted, never silently gone. The judge budget is asked as items are
+claimed, in fair shares of the tenants with work waiting (`sampler.fair`);
+what it has no room for waits in the queue, deferred, and a deferral older
+than `budget.max_deferral_s` ends skipped (`expired`), counted.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from sampler import (
     TraceSummary,
     estimate_cells_by,
 )
-from sampler.queue import QueueRecord
+from sampler.queue import Admission, QueueRecord
 from service.config import JudgingConfig
 from service.errors import JudgeUnavailable, StoreUnavailable
 from service.judge.judgment import Judge, Judgment
@@ -43,6 +46,8 @@ from service.model import Chunk, Feedback, QueryEmbedding, RagTrace, Retrieval, 
 from service.store.trace_store import Store
 
 log = logging.getLogger(__name__)
+
+_EXPIRY_EVERY_S = 10.0
 
 
 def rag_trace_from_record(record: dict[str, Any]) -> RagTrace:
@@ -135,12 +140,10 @@ class JudgeQueueSink:
             return
         # counted once a trace: a late thumbs-down that raises a queued trace's probability (or a
         # fan-out run again from the outbox) offers the same key again and is not a second sample
-        new_work, inserted = self.queue.enqueue_new(items)
+        new_work, _ = self.queue.enqueue_new(items)
         for item in items:
-            if item.skip_reason is None and item.key in new_work:
+            if item.key in new_work:
                 self.metrics.judge_sampled.labels(stratum=item.stratum).inc()
-            elif item.skip_reason is not None and item.key in inserted:
-                self.metrics.judge_skipped.labels(reason=item.skip_reason).inc()
 
     def _select_and_enqueue(self, batch: Sequence[RagTrace]) -> None:
         # Feedback that arrived before its trace: the summary must include it, or a
@@ -200,8 +203,19 @@ class JudgeWorker:
         metrics: Metrics,
         worker_id: str,
         after_judgment: Callable[[Judgment], Awaitable[None]] | None = None,
+        admission: Admission | None = None,
+        max_deferral_s: float = 6 * 3600.0,
+        budget_retry_s: float = 1.0,
     ) -> None:
+        """`admission`: the budget's fair shares (`sampler.fair.FairAdmission`), asked as items are
+        claimed; None claims without a budget. After the budget refused, the worker claims nothing
+        for `budget_retry_s`; deferred items older than `max_deferral_s` end skipped."""
         self.config = config
+        self.admission = admission
+        self.max_deferral_s = max_deferral_s
+        self.budget_retry_s = budget_retry_s
+        self._budget_wait_until = 0.0
+        self._expire_at = 0.0
         self.after_judgment = after_judgment
         self.judge = judge
         self.queue = queue
@@ -214,9 +228,27 @@ class JudgeWorker:
 
     async def run_once(self) -> int:
         """Claim one batch and judge it; returns how many items were claimed."""
-        records = await asyncio.to_thread(
-            self.queue.claim, self.config.batch_size, self.config.lease_s, self.worker_id
-        )
+        await self._expire_deferred()
+        if time.monotonic() < self._budget_wait_until:
+            return 0
+        if self.admission is None:
+            records = await asyncio.to_thread(
+                self.queue.claim, self.config.batch_size, self.config.lease_s, self.worker_id
+            )
+        else:
+            claim = await asyncio.to_thread(
+                self.queue.claim_within,
+                self.config.batch_size,
+                self.config.lease_s,
+                self.worker_id,
+                self.admission,
+            )
+            records = claim.records
+            for tenant, count in claim.deferred.items():
+                self.metrics.count_deferred(tenant, count)
+            if claim.refused is not None:
+                # the budget is empty: asking again before it refilled would only lease and turn back
+                self._budget_wait_until = time.monotonic() + self.budget_retry_s
         if not records:
             return 0
         gate = asyncio.Semaphore(self.config.concurrency)
@@ -269,6 +301,15 @@ class JudgeWorker:
             await self.after_judgment(judgment)
         await asyncio.to_thread(self.queue.complete, key)
 
+    async def _expire_deferred(self) -> None:
+        """End the deferrals older than `max_deferral_s` (at most every `_EXPIRY_EVERY_S`), counted."""
+        if self.admission is None or time.monotonic() < self._expire_at:
+            return
+        self._expire_at = time.monotonic() + _EXPIRY_EVERY_S
+        expired = await asyncio.to_thread(self.queue.expire_deferred, self.max_deferral_s)
+        for tenant, count in expired.items():
+            self.metrics.count_expired(tenant, count)
+
     def _count(self, judgment: Judgment, record: QueueRecord) -> None:
         m = self.metrics
         scope = m.scope_kw(judgment.tenant, judgment.app)
@@ -304,7 +345,7 @@ class JudgeWorker:
                 claimed = 0
             wait = max(self._pause_until - time.monotonic(), 0.0)
             if not claimed:
-                wait = max(wait, self.config.poll_s)
+                wait = max(wait, self.config.poll_s, self._budget_wait_until - time.monotonic())
             if wait:
                 await asyncio.sleep(wait)
 
@@ -368,8 +409,8 @@ class FaithfulnessEstimator:
             point, lower, upper = gauges[reading]
             for grouping, estimates in results.items():
                 for key, est in estimates.items():
-                    release = m.release_label(key[1]) if grouping == "app_release" else "all"
-                    intent = m.intent_label(key[1]) if grouping == "app_intent" else "all"
+                    release = m.release_label(tenant, key[1]) if grouping == "app_release" else "all"
+                    intent = m.intent_label(tenant, key[1]) if grouping == "app_intent" else "all"
                     labels = {**m.scope_kw(tenant, key[0]), "release": release, "intent": intent}
                     if est.estimate is not None and est.lower is not None and est.upper is not None:
                         point.labels(**labels).set(est.estimate)

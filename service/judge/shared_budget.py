@@ -1,7 +1,7 @@
 """`SharedJudgeBudget`: one judge budget for the whole deployment, kept in the database and leased.
 
-Every process that samples (the embedded server; each `sinks` worker in distributed mode) asks
-the budget before it admits a selected trace to the judge queue (`sampler.budget`). With the
+Every process that judges (the embedded server; each `sinks` worker in distributed mode) asks
+the budget as it takes a trace from the judge queue (`sampler.budget`, `sampler.fair`). With the
 buckets in each process, N sinks replicas admitted N times the budget. Here the two token buckets
 of `BudgetConfig` (calls per minute and USD per day, each with its burst) are two rows of
 `judge_budget_buckets`, shared by every process on the store, and a process takes a slice at a
@@ -12,7 +12,7 @@ time:
   (at the estimated cost of the one that asked), and record the lease in `judge_budget_leases`
   with its expiry (`lease_ttl_s`).
 * **spend**: each admission is recorded on its lease row (one UPDATE of the process's own row,
-  for which nobody else waits) before the sampler hands the item on to the queue. The budget caps
+  for which nobody else waits) before the worker judges the item. The budget caps
   admissions, so these are a few writes a second at most.
 * **return**: a lease that is used up, half-way to its expiry, or released at shutdown goes back
   to the buckets, less what it recorded as spent, and the process leases again.
@@ -31,8 +31,9 @@ database again, so an empty budget costs one transaction a second per process, n
 Clocks: refill and expiry use the wall clock of the process in the transaction. Skew between
 hosts changes when a lease is reclaimed, never how much: an admission and the reclaim of its
 lease serialize on the lease row, and an admission whose lease was reclaimed finds no row and
-leases anew. An admission whose queue insert then fails is admitted again when its batch is
-retried, so a failure can spend a judgment twice (less judging, never more than the budget).
+leases anew. An admission whose item then fails to be judged (its worker died, the endpoint was
+down) is admitted again when the item is claimed again, so a failure can spend a judgment twice
+(less judging, never more than the budget).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from sampler.budget import SKIP_REASONS, BudgetConfig, BudgetCounts, JudgeBudget, SkipReason
+from sampler.budget import REFUSAL_REASONS, BudgetConfig, BudgetCounts, JudgeBudget, RefusalReason
 from service.errors import StoreUnavailable
 from service.store.trace_store import transaction
 
@@ -147,17 +148,17 @@ class SharedJudgeBudget:
         self._clock = clock
         self._lock = threading.Lock()
         self._lease: _Lease | None = None
-        self._refused: tuple[float, SkipReason] | None = None  # (until, reason) of the last refusal
+        self._refused: tuple[float, RefusalReason] | None = None  # (until, reason) of the last refusal
         self._admitted = 0
         self._admitted_usd = 0.0
-        self._skipped: dict[SkipReason, int] = dict.fromkeys(SKIP_REASONS, 0)
+        self._refusals: dict[RefusalReason, int] = dict.fromkeys(REFUSAL_REASONS, 0)
         dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
         self._insert_bucket: Any = dialect.insert(budget_buckets).on_conflict_do_nothing()
 
     def create_schema(self) -> None:
         create_budget_tables(self.engine)
 
-    def try_admit(self, cost_usd: float) -> SkipReason | None:
+    def try_admit(self, cost_usd: float) -> RefusalReason | None:
         """Admit one judgment of estimated `cost_usd`; None if admitted, else the reason.
 
         Raises `StoreUnavailable` when the database cannot be asked (the caller's batch is retried).
@@ -170,7 +171,7 @@ class SharedJudgeBudget:
                 self._admitted += 1
                 self._admitted_usd += cost_usd
             else:
-                self._skipped[reason] += 1
+                self._refusals[reason] += 1
             return reason
 
     def release(self) -> None:
@@ -183,7 +184,7 @@ class SharedJudgeBudget:
         """This process's admissions and refusals (the deployment's sum is in the judge queue)."""
         with self._lock:
             return BudgetCounts(
-                admitted=self._admitted, skipped=dict(self._skipped), admitted_usd=self._admitted_usd
+                admitted=self._admitted, refused=dict(self._refusals), admitted_usd=self._admitted_usd
             )
 
     def levels(self) -> tuple[float, float]:
@@ -203,7 +204,7 @@ class SharedJudgeBudget:
 
     # -- under self._lock -------------------------------------------------------------------------
 
-    def _admit(self, cost_usd: float) -> SkipReason | None:
+    def _admit(self, cost_usd: float) -> RefusalReason | None:
         lease = self._lease
         if lease is not None and lease.covers(cost_usd) and self._clock() < lease.renew_at:
             if self._record(lease, cost_usd):
@@ -243,7 +244,7 @@ class SharedJudgeBudget:
         lease.usd_left -= cost_usd
         return True
 
-    def _exchange(self, cost_usd: float | None) -> SkipReason | None:
+    def _exchange(self, cost_usd: float | None) -> RefusalReason | None:
         """One transaction: return this process's lease and every expired one, refill, and (unless
         `cost_usd` is None) lease a new slice that covers at least one judgment of `cost_usd`."""
         cfg = self.config
@@ -267,7 +268,7 @@ class SharedJudgeBudget:
             held_calls, held_usd = _held(conn)
             calls = _refilled(buckets[_CALLS], now, calls_rate, calls_cap - held_calls, back_calls)
             usd = _refilled(buckets[_USD], now, usd_rate, usd_cap - held_usd, back_usd)
-            reason: SkipReason | None = None
+            reason: RefusalReason | None = None
             grant_calls, grant_usd = 0, 0.0
             if cost_usd is not None:
                 grant_calls = min(cfg.lease_calls, math.floor(calls + 1e-9))

@@ -242,9 +242,11 @@ class JudgmentStore:
         answers, which users read the claim-level rate as).
 
         One judge-queue record is one sample: `skipped` and `failed` records as
-        themselves, a `done` one with its judgment's outcome (`scored` with its
-        score, `no_claims`; any other recorded outcome counts as `failed`). A
-        `done` record without a judgment (its write was lost) is no sample.
+        themselves, `pending` and `leased` ones (not judged yet, deferred by the
+        budget included) as `pending`, a `done` one with its judgment's outcome
+        (`scored` with its score, `no_claims`; any other recorded outcome counts
+        as `failed`). A `done` record without a judgment (its write was lost) is
+        no sample.
         Cells are (app, release, intent, stratum, inclusion probability,
         outcome): one query whatever the window holds, where reading every
         record grew with traffic times sampling rate.
@@ -258,6 +260,7 @@ class JudgmentStore:
                 q.stratum,
                 q.inclusion_probability,
                 sa.case(
+                    (q.state.in_(("pending", "leased")), sa.literal("pending")),
                     (q.state != "done", q.state),
                     (j.outcome.in_(("scored", "no_claims")), j.outcome),
                     else_=sa.literal("failed"),
@@ -282,7 +285,7 @@ class JudgmentStore:
             .where(
                 q.trace_time > start,
                 q.trace_time <= end,
-                q.state.in_(("done", "failed", "skipped")),
+                q.state.in_(("done", "failed", "skipped", "pending", "leased")),
                 sa.or_(q.state != "done", j.outcome.is_not(None)),
                 sa.true() if tenant is None else q.tenant == tenant,
             )

@@ -4,8 +4,11 @@ The gauges describe the latest scored run of each golden set. Publishing a
 run replaces every series of its golden set: a category or k that the new
 run lacks disappears instead of keeping the old run's value, and the delta
 gauges disappear when no baseline is pinned (or the run is the baseline).
-Golden-set names and categories are capped through `BoundedLabel`; a run
-whose label is `other` still publishes, sharing that label with the overflow.
+The gauges carry the tenant when the metrics do (`Metrics.probe_scope`): a
+tenant's run never replaces another tenant's gauges of a golden set of the
+same name. Golden-set names and categories are capped per tenant; a run
+whose label is `other` still publishes, sharing that label with the
+tenant's overflow.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ _ALL = "all"
 
 
 class _Writer:
-    """Sets gauges for one golden label and forgets the series it did not set this time."""
+    """Sets gauges for one (tenant and) golden label and forgets the series it did not set this time."""
 
-    def __init__(self, metrics: Metrics, golden: str) -> None:
+    def __init__(self, metrics: Metrics, golden: tuple[str, ...]) -> None:
         self.metrics = metrics
         self.golden = golden
         self.written: dict[str, set[tuple[str, ...]]] = {}
@@ -37,7 +40,7 @@ class _Writer:
     def set(self, gauge: Gauge, value: float | None, *labels: str) -> None:
         if value is None:
             return
-        key = (self.golden, *labels)
+        key = (*self.golden, *labels)
         gauge.labels(*key).set(float(value))
         self.written.setdefault(gauge._name, set()).add(key)
 
@@ -51,18 +54,21 @@ class _Writer:
 
 def publish_probe_run(
     metrics: Metrics,
+    tenant: str,
     golden_name: str,
     score: Mapping[str, Any],
     started_at: datetime,
     against_baseline: Mapping[str, Any] | None = None,
 ) -> None:
-    """Set the probe gauges of `golden_name` from a `score_run` result (and its baseline comparison)."""
+    """Set the probe gauges of the tenant's `golden_name` from a `score_run` result (and its baseline
+    comparison)."""
     m = metrics
-    writer = _Writer(m, m.probe_golden_label(golden_name))
+    golden, labels = m.probe_scope(tenant, golden_name)
+    writer = _Writer(m, golden)
     ks = [int(k) for k in score["ks"]]
     overall: Mapping[str, float | None] = score["overall"]
     categories = [(_ALL, overall)] + [
-        (m.probe_category_label(c["category"]), c["mean"]) for c in score["per_category"]
+        (labels.probe_category(c["category"]), c["mean"]) for c in score["per_category"]
     ]
     for category, means in categories:
         for k in ks:
@@ -138,6 +144,6 @@ def restore_probe_gauges(store: GoldenStore, metrics: Metrics, config: ProbesCon
                 seed=config.seed,
             )
         )
-        publish_probe_run(metrics, run.golden_name, run.result, run.started_at, comparison)
+        publish_probe_run(metrics, tenant, run.golden_name, run.result, run.started_at, comparison)
         restored += 1
     return restored

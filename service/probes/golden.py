@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -43,6 +44,7 @@ __all__ = [
     "GoldChunk",
     "GoldenQuestion",
     "GoldenSet",
+    "GoldenText",
     "load_golden",
     "parse_golden",
 ]
@@ -148,6 +150,20 @@ class GoldenSet:
     def to_jsonl(self) -> str:
         """The set as JSONL in the documented format; `parse_golden` reads it back unchanged."""
         return "".join(q.model_dump_json(exclude_defaults=True) + "\n" for q in self)
+
+    def as_text(self) -> GoldenText:
+        """The set as it is stored: plain strings, cheap to hand from a worker process to the server."""
+        return GoldenText(self.source, self.version, len(self), self.to_jsonl())
+
+
+@dataclass(frozen=True, slots=True)
+class GoldenText:
+    """A parsed golden set as the store keeps it: its version, question count and JSONL (`to_jsonl`)."""
+
+    source: str
+    version: str
+    questions: int
+    jsonl: str
 
 
 def _refuse_duplicates(ids: Iterable[str], what: str) -> None:

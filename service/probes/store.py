@@ -32,7 +32,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from service.errors import InvalidInput, StoreUnavailable
-from service.probes.golden import GoldenSet, parse_golden
+from service.probes.golden import GoldenSet, GoldenText, parse_golden
 from service.store.tables import UtcDateTime, trace_contexts, trace_record, traces
 from service.store.trace_store import transaction
 
@@ -162,18 +162,19 @@ class GoldenStore:
 
     # golden sets
 
-    def load(self, tenant: str, golden: GoldenSet, name: str) -> GoldenInfo:
+    def load(self, tenant: str, golden: GoldenSet | GoldenText, name: str) -> GoldenInfo:
         """Store a golden set under `name`; `new` is False when this tenant already had that version."""
         if not name.strip():
             raise ValueError("a golden set needs a non-blank name")
+        text = golden.as_text() if isinstance(golden, GoldenSet) else golden
         row = {
             "tenant": tenant,
             "name": name,
-            "version": golden.version,
-            "source": golden.source,
-            "questions": len(golden),
+            "version": text.version,
+            "source": text.source,
+            "questions": text.questions,
             "loaded_at": datetime.now(UTC),
-            "content": golden.to_jsonl(),
+            "content": text.jsonl,
         }
         g = golden_sets.c
         with self._connect(writes=True) as conn:
@@ -183,7 +184,7 @@ class GoldenStore:
             )
             stored = conn.execute(
                 sa.select(g.name, g.version, g.source, g.questions, g.loaded_at).where(
-                    g.tenant == tenant, g.name == name, g.version == golden.version
+                    g.tenant == tenant, g.name == name, g.version == text.version
                 )
             ).one()
         return _info(stored, new=inserted)

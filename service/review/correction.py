@@ -173,8 +173,8 @@ class HumanCorrection:
             point, lower, upper = m.corrected[reading]
             for grouping, estimates in found.corrected.items():
                 for key, est in estimates.items():
-                    release = m.release_label(key[1]) if grouping == "app_release" else "all"
-                    intent = m.intent_label(key[1]) if grouping == "app_intent" else "all"
+                    release = m.release_label(tenant, key[1]) if grouping == "app_release" else "all"
+                    intent = m.intent_label(tenant, key[1]) if grouping == "app_intent" else "all"
                     labels = {**m.scope_kw(tenant, key[0]), "release": release, "intent": intent}
                     put(m.human_labels, {**labels, "reading": reading}, float(est.n_human))
                     put(point, labels, est.estimate)

@@ -576,14 +576,15 @@ async def export(
     format: Literal["review", "golden"] = "review",
 ) -> Response:
     pipeline = _pipeline(request)
-    rows, _skipped = await asyncio.to_thread(
-        golden_rows,
-        pipeline.reviews,
-        pipeline.store,
-        reviewer.tenants,
-        since=since,
-        provenance=format == "review",
-    )
-    response = Response(to_jsonl(rows), media_type="application/x-ndjson; charset=utf-8")
+
+    def export_jsonl() -> str:
+        # reading and serializing every reviewed item is work for a thread, not the event loop
+        rows, _skipped = golden_rows(
+            pipeline.reviews, pipeline.store, reviewer.tenants, since=since, provenance=format == "review"
+        )
+        return to_jsonl(rows)
+
+    body = await asyncio.to_thread(export_jsonl)
+    response = Response(body, media_type="application/x-ndjson; charset=utf-8")
     response.headers["Content-Disposition"] = f'attachment; filename="ragmon-golden-{format}.jsonl"'
     return _secure(response)

@@ -7,7 +7,7 @@ import threading
 import pydantic
 import pytest
 
-from sampler.budget import SKIP_REASONS, BudgetConfig, JudgeBudget, TokenBucket
+from sampler.budget import REFUSAL_REASONS, BudgetConfig, JudgeBudget, TokenBucket
 
 
 class ManualClock:
@@ -42,7 +42,7 @@ def test_calls_per_minute_admits_the_burst_then_the_rate() -> None:
     clock.now += 10  # 30/min = one call every 2 s
     assert [budget.try_admit(0.0) for _ in range(7)] == [None] * 5 + ["budget_calls"] * 2
     counts = budget.counts()
-    assert (counts.admitted, counts.skipped["budget_calls"], counts.skipped["budget_usd"]) == (10, 5, 0)
+    assert (counts.admitted, counts.refused["budget_calls"], counts.refused["budget_usd"]) == (10, 5, 0)
 
 
 def test_usd_per_day_refuses_without_spending_a_call() -> None:
@@ -106,4 +106,9 @@ def test_bad_arguments_are_rejected() -> None:
         BudgetConfig(calls_per_minute=0)
     with pytest.raises(pydantic.ValidationError):
         BudgetConfig.model_validate({"usd_per_month": 10})
-    assert SKIP_REASONS == ("budget_calls", "budget_usd")
+    assert REFUSAL_REASONS == ("budget_calls", "budget_usd")
+    for weights in ({"acme": 0.0}, {"acme": -1.0}, {"acme": float("nan")}):
+        with pytest.raises(pydantic.ValidationError, match="weight of tenant 'acme'"):
+            BudgetConfig(tenant_weights=weights)
+    with pytest.raises(pydantic.ValidationError):
+        BudgetConfig(max_deferral_s=0)

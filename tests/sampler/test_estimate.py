@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -91,38 +91,45 @@ def judge_sample(
     rng: np.random.Generator,
     arrive: Callable[[], None] = lambda: None,
     failure_rate: float = 0.02,
+    budget: JudgeBudget | None = None,
 ) -> list[JudgedSample]:
     """Run the population through the sampler, then the late feedback, and 'judge' what it selected.
 
-    Traces arrive in random order, `arrive()` called before each trace and
-    each late feedback. Items for one trace are merged the way the queue
-    merges them: the highest inclusion probability wins; an admitted item
-    revives a skipped one.
+    Traces arrive in random order, `arrive()` called before each trace and each late feedback.
+    Selected items wait in a queue merged the way the judge queue merges them (a key once; a
+    higher inclusion probability replaces the recorded one, judged or not). After each arrival
+    the worker takes the oldest waiting items as long as `budget` admits them (all, without
+    one); what is still waiting at the end is `pending`: deferred by the budget, not judged yet.
     """
+    waiting: dict[str, JudgeItem] = {}  # in arrival order: the worker takes the oldest first
+    judged: dict[str, JudgeItem] = {}
 
-    def arrivals() -> Iterator[TraceSummary]:
-        for i in rng.permutation(len(pop.summaries)):
-            arrive()
-            yield pop.summaries[i]
+    def offer(item: JudgeItem) -> None:
+        held = judged if item.trace_id in judged else waiting
+        seen = held.get(item.trace_id)
+        if seen is None or item.inclusion_probability > seen.inclusion_probability:
+            held[item.trace_id] = item
 
-    items: dict[str, JudgeItem] = {}
-    emitted = sampler.select(arrivals())
+    def work() -> None:
+        while waiting and (budget is None or budget.try_admit(0.0) is None):
+            trace_id = next(iter(waiting))
+            judged[trace_id] = waiting.pop(trace_id)
+
+    for i in rng.permutation(len(pop.summaries)):
+        arrive()
+        for item in sampler.select([pop.summaries[i]]):
+            offer(item)
+        work()
     for i, fb in pop.late_feedback:
         arrive()
         if item := sampler.on_feedback(fb, pop.summaries[i]):
-            emitted.append(item)
-    for item in emitted:
-        seen = items.get(item.trace_id)
-        if seen is None or (item.inclusion_probability, item.skip_reason is None) > (
-            seen.inclusion_probability,
-            seen.skip_reason is None,
-        ):
-            items[item.trace_id] = item
+            offer(item)
+        work()
     samples = []
-    for item in items.values():
+    for item in [*judged.values(), *waiting.values()]:
         i = pop.index[item.trace_id]
-        if item.skip_reason is not None:
-            outcome, score = "skipped", None
+        if item.trace_id in waiting:
+            outcome, score = "pending", None
         elif not pop.has_claims[i]:
             outcome, score = "no_claims", None
         elif rng.random() < failure_rate:
@@ -170,7 +177,7 @@ class CoverageRun:
             f"Hájek 95% CI covered the truth in {self.covered}/{self.seeds} seeds "
             f"({self.covered / self.seeds:.3f}, 95% CI {lo:.3f}-{hi:.3f}); plain mean covered it in "
             f"{self.plain_covered}/{self.seeds}; mean error weighted {np.mean(self.errors):+.4f}, "
-            f"plain {np.mean(self.plain_errors):+.4f}, budget skips ignored "
+            f"plain {np.mean(self.plain_errors):+.4f}, items the budget deferred ignored "
             f"{np.mean(self.unadjusted_errors):+.4f}"
         )
 
@@ -185,17 +192,13 @@ def run_coverage(
     run = CoverageRun(seeds)
     for seed in range(seeds):
         clock = ManualClock()
-        sampler = TraceSampler(
-            SamplerConfig(salt=f"coverage-{seed}", rates=RATES),
-            judge_version="v1",
-            budget=None if budget is None else budget(clock),
-            judgment_cost_usd=0.0,
-        )
+        sampler = TraceSampler(SamplerConfig(salt=f"coverage-{seed}", rates=RATES), judge_version="v1")
         samples = judge_sample(
             pop,
             sampler,
             np.random.default_rng(10_000 + seed),
             partial(clock.advance, seconds_between_arrivals),
+            budget=None if budget is None else budget(clock),
         )
         est = hajek(samples)
         assert est.estimate is not None and est.lower is not None and est.upper is not None
@@ -206,7 +209,7 @@ def run_coverage(
         plain_lo, plain_hi = wilson(round(plain * len(scores)), len(scores), 0.95)
         run.plain_covered += plain_lo <= truth <= plain_hi
         run.plain_errors.append(plain - truth)
-        unadjusted = hajek(s for s in samples if s.outcome != "skipped").estimate
+        unadjusted = hajek(s for s in samples if s.outcome != "pending").estimate
         assert unadjusted is not None
         run.unadjusted_errors.append(unadjusted - truth)
     return run
@@ -235,9 +238,10 @@ def test_weighted_estimate_covers_truth_while_plain_mean_does_not(population: Po
     check_coverage(run)
 
 
-def test_budget_skips_are_reweighted_within_their_cell(population: Population) -> None:
-    # The late thumbs-down arrive in a burst after the traces, when the bucket is
-    # nearly empty: the budget thins the thumbs-down cell more than the others.
+def test_budget_deferrals_are_reweighted_within_their_cell(population: Population) -> None:
+    # The late thumbs-down arrive in a burst after the traces, when the bucket is nearly empty:
+    # the budget defers much of the thumbs-down cell, which is still waiting at the end. Counted
+    # as its cell's nonresponse the estimate stays right; left out, the cell counts for too little.
     def budget(clock: Callable[[], float]) -> JudgeBudget:
         return JudgeBudget(BudgetConfig(calls_per_minute=3.0, burst_calls=20.0), clock=clock)
 
@@ -311,6 +315,24 @@ def test_budget_skips_raise_the_weight_of_their_cell_only() -> None:
     assert est.sum_weights == pytest.approx(20 / 0.1 + 10 / 1.0)
     assert est.estimate == pytest.approx(10 / (20 / 0.1 + 10))
     assert est.n_skipped == 10 and est.n_skipped_unadjusted == 0
+
+
+def test_items_not_judged_yet_raise_the_weight_of_their_cell() -> None:
+    # one tenant's flood: 100 thumbs-downs (pi = 1) of which 10 are judged and 90 wait, deferred by
+    # the budget; every base trace selected (pi = 0.5) is judged
+    flooded = [scored(0.0, 1.0, "thumbs_down")] * 10 + [
+        JudgedSample(inclusion_probability=1.0, outcome="pending", stratum="thumbs_down")
+    ] * 90
+    base = [scored(1.0, 0.5, "base")] * 20
+    est = hajek(flooded + base)
+    assert est.sum_weights == pytest.approx(100 + 40)
+    assert est.estimate == pytest.approx(40 / 140)
+    assert (est.n_judged, est.n_pending, est.n_skipped, est.n_skipped_unadjusted) == (30, 90, 0, 0)
+    # left out, the waiting 90 would make the thumbs-down cell count as 10 traces, not 100
+    assert hajek([s for s in flooded + base if s.outcome != "pending"]).estimate == pytest.approx(40 / 50)
+    # once judged, a deferred item keeps its probability: the estimate is the full sample's
+    all_judged = [scored(0.0, 1.0, "thumbs_down")] * 100 + base
+    assert hajek(all_judged).estimate == pytest.approx(40 / 140)
 
 
 def test_cells_emptied_by_the_budget_are_reported() -> None:
@@ -426,6 +448,7 @@ def test_samples_from_queue_records(tmp_path: Path) -> None:
     queue.enqueue([dataclasses.replace(items[0], trace_id=f"{9:032x}")])
     with pytest.raises(ValueError):
         JudgedSample.from_record(queue.records(since=T0)[-1], "scored", 1.0)  # still pending
+    assert JudgedSample.from_record(queue.records(since=T0)[-1]).outcome == "pending"
     est = hajek(samples)
     assert (est.n_judged, est.n_no_claims, est.n_failed, est.n_skipped) == (1, 1, 1, 1)
     engine.dispose()

@@ -6,7 +6,7 @@ import os
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from uuid import uuid4
@@ -14,7 +14,10 @@ from uuid import uuid4
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 
+from sampler.budget import RefusalReason
+from sampler.fair import FairShares
 from sampler.queue import (
+    EXPIRED,
     ITEM_STATES,
     ItemKey,
     JudgeItem,
@@ -284,9 +287,97 @@ def test_skipped_items_are_kept_but_never_claimed(queue: SqlJudgeQueue) -> None:
     assert record is not None
     assert (record.state, record.item.skip_reason) == ("skipped", "budget_calls")
     assert queue.stats().skipped == 1
-    # Once the budget admits the same trace, it becomes work.
-    assert queue.enqueue([item(1)]) == 1
+    # The same trace offered again (a redelivery) revives nothing ...
+    assert queue.enqueue([item(1)]) == 0
+    assert queue.claim(5, lease_s=30, worker="w") == []
+    # ... a new sampling decision with a higher probability (a late thumbs-down) makes it work again.
+    assert queue.enqueue([item(1, p=1.0, stratum="thumbs_down")]) == 1
     assert [r.item.trace_id for r in queue.claim(5, lease_s=30, worker="w")] == [f"{1:032x}"]
+
+
+class Budget:
+    """An admission that admits `room` judgments, in the order the tenants come (`FairShares`)."""
+
+    def __init__(self, room: int, shares: FairShares | None = None) -> None:
+        self.room = room
+        self.shares = shares or FairShares()
+        self.admitted: list[str] = []
+
+    def order(self, waiting: Mapping[str, int], n: int) -> list[str]:
+        return self.shares.order(waiting, n)
+
+    def admit(self, tenant: str) -> RefusalReason | None:
+        if self.room <= 0:
+            return "budget_calls"
+        self.room -= 1
+        self.shares.admitted(tenant)
+        self.admitted.append(tenant)
+        return None
+
+
+def test_claim_within_takes_turns_and_defers_what_the_budget_has_no_room_for(
+    queue: SqlJudgeQueue, clock: ManualClock
+) -> None:
+    queue.enqueue(
+        [item(n, tenant="acme") for n in range(20)] + [item(100 + n, tenant="beta") for n in range(3)]
+    )
+    budget = Budget(room=4)
+    claim = queue.claim_within(6, 30.0, "w", budget)
+    # turns alternate (ties by name), each tenant's oldest first; the rest of the six went back, deferred
+    assert [(r.item.tenant, r.item.trace_id) for r in claim.records] == [
+        ("acme", f"{0:032x}"),
+        ("beta", f"{100:032x}"),
+        ("acme", f"{1:032x}"),
+        ("beta", f"{101:032x}"),
+    ]
+    assert (claim.deferred, claim.refused) == ({"acme": 1, "beta": 1}, "budget_calls")
+    stats = queue.stats()
+    assert (stats.leased, stats.deferred, stats.pending, stats.depth) == (4, 2, 17, 21)
+    deferred = queue.get(item(102, tenant="beta").key)
+    assert deferred is not None and deferred.deferred and deferred.attempts == 0
+    assert deferred.item.inclusion_probability == 0.02, "a deferred item keeps its probability"
+    # turned back again, a deferred item is not counted again
+    assert queue.claim_within(6, 30.0, "w", Budget(room=0)).deferred == {"acme": 4}
+    assert queue.deferred_by_tenant() == {"acme": 5, "beta": 1}
+    # as the budget refills, beta's last trace comes on its turn, not after acme's backlog
+    budget.room = 2
+    refilled = queue.claim_within(6, 30.0, "w", budget)
+    assert sorted(r.item.tenant for r in refilled.records) == ["acme", "beta"]
+    taken = queue.get(item(102, tenant="beta").key)
+    assert taken is not None and (taken.state, taken.attempts, taken.deferred) == ("leased", 1, False)
+
+
+def test_deferrals_expire_into_skipped(queue: SqlJudgeQueue, clock: ManualClock) -> None:
+    queue.enqueue([item(n, tenant="acme") for n in range(3)] + [item(10, tenant="beta")])
+    queue.claim_within(4, 30.0, "w", Budget(room=1))  # acme's oldest admitted, three deferred
+    assert queue.expire_deferred(3600.0) == {}
+    clock.advance(3600 + 11)
+    assert queue.expire_deferred(3600.0) == {"acme": 2, "beta": 1}
+    assert queue.expire_deferred(3600.0) == {}, "each expiry is counted once"
+    expired = queue.get(item(10, tenant="beta").key)
+    assert expired is not None and (expired.state, expired.item.skip_reason) == ("skipped", EXPIRED)
+    leased = queue.get(item(0, tenant="acme").key)
+    assert leased is not None and leased.state == "leased", "only deferred items expire"
+    assert queue.stats().skipped == 3
+
+
+def test_claim_within_survives_a_budget_that_cannot_be_asked(queue: SqlJudgeQueue) -> None:
+    class Unreachable(Budget):
+        def admit(self, tenant: str) -> RefusalReason | None:
+            if self.room <= 0:
+                raise StoreUnavailable("judge budget unavailable: OperationalError")
+            return super().admit(tenant)
+
+    queue.enqueue([item(n) for n in range(4)])
+    claim = queue.claim_within(4, 30.0, "w", Unreachable(room=1))
+    assert len(claim.records) == 1 and claim.deferred == {}
+    with pytest.raises(StoreUnavailable):
+        queue.claim_within(4, 30.0, "w", Unreachable(room=0))
+    stats = queue.stats()
+    assert (stats.leased, stats.pending, stats.deferred) == (1, 3, 0), (
+        "what was not admitted went back untried"
+    )
+    assert all(r.attempts == 0 for r in queue.records(since=T0 - timedelta(hours=1)) if r.state == "pending")
 
 
 def test_depth_and_oldest_age(queue: SqlJudgeQueue, clock: ManualClock) -> None:

@@ -17,8 +17,9 @@ def record_by_record(
     queue: SqlJudgeQueue, store: JudgmentStore, *, now: datetime, window: timedelta, answers: bool = False
 ) -> dict[Grouping, dict[tuple[str, ...], FaithfulnessEstimate]]:
     """Each record of the window read, its judgment looked up by key, the estimate per grouping; with
-    `answers`, a scored sample scores 1 when all its claims are supported, else 0."""
-    records = [r for r in queue.records(since=now - window) if r.state in ("done", "failed", "skipped")]
+    `answers`, a scored sample scores 1 when all its claims are supported, else 0. Items not judged yet
+    (pending, deferred, leased) are samples too: `pending`, their cell's nonresponse."""
+    records = queue.records(since=now - window)
     outcomes = store.outcomes(r.key for r in records if r.state == "done")
     samples = []
     for record in records:

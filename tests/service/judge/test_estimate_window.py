@@ -61,7 +61,7 @@ def fill(store: Store, rng: random.Random, n: int) -> tuple[SqlJudgeQueue, Judgm
             queue.fail(record.key, worker="w", reason="judge_unavailable", permanent=True)
             continue
         if roll < 0.15:
-            continue  # still leased: not judged yet, no sample
+            continue  # still leased: not judged yet, a `pending` sample
         queue.complete(record.key)
         if roll < 0.18:
             continue  # done, but its judgment was lost: no sample

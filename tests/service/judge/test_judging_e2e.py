@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ BROKEN_PARTITION = json.dumps(
         "rationale": "x",
     }
 )
+
+
+T_ANY = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def traces(n: int, offset: int = 0, app: str = "judge-app") -> list[dict[str, Any]]:
@@ -282,11 +286,35 @@ def test_late_regenerate_enqueues_the_trace_once(tmp_path: Path) -> None:
         assert queue_states(server)["pending"] == 1
 
 
-def test_budget_refusals_are_counted_and_visible(tmp_path: Path) -> None:
-    settings = judge_settings(None, workers=0)
-    settings["budget"] = {"calls_per_minute": 1, "burst_calls": 2, "usd_per_day": 1000}
+def test_one_tenant_floods_and_anothers_few_traces_are_all_judged(tmp_path: Path) -> None:
+    """The issue's run on a real server: acme sends a flood, then beta 5 traces. The budget (2 calls
+    a second after a burst of 10) is shared in turns between the tenants waiting, so beta's 5 are
+    judged within seconds while acme's flood waits in the queue, deferred: nothing is skipped."""
+    keys = {"acme": "acme-key-0123456789", "beta": "beta-key-0123456789"}
+    settings = judge_settings(None)
+    settings["budget"] = {"calls_per_minute": 120, "burst_calls": 10, "usd_per_day": 1000, "lease_calls": 1}
+    settings["auth"] = {"api_keys": {key: tenant for tenant, key in keys.items()}}
+
+    def send_as(server: LiveServer, tenant: str, records: list[dict[str, Any]]) -> None:
+        with server.client(headers={"x-api-key": keys[tenant]}) as client:
+            response = client.post("/api/v1/traces", json={"traces": records})
+            assert response.status_code == 200, response.text
+        server.flush()
+
     with live_server(tmp_path, **settings) as server:
-        send(server, traces(5))
-        states = queue_states(server)
-        assert states["pending"] == 2 and states["skipped"] == 3
-        assert server.metric("ragmon_judge_skipped_total", reason="budget_calls") == 3
+        queue = server.pipeline.judge_queue
+        send_as(server, "acme", traces(150))
+        wait_until(lambda: queue.stats().deferred > 0)  # the burst is spent: acme's flood waits
+        send_as(server, "beta", traces(5, offset=1000))
+
+        def beta_done() -> int:
+            return sum(r.state == "done" for r in queue.records(since=T_ANY, tenant="beta"))
+
+        wait_until(lambda: beta_done() == 5, timeout=60)
+        acme = queue.records(since=T_ANY, tenant="acme")
+        assert queue.stats().skipped == 0, "no trace is skipped for lack of budget"
+        assert sum(r.state == "done" for r in acme) < 150, "acme's flood still waits its turns"
+        assert sum(r.deferred for r in acme) > 0
+        assert server.metric("ragmon_judge_deferred_total", tenant="acme") > 0
+        judged = {r.item.inclusion_probability for r in acme if r.state == "done"}
+        assert judged == {1.0}, "a deferred trace judged later keeps its probability"

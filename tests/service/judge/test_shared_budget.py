@@ -73,7 +73,7 @@ def test_one_process_admits_the_burst_then_refuses(engine: sa.Engine) -> None:
     one = budget(engine, clock, "a", **NO_REFILL, burst_calls=7, lease_calls=3)
     assert [one.try_admit(0.0) for _ in range(10)] == [None] * 7 + ["budget_calls"] * 3
     counts = one.counts()
-    assert (counts.admitted, counts.skipped["budget_calls"]) == (7, 3)
+    assert (counts.admitted, counts.refused["budget_calls"]) == (7, 3)
     one.release()
     assert lease_rows(engine) == []
     assert one.levels()[0] == pytest.approx(0.0, abs=1e-6)
@@ -166,8 +166,8 @@ def _traces(first: int, n: int) -> list[RagTrace]:
 def test_two_pipelines_on_one_postgresql_judge_one_budget(
     tmp_path: Path, postgres_url: str, scope: str, judged: int
 ) -> None:
-    """Two replicas that sample every trace admit the budget once between them (scope
-    deployment); with a budget per process they admitted it twice, as before."""
+    """Two replicas whose judge workers claim from one queue admit the budget once between them
+    (scope deployment); with a budget per process they admit it twice."""
     settings = {
         "data_dir": str(tmp_path),
         "store": {"url": postgres_url},
@@ -177,12 +177,15 @@ def test_two_pipelines_on_one_postgresql_judge_one_budget(
     replicas = [Pipeline(load_config(environ={}, overrides=settings)) for _ in range(2)]
     try:
         replicas[0].create_schema()
+        replicas[0].judge_queue.enqueue(replicas[0].sampler.select(_traces(0, 40)))
         admitted = 0
-        for round_ in range(4):  # the replicas take turns, as their batches would come
+        for _ in range(4):  # the replicas' workers take turns, as their claims would come
             for n, replica in enumerate(replicas):
-                items = replica.sampler.select(_traces(100 * (2 * round_ + n), 5))
-                admitted += sum(item.skip_reason is None for item in items)
+                claim = replica.judge_queue.claim_within(5, 60.0, f"worker-{n}", replica.admission)
+                admitted += len(claim.records)
         assert admitted == judged
+        stats = replicas[0].judge_queue.stats()
+        assert (stats.leased, stats.deferred + stats.pending) == (judged, 40 - judged)
     finally:
         for replica in replicas:
             replica.store.close()

@@ -20,7 +20,8 @@ from tests.review_server import API_KEYS, send, settings, signed_in
 CHUNK = "Refunds are possible within 30 days of delivery. Shipping takes 5 business days."
 # (answer, the judge's verdict as measured, the truth: faithful?, the true mark of each judge claim)
 FAITHFUL = "Refunds are possible within 30 days."
-NEGATED = "Refunds take 5 business days."  # words and number of the context recombined: the offline judge passes it
+# words and a number of the context recombined: the offline judge passes it
+NEGATED = "Refunds take 5 business days."
 HALF = "Refunds are possible within 30 days. Shipping is free worldwide."
 ANSWERS = [FAITHFUL] * 4 + [NEGATED] * 3 + [HALF] * 3
 TRUTH: dict[str, tuple[bool, list[bool]]] = {
@@ -142,14 +143,17 @@ def test_reviewers_labels_correct_the_judge_and_the_api_shows_the_corrected_read
     assert claims["human_corrected"]["low"] < claims["human_corrected"]["high"]
 
     server.pipeline.correction.export()
-    labels = {"app": "shop", "release": "all", "intent": "all"}
+    # two tenants have keys, so every per-app series carries its tenant
+    labels = {"tenant": "acme", "app": "shop", "release": "all", "intent": "all"}
     assert server.metric("ragmon_faithful_answers_corrected_ratio", **labels) == pytest.approx(0.325)
     assert server.metric("ragmon_faithful_answers_corrected_ratio_lower", **labels) == pytest.approx(
         fixed["low"]
     )
     assert server.metric("ragmon_faithfulness_human_labels", **labels, reading="claims") == 8
-    assert server.metric("ragmon_judge_human_pairs", app="shop") == 8
-    assert server.metric("ragmon_judge_human_agreement_ratio", app="shop") == pytest.approx(5 / 8)
+    assert server.metric("ragmon_judge_human_pairs", tenant="acme", app="shop") == 8
+    assert server.metric("ragmon_judge_human_agreement_ratio", tenant="acme", app="shop") == pytest.approx(
+        5 / 8
+    )
     # reviews are counted as recorded, a relabel not again: 8 blind reviews, the slip among them
     assert server.metric("ragmon_reviews_total", queue="blind", verdict="faithful") == 4
     assert server.metric("ragmon_reviews_total", queue="blind", verdict="unfaithful") == 4
