@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.errors import Unauthenticated, UnknownTenant
 from service.ingest.auth import TenantResolver, key_from_headers
+from service.ingest.wire import TimeInRange
 from service.judge.judgment import FailureMode
 from service.probes.golden import ExpectedBehaviour
 from service.review.calibration import calibrate
@@ -40,7 +41,7 @@ from service.review.records import (
     ReviewIn,
     ReviewItem,
 )
-from service.review.session import LOGIN_COOKIE, SESSION_COOKIE, Reviewer, ReviewerAuth
+from service.review.session import LOGIN_COOKIE, LOGIN_TTL_S, SESSION_COOKIE, Reviewer, ReviewerAuth
 
 __all__ = ["CSP", "ReviewerDep", "router"]
 
@@ -136,12 +137,12 @@ async def login_page(request: Request) -> Response:
     response = _page("review_login.html")
     response.set_cookie(
         LOGIN_COOKIE,
-        ReviewerAuth.new_login_token(),
+        _auth(request).new_login_token(),
         httponly=False,  # the page echoes it in a header (double-submit)
         samesite="strict",
         secure=request.app.state.config.review.secure_cookie,
         path="/",
-        max_age=3600,
+        max_age=LOGIN_TTL_S,
     )
     return response
 
@@ -187,7 +188,7 @@ class SignIn(BaseModel):
 @router.post("/api/v1/review/session", summary="Sign a reviewer in (sets the session cookie)")
 async def sign_in(body: SignIn, request: Request) -> Response:
     auth = _auth(request)
-    if not auth.same(request.headers.get("x-csrf-token"), request.cookies.get(LOGIN_COOKIE)):
+    if not auth.login_token_ok(request.headers.get("x-csrf-token"), request.cookies.get(LOGIN_COOKIE)):
         return _error(403, "csrf", "open /review/login first; the sign-in form sends its token")
     reviewer = auth.by_token(body.token)
     if reviewer is None:
@@ -516,7 +517,7 @@ async def calibration(request: Request, reviewer: ReviewerDep) -> Response:
 async def export(
     request: Request,
     reviewer: ReviewerDep,
-    since: datetime | None = None,
+    since: TimeInRange | None = None,
     format: Literal["review", "golden"] = "review",
 ) -> Response:
     pipeline = _pipeline(request)

@@ -42,6 +42,13 @@ def test_sign_in_needs_the_login_token_and_a_known_reviewer_token(server: LiveSe
         # no double-submit token: refused even with a good reviewer token
         refused = client.post("/api/v1/review/session", json={"token": TOKENS["alice"]})
         assert refused.status_code == 403
+        # a made-up cookie and header pair, equal but not signed by this server: refused too
+        made_up = client.post(
+            "/api/v1/review/session",
+            json={"token": TOKENS["alice"]},
+            headers={"x-csrf-token": "made-up", "cookie": "ragmon_review_login=made-up"},
+        )
+        assert made_up.status_code == 403
         wrong = client.post("/api/v1/review/session", json={"token": "nope"}, headers={"x-csrf-token": token})
         assert wrong.status_code == 401
         ok = client.post(
