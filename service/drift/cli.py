@@ -57,7 +57,8 @@ def parse_time(text: str, now: datetime | None = None) -> datetime:
         ) from None
     if not in_range:
         raise ValueError(
-            f"time {text!r} is outside the range ragmon keeps, {EARLIEST_TIME:%Y-%m-%d} to {LATEST_TIME:%Y-%m-%d}"
+            f"time {text!r} is outside the range ragmon keeps, "
+            f"{EARLIEST_TIME:%Y-%m-%d} to {LATEST_TIME:%Y-%m-%d}"
         )
     return parsed
 

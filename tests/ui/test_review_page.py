@@ -10,8 +10,8 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.live_server import LiveServer
-from tests.ui.pages import wait_for_path
 from tests.review_server import HOSTILE_ANSWER, HOSTILE_CHUNK, TOKENS, review_server
+from tests.ui.pages import wait_for_path
 
 # pytest-base-url (a pytest-playwright dependency) declares its session fixture in a way
 # pytest 9 deprecates; the warning is about that plugin, not about this code.
