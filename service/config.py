@@ -636,7 +636,9 @@ _REDACTION_KINDS: list[RedactionKind] = ["email", "phone", "card", "api_key"]
 
 class RedactionConfig(_Section):
     enabled: bool = Field(
-        False, description="redact personal data and secrets from traces and feedback before they are kept"
+        False,
+        description="redact personal data and secrets from every field ragmon keeps (traces, feedback, "
+        "review notes, golden sets; docs/security.md lists them) before it keeps them",
     )
     builtin: list[RedactionKind] = Field(
         default_factory=lambda: list(_REDACTION_KINDS),
@@ -644,6 +646,13 @@ class RedactionConfig(_Section):
     )
     patterns: dict[str, str] = Field(
         default_factory=dict, description="your own kinds: name -> regular expression, redacted like the rest"
+    )
+    key: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="key of the digests that keep redacted ids apart ([REDACTED:<kind>:<digest>]); unset: "
+        "one made and kept in <data-dir>/redaction.key; required in distributed mode (every process "
+        "must redact an id alike); never shown",
     )
 
     @field_validator("patterns")
@@ -758,6 +767,11 @@ class RagmonConfig(_Section):
             raise ValueError(
                 "redaction cannot reach the Phoenix tee, which forwards OTLP requests as received: "
                 "set phoenix.forward to false, or turn redaction off"
+            )
+        if self.redaction.enabled and self.bus.kind == "kafka" and self.redaction.key is None:
+            raise ValueError(
+                "redaction in distributed mode needs redaction.key (RAGMON_REDACTION__KEY), the same for "
+                "every ingest and worker process, so that each redacts an id alike"
             )
         return self
 

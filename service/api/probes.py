@@ -33,7 +33,7 @@ from service.api.deps import PipelineDep, TenantDep
 from service.judge.correctness import build_correctness
 from service.pipeline import Pipeline
 from service.probes.gauges import against_baseline, publish_probe_run
-from service.probes.golden import parse_golden
+from service.probes.golden import GoldenSet, parse_golden
 from service.probes.scoring import compare_runs, score_run
 from service.probes.store import GoldenStore, ProbeRun
 
@@ -88,6 +88,10 @@ def _compare(pipeline: Pipeline, new: ProbeRun, old: ProbeRun | None) -> dict[st
 @router.post("/golden", summary="Load a golden set (JSONL); the same content twice is stored once")
 async def load_golden_set(body: GoldenIn, tenant: TenantDep, pipeline: PipelineDep) -> dict[str, Any]:
     golden = parse_golden(body.jsonl.splitlines(), source=body.source or body.name)
+    if pipeline.redactor is not None:  # its rows are kept: redacted as FIELDS says, its version anew
+        golden = GoldenSet(
+            [pipeline.redacted(q) for q in golden], source=pipeline.redactor.text(golden.source) or ""
+        )
     info = await asyncio.to_thread(_golden_store(pipeline).load, tenant, golden, body.name)
     return info.to_json()
 

@@ -100,6 +100,9 @@ async def list_traces(
         "intent": intent,
         "probe": probe,
     }
+    if pipeline.redactor is not None:  # stored redacted: a raw id finds them (`Redactor.identifier`)
+        redact = pipeline.redactor.identifier
+        given |= {"app": redact(app), "release": redact(release), "intent": redact(intent)}
     filters: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     items, next_cursor = await asyncio.to_thread(
         lambda: pipeline.store.list_traces(tenant, limit=limit, cursor=cursor, **filters)

@@ -451,6 +451,7 @@ async def submit(item_id: int, body: ReviewBody, request: Request, reviewer: Rev
         expected_behaviour=body.expected_behaviour,
         note=(body.note or "").strip() or None,
     )
+    review = pipeline.redacted(review)  # with redaction on, a reviewer's text is redacted too
     try:
         record = await asyncio.to_thread(
             pipeline.reviews.submit, item_id, reviewer.name, reviewer.tenants, review

@@ -189,6 +189,7 @@ SECRET_SETTINGS: list[tuple[str, object, list[object]]] = [
     ("judge.base_url", f"https://llm.internal/v1?api_key={MARK}", [f"llm.internal/v1?api_key={MARK}"]),
     ("phoenix.api_key", MARK, [[MARK]]),
     ("phoenix.endpoint", f"http://px:{MARK}@phoenix:6006", [f"phoenix:6006 px:{MARK}@", [MARK]]),
+    ("redaction.key", MARK, [SHORT, [MARK]]),
 ]
 SETTING_IDS = [f"{path}-{n}" for n, (path, _, _) in enumerate(SECRET_SETTINGS)]
 EXPECT_MASKED = ("auth", "kafka", "review", "metrics", "judge", "phoenix", "store")
