@@ -67,8 +67,11 @@ def _secure(response: Response) -> Response:
     return response
 
 
-def _page(name: str, status: int = 200) -> Response:
+def _page(name: str, status: int = 200, fill: dict[str, str] | None = None) -> Response:
+    """A template as the page; `fill` replaces its `<!-- name -->` placeholders with static HTML."""
     html = (HERE / "templates" / name).read_text(encoding="utf-8")
+    for placeholder, content in (fill or {}).items():
+        html = html.replace(f"<!-- {placeholder} -->", content)
     return _secure(Response(html, status, media_type="text/html; charset=utf-8"))
 
 
@@ -132,9 +135,24 @@ ReviewerDep = Annotated[Reviewer, Depends(_reviewer)]
 # -- pages and static files ----------------------------------------------------------------------
 
 
+NO_REVIEWERS = (
+    '<div class="panel" id="no-reviewers" role="note"><p><strong>No reviewers are configured on this ragmon'
+    "</strong>, so nobody can sign in yet. To add one, pick a long random token and give ragmon its SHA-256, "
+    "with the tenants the reviewer may see, then restart it:</p>"
+    '<pre class="mono small">python3 -c \'import hashlib, secrets; t = secrets.token_urlsafe(24); '
+    "print(t, hashlib.sha256(t.encode()).hexdigest())'\n"
+    "RAGMON_REVIEW__REVIEWERS='{&quot;me&quot;: {&quot;token_sha256&quot;: &quot;&lt;the sha256&gt;&quot;, "
+    "&quot;tenants&quot;: [&quot;default&quot;]}}' ragmon serve</pre>"
+    "<p>(or <code>review.reviewers</code> in the config file). Then sign in here with the token; "
+    "docs/review.md has the rest.</p></div>"
+)
+"""What the sign-in page says when `review.reviewers` is empty: how to add a reviewer (static text)."""
+
+
 @router.get("/review/login", include_in_schema=False)
 async def login_page(request: Request) -> Response:
-    response = _page("review_login.html")
+    none = not request.app.state.config.review.reviewers
+    response = _page("review_login.html", fill={"no-reviewers": NO_REVIEWERS if none else ""})
     response.set_cookie(
         LOGIN_COOKIE,
         _auth(request).new_login_token(),
@@ -191,6 +209,10 @@ async def sign_in(body: SignIn, request: Request) -> Response:
     if not auth.login_token_ok(request.headers.get("x-csrf-token"), request.cookies.get(LOGIN_COOKIE)):
         return _error(403, "csrf", "open /review/login first; the sign-in form sends its token")
     reviewer = auth.by_token(body.token)
+    if reviewer is None and not request.app.state.config.review.reviewers:
+        return _error(
+            401, "unauthenticated", "no reviewers are configured: set review.reviewers (see /review/login)"
+        )
     if reviewer is None:
         return _error(401, "unauthenticated", "unknown reviewer token")
     response = _json({"reviewer": reviewer.name, "tenants": list(reviewer.tenants)})
