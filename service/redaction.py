@@ -64,7 +64,16 @@ from service.consumer import TraceConsumer
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 
-__all__ = ["BUILTIN", "FIELDS", "FieldRule", "RedactingFilter", "Redactor", "fields_table", "redaction_key"]
+__all__ = [
+    "BUILTIN",
+    "FIELDS",
+    "ROOT_RECORDS",
+    "FieldRule",
+    "RedactingFilter",
+    "Redactor",
+    "fields_table",
+    "redaction_key",
+]
 
 R = TypeVar("R")
 FieldKind = Literal["text", "id", "json", "kept"]

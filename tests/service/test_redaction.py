@@ -20,7 +20,7 @@ from typing_extensions import TypeAliasType
 
 from service.config import ConfigError, RedactionConfig, load_config
 from service.metrics import Metrics
-from service.redaction import FIELDS, ROOT_RECORDS, Redactor, fields_table
+from service.redaction import FIELDS, ROOT_RECORDS, Redactor, fields_table, redaction_key
 from service.report import cli as report_cli
 from tests.live_server import live_server
 
@@ -433,3 +433,16 @@ def test_a_secret_in_every_listed_field_is_found_nowhere(
         "where is my parcel, [REDACTED:email]?",  # the golden set
     ):
         assert kept in stored, kept
+
+
+def test_the_digest_key_is_kept_in_the_data_dir_or_required_in_distributed_mode(tmp_path: Path) -> None:
+    config = load_config(environ={}, overrides={"data_dir": str(tmp_path), "redaction": {"enabled": True}})
+    key = redaction_key(config)
+    assert redaction_key(config) == key and len(key) >= 32  # the same across restarts
+    assert (tmp_path / "redaction.key").stat().st_mode & 0o777 == 0o600
+    given = load_config(environ={}, overrides={"redaction": {"enabled": True, "key": "k" * 20}})
+    assert redaction_key(given) == b"k" * 20
+    with pytest.raises(ConfigError, match=r"redaction\.key"):
+        load_config(environ={}, overrides={"bus": {"kind": "kafka"}, "redaction": {"enabled": True}})
+    kafka = {"bus": {"kind": "kafka"}, "redaction": {"enabled": True, "key": "k" * 20}}
+    assert load_config(environ={}, overrides=kafka).redaction.key is not None
