@@ -1,7 +1,12 @@
 # The ragmon image that the Helm chart (helm/ragmon) runs.
 #
 #   docker build -t ragmon:0.1.0 .
-#   docker run --rm -p 4318:4318 -p 4317:4317 ragmon:0.1.0 serve
+#   docker run --rm -p 4318:4318 -p 4317:4317 -v ragmon-data:/data \
+#     -e RAGMON_AUTH__API_KEYS='{"<a long random key>": "default"}' ragmon:0.1.0 serve
+#
+# The API keys are needed: the image listens on 0.0.0.0, and without keys ragmon accepts
+# loopback clients only, which behind Docker's NAT no client is (every app would get 403).
+# Apps send `authorization: Bearer <key>` (README.md, "From another machine").
 #
 # Two stages: the first installs ragmon with the PostgreSQL and Kafka extras into
 # a virtual environment; the second copies only that environment onto a clean

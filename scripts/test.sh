@@ -12,14 +12,21 @@ export PATH="$PWD/$BIN:$PATH"
 # helm and kubectl from .ci/get_helm.sh, for tests/helm
 if [[ -d .tools/bin ]]; then export PATH="$PWD/.tools/bin:$PATH"; fi
 
+# Everything the run writes to a temporary folder (pytest's tmp_path folders, the test servers'
+# data and logs, the throwaway PostgreSQL below) goes under one folder of this run, removed on exit:
+# a run leaves nothing in /tmp. 0755: the PostgreSQL servers run as the postgres user when root runs this.
+RUN_TMP=$(mktemp -d "${TMPDIR:-/tmp}/ragmon-test.XXXXXX")
+chmod 755 "$RUN_TMP"
+export TMPDIR="$RUN_TMP"
 PG_BASE=""
 cleanup() {
-  [[ -n "$PG_BASE" ]] && .ci/stop_postgres.sh "$PG_BASE" >/dev/null 2>&1 || true
+  if [[ -n "$PG_BASE" ]]; then .ci/stop_postgres.sh "$PG_BASE" --remove >/dev/null 2>&1 || true; fi
+  rm -rf -- "$RUN_TMP"
 }
 trap cleanup EXIT
 
 if [[ -z "${DATABASE_URL:-}" ]] && find /usr/lib/postgresql -maxdepth 3 -name pg_ctl 2>/dev/null | grep -q .; then
-  PG_BASE=$(mktemp -d /tmp/ragmon-pg.XXXXXX)
+  PG_BASE=$(mktemp -d "$RUN_TMP/pg.XXXXXX")
   chmod 755 "$PG_BASE"
   # a free port unless PGPORT says otherwise: another server may hold the usual one
   port=${PGPORT:-$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}

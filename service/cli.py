@@ -301,6 +301,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from service.api.app import create_app
     from service.api.http_server import uvicorn_config
     from service.demo import run as demo
+    from service.demo.data_dir import NotDemoData, fresh_data_dir
     from service.demo.settings import demo_config, new_token
     from service.runtime import tune_for_service
 
@@ -310,6 +311,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     config = demo_config(config_from_args(args), token)
     if (missing := missing_extras(config)) is not None:
         print(f"ragmon demo: {missing}", file=sys.stderr)
+        return 2
+    try:  # a second demo on the first one's data would mix their totals and pin nothing
+        print(f"ragmon demo: {fresh_data_dir(config)}", file=sys.stderr)
+    except NotDemoData as exc:
+        print(f"ragmon demo: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_for_service()
@@ -360,7 +366,7 @@ def _demo_until_stopped(
         print(f"ragmon demo: {exc}", file=sys.stderr)
         return 2
     print("\n".join(url_lines(url, token)))
-    print(f"(data in {config.data_dir}); sending demo traffic...", file=sys.stderr)
+    print("sending demo traffic...", file=sys.stderr)
     ragmon = Ragmon(url)
     started = datetime.now(UTC)
     # generous: on a loaded machine the ingest processes can take many seconds to start building

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from sampler.budget import BudgetConfig
 from sampler.policy import SamplerConfig
@@ -77,18 +79,40 @@ MASK = "**********"
 """What every secret-typed setting shows as in `ragmon config`, logs, errors and `/readyz` (as SecretStr)."""
 
 
-def masked_url(url: str) -> str:
-    """A database or broker URL with its password masked, as it may be shown or logged."""
-    try:
-        import sqlalchemy as sa  # here: `ragmon --help` must not import SQLAlchemy
+# query parameters whose values are credentials (`?password=`, `?sslpassword=`, `?api_key=`, `?sig=` ...)
+_SECRET_QUERY = re.compile(
+    r"(?i)(?<![^?&;])([\w.-]*(?:pass|pwd|secret|token|key|sig|credential|auth)[\w.-]*)=([^&;#]*)"
+)
 
-        parsed = sa.make_url(url)
-    except Exception:  # not a URL SQLAlchemy reads: show nothing of it that could be a secret
+
+def masked_url(url: str) -> str:
+    """`url` as it may be shown or logged: the password of its user info and the values of its
+    credential-like query parameters masked (`MASK`), everything else as written.
+
+    Works on any scheme (database, broker, HTTP), without parsing what is not a credential, so a URL no
+    library reads is masked as well; text with no scheme that holds an `@` is masked whole."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return MASK if "@" in url else url
-    if not parsed.password:
-        return url
-    # SQLAlchemy's own masking ("***"), spelled like every other secret
-    return parsed.render_as_string(hide_password=True).replace(":***@", f":{MASK}@", 1)
+    query_at = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    # the user info ends at the last "@" before the query: a password may hold "/" or "@" unencoded
+    at = rest.rfind("@", 0, query_at)
+    if at >= 0:
+        user, colon, _password = rest[:at].partition(":")
+        if colon:
+            rest = f"{user}:{MASK}{rest[at:]}"
+            query_at += len(user) + 1 + len(MASK) - at
+    head, tail = rest[:query_at], rest[query_at:]
+    if tail.startswith("?"):
+        tail = _SECRET_QUERY.sub(lambda m: f"{m.group(1)}={MASK}", tail)
+    return f"{scheme}://{head}{tail}"
+
+
+def _http_url(value: str | None) -> str | None:
+    """`value` unchanged if it is an http(s) URL; the error never repeats it (it may hold a password)."""
+    if value is not None and not value.lower().startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL (not shown: it may hold a password)")
+    return value
 
 
 class AuthConfig(_Section):
@@ -304,6 +328,24 @@ class StoreConfig(_Section):
     )
     timeout_s: float = Field(10.0, gt=0, description="connect / busy / statement timeout")
 
+    @field_validator("url")
+    @classmethod
+    def _readable_url(cls, url: str | None) -> str | None:
+        # checked here, where the error can name the field and leave the value out: at start-up an
+        # unreadable URL ended in a traceback, and SQLAlchemy's errors may quote the URL
+        if url is None:
+            return None
+        import sqlalchemy as sa  # here: `ragmon --help` must not import SQLAlchemy
+
+        try:
+            sa.make_url(url)
+        except Exception:
+            raise ValueError(
+                "is not a database URL (e.g. postgresql+psycopg://user@host:5432/db or sqlite:///path); "
+                "the value is not shown: it may hold a password"
+            ) from None
+        return url
+
     @field_serializer("url")
     def _mask_password(self, url: str | None) -> str | None:
         return None if url is None else masked_url(url)
@@ -381,7 +423,7 @@ class JudgeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     base_url: str | None = Field(
-        default=None, description="OpenAI-compatible endpoint; else $OPENAI_BASE_URL"
+        default=None, repr=False, description="OpenAI-compatible endpoint; else $OPENAI_BASE_URL"
     )
     api_key: SecretStr | None = Field(
         default=None, description="endpoint key; else $OPENAI_API_KEY; never logged"
@@ -419,6 +461,12 @@ class JudgeConfig(BaseModel):
         description="judge without an endpoint: heuristic (rules, heuristic/N) or learned (boosted stumps on "
         "claim features, learned/N); chosen by leave-one-source-out (bench/judge/loso_summary.json)",
     )
+
+    _http_base_url = field_validator("base_url")(_http_url)
+
+    @field_serializer("base_url")
+    def _mask_base_url(self, url: str | None) -> str | None:
+        return None if url is None else masked_url(url)
 
     def endpoint_configured(self, environ: Mapping[str, str] | None = None) -> bool:
         """Whether an endpoint is configured here or in the environment (else the offline judge runs)."""
@@ -643,7 +691,9 @@ _REDACTION_KINDS: list[RedactionKind] = ["email", "phone", "card", "api_key"]
 
 class RedactionConfig(_Section):
     enabled: bool = Field(
-        False, description="redact personal data and secrets from traces and feedback before they are kept"
+        False,
+        description="redact personal data and secrets from every field ragmon keeps (traces, feedback, "
+        "review notes, golden sets; docs/security.md lists them) before it keeps them",
     )
     builtin: list[RedactionKind] = Field(
         default_factory=lambda: list(_REDACTION_KINDS),
@@ -651,6 +701,13 @@ class RedactionConfig(_Section):
     )
     patterns: dict[str, str] = Field(
         default_factory=dict, description="your own kinds: name -> regular expression, redacted like the rest"
+    )
+    key: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="key of the digests that keep redacted ids apart ([REDACTED:<kind>:<digest>]); unset: "
+        "one made and kept in <data-dir>/redaction.key; required in distributed mode (every process "
+        "must redact an id alike); never shown",
     )
 
     @field_validator("patterns")
@@ -672,7 +729,9 @@ class PhoenixConfig(_Section):
     """Working alongside Arize Phoenix: a tee of OTLP requests, and judgments written back as annotations."""
 
     endpoint: str | None = Field(
-        None, description="Phoenix base URL, e.g. http://phoenix:6006; unset: nothing is sent to Phoenix"
+        None,
+        repr=False,
+        description="Phoenix base URL, e.g. http://phoenix:6006; unset: nothing is sent to Phoenix",
     )
     api_key: SecretStr | None = Field(None, description="Phoenix API key (a Bearer token); never logged")
     project: str = Field(
@@ -714,6 +773,12 @@ class PhoenixConfig(_Section):
     backoff_base_s: float = Field(0.5, gt=0, description="first retry delay (jittered, doubling)")
     backoff_max_s: float = Field(30.0, gt=0, description="longest retry delay")
     drain_s: float = Field(5.0, ge=0, description="on shutdown, time to deliver what is buffered")
+
+    _http_endpoint = field_validator("endpoint")(_http_url)
+
+    @field_serializer("endpoint")
+    def _mask_endpoint(self, url: str | None) -> str | None:
+        return None if url is None else masked_url(url)
 
     @property
     def forwarding(self) -> bool:
@@ -776,13 +841,18 @@ class RagmonConfig(_Section):
                 "redaction cannot reach the Phoenix tee, which forwards OTLP requests as received: "
                 "set phoenix.forward to false, or turn redaction off"
             )
+        if self.redaction.enabled and self.bus.kind == "kafka" and self.redaction.key is None:
+            raise ValueError(
+                "redaction in distributed mode needs redaction.key (RAGMON_REDACTION__KEY), the same for "
+                "every ingest and worker process, so that each redacts an id alike"
+            )
         return self
 
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:
         if value.lower() not in {"debug", "info", "warning", "error"}:
-            raise ValueError(f"unknown log level {value!r}")
+            raise ValueError("unknown log level; use debug, info, warning or error")
         return value.lower()
 
     @property
@@ -802,15 +872,41 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(
-            f"config file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}"
-        ) from exc
+    except ValueError as exc:  # json's message names the place, never the text
+        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
+    except yaml.YAMLError as exc:
+        # YAML's own message quotes the lines around the problem, and a line there may hold a secret
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What a YAML error says and where, without the quoted text around it."""
+    problem = getattr(exc, "problem", None) or "cannot parse"
+    mark = getattr(exc, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+# mappings whose keys are themselves secrets: an error inside one names the key masked
+_SECRET_KEYED = {("auth", "api_keys")}
+_SETTING_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _error_place(error: ErrorDetails) -> str:
+    """Where a validation error is, as `section.setting`, with nothing in it that could be a secret:
+    a key of a secret-keyed mapping (an API key) shows as `MASK`, and an unknown key that does not
+    look like a setting's name (an API key written one level too high, say) as `<unknown key>`."""
+    loc = [str(part) for part in error["loc"]]
+    for index in range(2, len(loc)):
+        if (loc[index - 2], loc[index - 1]) in _SECRET_KEYED:
+            loc[index] = MASK
+    if error["type"] == "extra_forbidden" and loc and not _SETTING_NAME.match(loc[-1]):
+        loc[-1] = "<unknown key>"
+    return ".".join(loc) or "config"
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -846,7 +942,7 @@ def _env_layer(environ: dict[str, str]) -> dict[str, Any]:
             try:
                 value = json.loads(raw)
             except ValueError as exc:
-                raise ConfigError(f"environment variable {name} is not valid JSON: {exc}") from exc
+                raise ConfigError(f"environment variable {name} is not valid JSON: {exc}") from None
         node = layer
         for part in path[:-1]:
             node = node.setdefault(part, {})
@@ -872,9 +968,9 @@ def load_config(
     try:
         config = RagmonConfig.model_validate(layers)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "config"
-        raise ConfigError(f"invalid configuration at {where}: {first['msg']}") from exc
+        # the message of the first error and its place, never the input (`input` is left out)
+        first = exc.errors(include_url=False, include_input=False)[0]
+        raise ConfigError(f"invalid configuration at {_error_place(first)}: {first['msg']}") from None
     if SAMPLE_API_KEY in config.auth.api_keys and not config.dev:
         raise ConfigError("the sample API key is configured; replace it, or pass --dev for a local trial")
     return config

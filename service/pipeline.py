@@ -26,7 +26,7 @@ import socket
 import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import TypeAdapter
 
@@ -58,7 +58,7 @@ from service.phoenix.annotations import PhoenixAnnotator
 from service.phoenix.forward import PhoenixForwarder
 from service.probes.gauges import restore_probe_gauges
 from service.probes.store import GoldenStore
-from service.redaction import RedactingFilter, Redactor
+from service.redaction import RedactingFilter, Redactor, redaction_key
 from service.regeneration import ReaskDetector
 from service.review.correction import HumanCorrection
 from service.review.gauges import ReviewGauges
@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 
 _RETENTION_EVERY_S = 3600.0
 _STORE_SETUP_MAX_DELAY_S = 30.0
+_R = TypeVar("_R")
 
 
 class MetricsSink:
@@ -161,7 +162,12 @@ class Pipeline:
         self.judgments = JudgmentStore(self.store.engine)
         self.golden = GoldenStore(self.store.engine)
         self.reviews = ReviewStore(self.store.engine)
-        self.review_intake = ReviewIntake(config.review, config.judging.flag_threshold, self.reviews)
+        self.review_intake = ReviewIntake(
+            config.review,
+            config.judging.flag_threshold,
+            self.reviews,
+            redact=lambda entry: self.redacted(entry),
+        )
         self.review_gauges = ReviewGauges(config.review, self.reviews, self.metrics)
         self.judge_queue = SqlJudgeQueue(self.store.engine, max_attempts=config.judging.max_attempts)
         self.judge = build_judge(config.judge, cost_fn=self.prices.cost)
@@ -253,12 +259,19 @@ class Pipeline:
             )
         self.reask = ReaskDetector(config.regeneration, next=self.bus)
         keep = self.store if config.store.keep_non_requests else None
-        self.redactor = Redactor(config.redaction, self.metrics) if config.redaction.enabled else None
-        self.requests = RequestFilter(
-            self._redacted(self.reask),
-            self.metrics,
-            keep,
-            on_dropped=self.durable.done if self.durable is not None else None,
+        self.redactor = (
+            Redactor(config.redaction, self.metrics, redaction_key(config))
+            if config.redaction.enabled
+            else None
+        )
+        # redacted first: what the request filter stores and counts of other work is kept as well
+        self.requests = self._redacted(
+            RequestFilter(
+                self.reask,
+                self.metrics,
+                keep,
+                on_dropped=self.durable.done if self.durable is not None else None,
+            )
         )
         # decodes OTLP bodies (for the receivers) and builds traces (for the assembler)
         self.ingest_pool = IngestPool(config.server.ingest_processes, self.prices, self.metrics)
@@ -343,7 +356,7 @@ class Pipeline:
         reask = ReaskDetector(self.config.regeneration, next=self.sinks)
         self.assembler = SpanAssembler(
             self.config.assembler,
-            next=offsets.gate(RequestFilter(self._redacted(reask), self.metrics, keep)),
+            next=offsets.gate(self._redacted(RequestFilter(reask, self.metrics, keep))),
             build=offsets.claiming(self.ingest_pool.build_traces),
             metrics=self.metrics,
         )
@@ -460,6 +473,11 @@ class Pipeline:
     def _redacted(self, next: TraceConsumer) -> TraceConsumer:
         """`next`, behind the redaction step when redaction is on."""
         return RedactingFilter(self.redactor, next) if self.redactor is not None else next
+
+    def redacted(self, record: _R) -> _R:
+        """`record` as ragmon may keep it: redacted field by field (`redaction.FIELDS`) when redaction
+        is on, else unchanged. For what arrives outside the trace path: reviews, notes, golden rows."""
+        return record if self.redactor is None else self.redactor.record(record)
 
     async def accept_traces(self, traces: Sequence[RagTrace]) -> None:
         self.check_room()

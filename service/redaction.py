@@ -1,10 +1,28 @@
-"""`Redactor`: personal data and secrets taken out of traces before anything keeps or shows them.
+"""`Redactor`: personal data and secrets taken out of every field ragmon keeps, before anything keeps it.
 
-Optional (`redaction.enabled`). When on, every trace and feedback text passes
-here right after assembly (and the JSON API's records before they go on), so
-what is stored, judged, shown to reviewers and reported never holds the
-redacted text. Each match becomes `[REDACTED:<kind>]` and is counted in
-`ragmon_redactions_total{kind}`.
+Optional (`redaction.enabled`). When on, every trace (from spans, GenAI log events or the JSON API)
+passes here right after assembly, and feedback, reviewers' labels and notes, traces sent for review
+and golden sets as they arrive, so what is stored, judged, exported, shown to reviewers, reported
+and exported as a metric label never holds the redacted text. Each match becomes
+`[REDACTED:<kind>]` and is counted in `ragmon_redactions_total{kind}`.
+
+Which fields: `FIELDS` is the one list. Every string-bearing field of every record ragmon keeps
+is in it, as one of
+
+  ====  ========================================================================================
+  text  free text (questions, answers, chunk text, notes): each match becomes `[REDACTED:<kind>]`
+  id    an identifier or label the app or a person chose (chunk ids, session ids, intent,
+        release, app, model, categories): each match becomes `[REDACTED:<kind>:<digest>]`, a keyed
+        digest of what it replaced, so two ids stay two ids (a feedback event id, a session, a
+        chunk) and the same id is redacted alike everywhere (a golden set's chunk ids still meet
+        the traces' ones; a filter on the raw value finds the redacted rows, `identifier`)
+  json  a JSON object (chunk metadata): every key and string in it, as ids
+  kept  not redacted, with the reason: an id ragmon checked or made (trace ids, hashes, tenants
+        from the API-key map), a closed set of values, or a name the operator gives ragmon itself
+  ====  ========================================================================================
+
+tests/service/test_redaction.py fails on a string field that is in no list, and plants a secret in
+every listed field to find it nowhere after ingest; `fields_table` is the list in docs/security.md.
 
 Built-in kinds (all on by default when enabled; `redaction.builtin` picks):
 
@@ -19,23 +37,173 @@ Built-in kinds (all on by default when enabled; `redaction.builtin` picks):
             `xox[abpr]-...`, and what follows `Bearer ` in a text
   ========  ====================================================================
 
-`redaction.patterns` adds named regexes of your own. What is *not* covered:
-the write-ahead log and the Kafka spans topic hold requests as received until
-they are stored (both transient), and the Phoenix tee forwards the raw OTLP
-request, so the configuration refuses redaction together with the tee.
+`redaction.patterns` adds named regexes of your own. Redacting is idempotent: the marks it writes
+are never redacted again (a reviewer's expected chunk ids are the redacted ones they were shown).
+What is *not* covered: the write-ahead log and the Kafka spans topic hold requests as received
+until they are stored (both transient), and the Phoenix tee forwards the raw OTLP request, so the
+configuration refuses redaction together with the tee.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import hmac
+import os
 import re
+import secrets
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
 
-from service.config import RedactionConfig
+from pydantic import BaseModel
+
+from service.config import RagmonConfig, RedactionConfig
 from service.consumer import TraceConsumer
 from service.metrics import Metrics
-from service.model import Chunk, Feedback, RagTrace
+from service.model import Feedback, RagTrace
 
-__all__ = ["BUILTIN", "RedactingFilter", "Redactor"]
+__all__ = [
+    "BUILTIN",
+    "FIELDS",
+    "ROOT_RECORDS",
+    "FieldRule",
+    "RedactingFilter",
+    "Redactor",
+    "fields_table",
+    "redaction_key",
+]
+
+R = TypeVar("R")
+FieldKind = Literal["text", "id", "json", "kept"]
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRule:
+    """How one field is redacted, and what it is (or why it is kept)."""
+
+    kind: FieldKind
+    why: str
+
+
+def _text(why: str) -> FieldRule:
+    return FieldRule("text", why)
+
+
+def _id(why: str) -> FieldRule:
+    return FieldRule("id", why)
+
+
+def _kept(why: str) -> FieldRule:
+    return FieldRule("kept", why)
+
+
+_CLOSED = "a closed set of values"
+_TENANT = "a tenant ragmon resolved from the API-key map (or the reviewer's grant), not from the text"
+_TRACE_ID = "32 hex digits, checked at ingest"
+_PROBE_ID = "named by the operator's golden set and `ragmon probe`; runs are looked up and scored by it"
+
+# record class name -> field -> rule. Fields holding a record (or records) are not listed: the
+# record's own entry applies. Fields holding no string (numbers, times, flags) are not listed.
+FIELDS: dict[str, dict[str, FieldRule]] = {
+    "RagTrace": {
+        "trace_id": _kept(_TRACE_ID),
+        "tenant": _kept(_TENANT),
+        "app": _id("service.name: a metric label"),
+        "release": _id("service.version: a metric label"),
+        "intent": _id("the app's route or intent: a metric label"),
+        "session_id": _id("joins re-asked questions"),
+        "user_hash": _kept("a SHA-256 of the app's user id, never the id"),
+        "query": _text("the question"),
+        "answer": _text("the answer"),
+        "cited_chunk_ids": _id("chunk ids the answer cites"),
+        "regeneration_source": _kept(_CLOSED),
+        "probe_run_id": _kept(_PROBE_ID),
+        "probe_question_id": _kept(_PROBE_ID),
+        "source": _kept(_CLOSED),
+        "kind": _kept(_CLOSED),
+    },
+    "QueryEmbedding": {"model": _id("embedding model name")},
+    "Timings": {},  # numbers only
+    "Retrieval": {
+        "retriever": _id("retriever name"),
+        "filter": _text("the filter predicate as the app logged it"),
+        "excluded_ids": _id("chunk ids the filter excluded"),
+    },
+    "Chunk": {
+        "id": _id("chunk id (retrieved, reranker input and output)"),
+        "content": _text("chunk text"),
+        "metadata": FieldRule("json", "chunk metadata: every key and string value"),
+    },
+    "ModelUsage": {
+        "model": _id("model name: a metric label"),
+        "kind": _kept(_CLOSED),
+        "cost_source": _kept(_CLOSED),
+    },
+    "Feedback": {
+        "event_id": _id("the app's event id: the same id is stored once"),
+        "trace_id": _kept(_TRACE_ID),
+        "tenant": _kept(_TENANT),
+        "app": _id("service name"),
+        "kind": _kept(_CLOSED),
+        "reason": _id("reason category"),
+        "text": _text("the user's comment"),
+    },
+    "ReviewIn": {
+        "verdict": _kept(_CLOSED),
+        "failure_mode": _kept(_CLOSED),
+        "expected_chunk_ids": _id("chunk ids a reviewer expected"),
+        "reference_answer": _text("a reviewer's model answer"),
+        "category": _id("a reviewer's category: a golden-set slice and metric label"),
+        "expected_behaviour": _kept(_CLOSED),
+        "note": _text("a reviewer's note"),
+    },
+    "Intake": {
+        "tenant": _kept(_TENANT),
+        "queue": _kept(_CLOSED),
+        "trace_id": _kept(_TRACE_ID),
+        "app": _id("service name"),
+        "reason": _kept(_CLOSED),
+        "detail": _text("why it was sent for review (the note of POST /api/v1/review/items)"),
+        "diagnosis": _kept(_CLOSED),
+        "judge_version": _kept("the judge's version, ragmon's own"),
+    },
+    "GoldenQuestion": {
+        "question_id": _kept(_PROBE_ID),
+        "question": _text("the question"),
+        "expected_facts": _text("facts a correct answer states"),
+        "expected_behaviour": _kept(_CLOSED),
+        "category": _id("the slice a question is reported in: a metric label"),
+        "tenants": _kept("tenant names, matched against the API-key map's"),
+        "reference_answer": _text("a model answer"),
+        "source_trace_id": _id("the trace a row came from"),
+        "reviewer": _id("who labelled it"),
+    },
+    "GoldChunk": {
+        "chunk_id": _id("gold chunk id, redacted as the traces' chunk ids are"),
+        "tenants": _kept("tenant names, matched against the API-key map's"),
+    },
+    "Evidence": {
+        "evidence_id": _id("evidence id"),
+        "chunk_ids": _id("the chunks holding the evidence"),
+        "tenants": _kept("tenant names, matched against the API-key map's"),
+    },
+}
+"""The one list: what each string-bearing field of a kept record is, and how it is redacted."""
+
+ROOT_RECORDS = ("RagTrace", "Feedback", "ReviewIn", "Intake", "GoldenQuestion")
+"""The records ragmon keeps; the others in `FIELDS` are parts of these."""
+
+
+def fields_table() -> str:
+    """`FIELDS` as a Markdown table (docs/security.md, kept current by scripts/update_readme.py)."""
+    lines = ["| record | field | redacted as | what it is |", "|---|---|---|---|"]
+    for record, rules in FIELDS.items():
+        for name, rule in rules.items():
+            shown = "not redacted" if rule.kind == "kept" else rule.kind
+            lines.append(f"| `{record}` | `{name}` | {shown} | {rule.why} |")
+    return "\n".join(lines)
 
 
 def _luhn(digits: str) -> bool:
@@ -79,74 +247,164 @@ BUILTIN: dict[str, tuple[re.Pattern[str], Callable[[re.Match[str]], bool] | None
     "phone": (re.compile(r"(?<![\w+])\+?\(?\d[\d .()-]{6,18}\d(?!\w)"), _phone),
 }
 
+# A mark this module wrote; the text between marks is what is still to redact. The digest is 16
+# letters a-p (hex shifted), so no built-in kind ever matches inside a mark.
+_MARKS = re.compile(r"(\[REDACTED:[^\[\]:]+(?::[a-p]{16})?\])")
+_DIGEST_LETTERS = str.maketrans("0123456789abcdef", "abcdefghijklmnop")
+_KEY_FILE = "redaction.key"
+
+
+def redaction_key(config: RagmonConfig) -> bytes:
+    """The key of the digests in redacted ids: `redaction.key`, else one kept in the data directory
+    (made on first use, readable by its owner only). Distributed mode requires the setting, so every
+    process redacts an id alike (`RagmonConfig` refuses it unset)."""
+    if config.redaction.key is not None:
+        return config.redaction.key.get_secret_value().encode()
+    path = Path(config.data_dir) / _KEY_FILE
+    try:
+        return path.read_bytes().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(32).encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it first: use theirs
+        return path.read_bytes().strip()
+    with os.fdopen(fd, "wb") as out:
+        out.write(key)
+    return key
+
 
 def _replace(
-    text: str, pattern: re.Pattern[str], check: Callable[[re.Match[str]], bool] | None, mark: str
+    text: str,
+    pattern: re.Pattern[str],
+    check: Callable[[re.Match[str]], bool] | None,
+    mark: Callable[[str], str],
 ) -> tuple[str, int]:
-    """`text` with the matches that pass `check` replaced by `mark`, and how many there were."""
+    """`text` with the matches that pass `check` replaced by `mark(match)`, and how many there were."""
     parts: list[str] = []
     end = count = 0
     for match in pattern.finditer(text):
         if check is None or check(match):
-            parts += (text[end : match.start()], mark)
+            parts += (text[end : match.start()], mark(match.group(0)))
             end = match.end()
             count += 1
     return ("".join(parts) + text[end:], count) if count else (text, 0)
 
 
 class Redactor:
-    """Replaces every match of the configured kinds in a text, counting each by kind."""
+    """Replaces every match of the configured kinds, in a text, an id, or a record field by field
+    (`FIELDS`), counting each by kind."""
 
-    def __init__(self, config: RedactionConfig, metrics: Metrics) -> None:
+    def __init__(self, config: RedactionConfig, metrics: Metrics, key: bytes | None = None) -> None:
         self.config = config
         self.metrics = metrics
+        self._key = key if key is not None else secrets.token_bytes(32)
         self._rules: list[tuple[str, re.Pattern[str], Callable[[re.Match[str]], bool] | None]] = [
             (kind, *BUILTIN[kind]) for kind in BUILTIN if kind in config.builtin
         ]
         self._rules += [(name, re.compile(pattern), None) for name, pattern in config.patterns.items()]
 
+    def _redact(self, value: str, keyed: bool) -> str:
+        pieces = _MARKS.split(value)  # marks sit at the odd indices and stay as they are
+        for index in range(0, len(pieces), 2):
+            piece = pieces[index]
+            for kind, pattern, check in self._rules:
+                if not piece:
+                    break
+                mark = self._keyed_mark(kind) if keyed else (lambda _, kind=kind: f"[REDACTED:{kind}]")
+                piece, count = _replace(piece, pattern, check, mark)
+                if count:
+                    self.metrics.redactions.labels(kind=kind).inc(count)
+            pieces[index] = piece
+        return "".join(pieces)
+
+    def _keyed_mark(self, kind: str) -> Callable[[str], str]:
+        def mark(found: str) -> str:
+            digest = hmac.new(self._key, f"{kind}\x00{found}".encode(), hashlib.sha256).hexdigest()
+            return f"[REDACTED:{kind}:{digest[:16].translate(_DIGEST_LETTERS)}]"
+
+        return mark
+
     def text(self, value: str | None) -> str | None:
         """`value` with every match replaced by `[REDACTED:<kind>]`; None stays None."""
-        if not value:
-            return value
-        for kind, pattern, check in self._rules:
-            value, count = _replace(value, pattern, check, f"[REDACTED:{kind}]")
-            if count:
-                self.metrics.redactions.labels(kind=kind).inc(count)
+        return self._redact(value, keyed=False) if value else value
+
+    def identifier(self, value: str | None) -> str | None:
+        """`value` with every match replaced by `[REDACTED:<kind>:<digest>]`, the same for the same
+        match everywhere; None stays None. A filter on a raw id finds the rows holding it redacted."""
+        return self._redact(value, keyed=True) if value else value
+
+    def _json(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.identifier(value)
+        if isinstance(value, dict):
+            return {self.identifier(k): self._json(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._json(v) for v in value]
         return value
 
-    def _chunks(self, chunks: Sequence[Chunk]) -> tuple[Chunk, ...]:
-        return tuple(
-            c.model_copy(update={"content": self.text(c.content)}) if c.content else c for c in chunks
-        )
+    def _field(self, value: Any, kind: FieldKind) -> Any:
+        if value is None:
+            return None
+        if kind == "json":
+            return self._json(value)
+        redact = self.text if kind == "text" else self.identifier
+        if isinstance(value, str):
+            return redact(value)
+        if isinstance(value, tuple | list):
+            return type(value)(redact(v) if isinstance(v, str) else v for v in value)
+        return value
+
+    def _nested(self, value: Any) -> Any:
+        if isinstance(value, BaseModel) or dataclasses.is_dataclass(value):
+            return self.record(value)
+        if isinstance(value, tuple | list) and value and not isinstance(value[0], str | int | float):
+            return type(value)(self._nested(v) for v in value)
+        return value
+
+    def record(self, record: R) -> R:
+        """`record` (a `RagTrace`, `Feedback`, review or golden-set record: any class in `FIELDS`)
+        with every field redacted as `FIELDS` says, nested records included.
+
+        Raises TypeError for a record class that is not in `FIELDS`."""
+        rules = FIELDS.get(type(record).__name__)
+        if rules is None:
+            raise TypeError(f"{type(record).__name__} is not in redaction.FIELDS: classify its fields there")
+        if isinstance(record, BaseModel):
+            names: Iterable[str] = type(record).model_fields
+        else:
+            names = [f.name for f in dataclasses.fields(record)]  # type: ignore[arg-type]
+        update: dict[str, Any] = {}
+        for name in names:
+            rule = rules.get(name)
+            if rule is not None and rule.kind == "kept":
+                continue
+            value = getattr(record, name)
+            new = self._nested(value) if rule is None else self._field(value, rule.kind)
+            if new is not value and new != value:
+                update[name] = new
+        if not update:
+            return record
+        if isinstance(record, BaseModel):
+            return record.model_copy(update=update)
+        return dataclasses.replace(record, **update)  # type: ignore[type-var]
 
     def trace(self, trace: RagTrace) -> RagTrace:
-        """The trace with its question, answer and every chunk's content redacted."""
-        retrieval = trace.retrieval
-        return trace.model_copy(
-            update={
-                "query": self.text(trace.query),
-                "answer": self.text(trace.answer),
-                "retrieval": retrieval.model_copy(
-                    update={
-                        "chunks": self._chunks(retrieval.chunks),
-                        "reranker_input": self._chunks(retrieval.reranker_input),
-                        "reranker_output": self._chunks(retrieval.reranker_output),
-                    }
-                ),
-            }
-        )
+        """The trace with every field `FIELDS` lists redacted."""
+        return self.record(trace)
 
     def traces(self, batch: Iterable[RagTrace]) -> list[RagTrace]:
-        return [self.trace(t) for t in batch]
+        return [self.record(t) for t in batch]
 
     def feedback(self, batch: Iterable[Feedback]) -> list[Feedback]:
-        """Feedback with its free text redacted."""
-        return [f.model_copy(update={"text": self.text(f.text)}) if f.text else f for f in batch]
+        """Feedback with every field `FIELDS` lists redacted."""
+        return [self.record(f) for f in batch]
 
 
 class RedactingFilter:
-    """Processor: traces in, the same traces redacted out to `next` (after the request filter)."""
+    """Processor: traces in, the same traces redacted out to `next` (right after assembly)."""
 
     def __init__(self, redactor: Redactor, next: TraceConsumer) -> None:
         self.redactor = redactor

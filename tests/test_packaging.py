@@ -1,17 +1,22 @@
-"""ragmon as a user installs it: `pip install ragmon`, no extras.
+"""ragmon as a user installs it: the README's install lines (a clone, a git URL, a wheel), no extras.
 
-The slow tests build the wheel from a copy of the sources, install it without extras into a fresh
-virtual environment (uv when it is on PATH, else venv + pip; either may fetch from the package index)
-and run every command from there, so a module that only an extra brings, or package data left out of
-the wheel, fails here rather than on a user's machine. The fast tests keep `ragmon --help` light
-(building the parser imports nothing heavy) and check that a missing extra is named in one line.
+ragmon is not on PyPI, so the README installs it from its source. The slow tests build the wheel from a
+copy of the sources, install it without extras into a fresh virtual environment (uv when it is on PATH,
+else venv + pip; either may fetch the dependencies from the package index) and run every command from
+there, so a module that only an extra brings, or package data left out of the wheel, fails here rather
+than on a user's machine; and they run the README's other install lines, a clone (with its extras) and a
+git URL, with a local git repository of the sources standing in for GitHub. The fast tests keep `ragmon
+--help` light (building the parser imports nothing heavy) and check that a missing extra is named in one
+line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -309,3 +314,113 @@ def test_the_kafka_worker_names_its_extra(bin_dir: Path, tmp_path: Path) -> None
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1, result.stderr
     assert "kafka-python" in result.stderr and "pip install 'ragmon[kafka]'" in result.stderr
+
+
+# -- the README's install lines -------------------------------------------------------------------------
+
+GITHUB = "https://github.com/ragmon/ragmon"
+
+
+def _readme_installs() -> list[list[str]]:
+    """The arguments of each `pip install` in the README's install block, in order."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("<!-- install:start -->", 1)[1].split("<!-- install:end -->", 1)[0]
+    installs = []
+    for line in block.splitlines():
+        for command in line.split("#", 1)[0].split("&&"):
+            words = shlex.split(command)
+            if words and words[0].endswith("pip") and words[1:2] == ["install"]:
+                installs.append(words[2:])
+    return installs
+
+
+def test_the_readme_installs_from_source_never_from_pypi() -> None:
+    installs = _readme_installs()
+    assert installs == [
+        ["."],
+        [".[kafka,postgres]"],
+        [f"git+{GITHUB}"],
+        [f"dist/ragmon-{_version()}-py3-none-any.whl"],
+    ]
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert not re.search(r"pip install '?ragmon'?(\s|$|`)", text), "ragmon is not on PyPI"
+    assert f"git clone {GITHUB}" in text
+
+
+def _version() -> str:
+    found = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
+    assert found is not None
+    return found.group(1)
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sources as a git repository: what `git clone` of the README gives, and a git URL to install."""
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed; the README's clone and git-URL lines need it")
+    repo = tmp_path_factory.mktemp("clone") / "ragmon"
+    repo.mkdir()
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, repo / name)
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "sources"]):
+        subprocess.run(
+            [git, "-c", "user.name=t", "-c", "user.email=t@example.org", *command], cwd=repo, check=True
+        )
+    return repo
+
+
+def _fresh_venv(where: Path) -> tuple[Path, list[str | Path]]:
+    """A new virtual environment and the command that installs into it (uv pip, else its pip)."""
+    uv = shutil.which("uv")
+    if uv is not None:
+        _run([uv, "venv", "-q", "--python", sys.executable, where], "create the venv")
+        return where / "bin", [uv, "pip", "install", "-q", "--python", where / "bin" / "python"]
+    _run([sys.executable, "-m", "venv", where], "create the venv")
+    return where / "bin", [where / "bin" / "python", "-m", "pip", "install", "-q"]
+
+
+def _install(install: list[str | Path], args: list[str], cwd: Path) -> None:
+    result = subprocess.run([*install, *args], capture_output=True, text=True, timeout=900, cwd=cwd)
+    output = result.stdout + result.stderr
+    if result.returncode != 0 and any(sign in output for sign in OFFLINE_SIGNS):
+        pytest.skip(f"cannot install without the package index (offline?): {output.strip().splitlines()[-1]}")
+    assert result.returncode == 0, f"pip install {' '.join(args)} failed:\n{output}"
+
+
+@pytest.mark.slow
+def test_the_readme_clone_lines_install_ragmon_and_its_extras(clone: Path, tmp_path: Path) -> None:
+    plain, extras = _readme_installs()[:2]
+    bin_dir, install = _fresh_venv(clone / ".venv")
+    _install(install, plain, clone)
+    assert _ragmon(bin_dir, "config", "--data-dir", str(tmp_path / "data")).returncode == 0
+    missing = _ragmon(bin_dir, "worker", "--data-dir", str(tmp_path / "data"), RAGMON_BUS__KIND="kafka")
+    assert missing.returncode == 2 and "pip install 'ragmon[kafka]'" in missing.stderr
+    _install(install, extras, clone)
+    imports = subprocess.run(
+        [bin_dir / "python", "-c", "import kafka, psycopg, crc32c"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert imports.returncode == 0, imports.stderr
+
+
+@pytest.mark.slow
+def test_the_readme_git_url_line_installs_ragmon(clone: Path, tmp_path: Path) -> None:
+    (url,) = _readme_installs()[2]
+    bin_dir, install = _fresh_venv(tmp_path / "env")
+    _install(install, [url.replace(GITHUB, f"file://{clone}")], tmp_path)
+    result = _ragmon(bin_dir, "config", "--data-dir", str(tmp_path / "data"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["data_dir"] == str(tmp_path / "data")
+
+
+@pytest.mark.slow
+def test_the_readme_wheel_line_names_the_wheel_the_build_makes(wheel: Path) -> None:
+    # the build itself is the `wheel` fixture's `pip wheel --no-deps -w DIR .`, and `bin_dir` installs it
+    (path,) = _readme_installs()[3]
+    assert Path(path).name == wheel.name

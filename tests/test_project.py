@@ -42,9 +42,8 @@ def test_all_declares_exactly_the_public_names(package: str) -> None:
     assert public <= declared, f"{package} exposes undeclared names: {sorted(public - declared)}"
 
 
-def test_demo_command_starts_ragmon_sends_traffic_and_reports(tmp_path: Path) -> None:
-    port, grpc_port = free_port(), free_port()
-    result = subprocess.run(
+def _demo(port: int, grpc_port: int, data: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -58,7 +57,7 @@ def test_demo_command_starts_ragmon_sends_traffic_and_reports(tmp_path: Path) ->
             "--grpc-port",
             str(grpc_port),
             "--data-dir",
-            str(tmp_path / "data"),
+            str(data),
             "--seed",
             "3",
         ],
@@ -67,12 +66,23 @@ def test_demo_command_starts_ragmon_sends_traffic_and_reports(tmp_path: Path) ->
         text=True,
         timeout=240,
     )
+
+
+def test_demo_command_starts_ragmon_sends_traffic_and_reports(tmp_path: Path) -> None:
+    port, grpc_port = free_port(), free_port()
+    result = _demo(port, grpc_port, tmp_path / "data")
     assert result.returncode == 0, result.stdout + result.stderr
     look = look_list(result.stdout)
     assert look["traces stored"].split()[0] == "40"
     assert look["regenerations by source"]  # labelled by source, not one number against the demo's
     assert f"http://127.0.0.1:{port}/metrics" in result.stdout
     assert (tmp_path / "data" / "ragmon.db").exists()
+    # again in the same place: the first run's data is moved aside, said so, and not counted again
+    again = _demo(port, grpc_port, tmp_path / "data")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"the earlier demo's data was moved to {tmp_path / 'data.previous'}" in again.stderr
+    assert look_list(again.stdout)["traces stored"].split()[0] == "40"
+    assert (tmp_path / "data.previous" / "ragmon.db").exists()
 
 
 def look_list(stdout: str) -> dict[str, str]:

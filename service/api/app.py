@@ -30,7 +30,7 @@ from service.api.request_pool import RequestPool
 from service.config import RagmonConfig
 from service.errors import DecodeError, InvalidInput, RagmonError
 from service.ingest import http_receivers as ingest
-from service.ingest.auth import TenantMiddleware, TenantResolver
+from service.ingest.auth import TenantMiddleware, TenantResolver, is_loopback
 from service.ingest.grpc_receiver import OtlpGrpcReceiver
 from service.ingest.limits import BodyLimitMiddleware
 from service.ingest.responses import error_response, readiness_response
@@ -64,6 +64,13 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
         app.state.grpc_receiver = grpc_receiver
         if resolver.open_to_loopback:
             log.warning("no API keys configured: accepting unauthenticated clients on loopback only")
+            if not is_loopback(config.server.host) and config.server.host != "localhost":
+                # listening for other machines, which will all be refused: say how to let them in
+                log.warning(
+                    "listening on %s, but clients on other machines get 403 until API keys are set "
+                    '(RAGMON_AUTH__API_KEYS=\'{"<key>": "<tenant>"}\'; README: From another machine)',
+                    config.server.host,
+                )
         try:
             yield
         finally:

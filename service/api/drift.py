@@ -7,7 +7,6 @@ or runs detectors happens in a worker thread, never on the event loop.
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
@@ -15,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.deps import PipelineDep, TenantDep
 from service.drift.monitor import pin_references
+from service.ingest.wire import TimeInRange
 
 __all__ = ["PinIn", "RunIn", "router"]
 
@@ -26,8 +26,8 @@ class PinIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    since: datetime | None = Field(default=None, alias="from")
-    until: datetime | None = Field(default=None, alias="to")
+    since: TimeInRange | None = Field(default=None, alias="from")
+    until: TimeInRange | None = Field(default=None, alias="to")
     release: str | None = None
     app: str | None = None
 
@@ -84,8 +84,8 @@ async def runs(
     detector: str | None = None,
     model_key: str | None = None,
     alarm: bool | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: TimeInRange | None = None,
+    until: TimeInRange | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> dict[str, Any]:
     await asyncio.to_thread(pipeline.drift.flush_events)

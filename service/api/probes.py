@@ -35,6 +35,7 @@ from service.api.deps import PipelineDep, RequestPoolDep, TenantDep
 from service.judge.correctness import build_correctness
 from service.pipeline import Pipeline
 from service.probes.gauges import against_baseline, publish_probe_run
+from service.probes.golden import GoldenSet, GoldenText
 from service.probes.scoring import compare_runs, score_run
 from service.probes.store import GoldenStore, ProbeRun
 from service.probes.upload import GoldenIn, read_golden_upload
@@ -92,11 +93,23 @@ async def load_golden_set(
 ) -> dict[str, Any]:
     """The body (`GoldenIn`) arrives within `server.max_body_bytes` (413 past it, as every body) and
     is parsed in a worker process (`service/api/request_pool.py`): a 10 MB set held every other
-    request on the event loop for seconds."""
+    request on the event loop for seconds. With redaction on, its rows come back too and are
+    redacted (as `redaction.FIELDS` says, its version anew) in a thread before they are kept."""
     body = await request.body()
-    upload = await workers.run(functools.partial(read_golden_upload, body))
-    info = await asyncio.to_thread(_golden_store(pipeline).load, tenant, upload.text, upload.name)
+    redacting = pipeline.redactor is not None
+    upload = await workers.run(functools.partial(read_golden_upload, body, keep_rows=redacting))
+    golden: GoldenSet | GoldenText = upload.text
+    if upload.rows is not None:
+        golden = await asyncio.to_thread(_redacted_golden, pipeline, upload.rows)
+    info = await asyncio.to_thread(_golden_store(pipeline).load, tenant, golden, upload.name)
     return info.to_json()
+
+
+def _redacted_golden(pipeline: Pipeline, golden: GoldenSet) -> GoldenSet:
+    redactor = pipeline.redactor
+    if redactor is None:
+        return golden
+    return GoldenSet([pipeline.redacted(q) for q in golden], source=redactor.text(golden.source) or "")
 
 
 @router.get("/golden", summary="Stored golden sets, every version, newest first")

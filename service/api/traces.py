@@ -7,7 +7,6 @@ Every read is scoped to the caller's tenant: another tenant's trace id answers
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query
@@ -15,6 +14,7 @@ from pydantic import BaseModel
 
 from sampler import ItemKey
 from service.api.deps import PipelineDep, TenantDep
+from service.ingest.wire import TimeInRange
 from service.judge.judging import summary_from_record
 
 router = APIRouter(prefix="/api/v1", tags=["traces"])
@@ -79,8 +79,8 @@ async def list_traces(
     tenant: TenantDep,
     pipeline: PipelineDep,
     app: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: TimeInRange | None = None,
+    until: TimeInRange | None = None,
     regeneration: bool | None = None,
     partial: bool | None = None,
     feedback: Literal["up", "down", "regenerate"] | None = None,
@@ -101,6 +101,9 @@ async def list_traces(
         "intent": intent,
         "probe": probe,
     }
+    if pipeline.redactor is not None:  # stored redacted: a raw id finds them (`Redactor.identifier`)
+        redact = pipeline.redactor.identifier
+        given |= {"app": redact(app), "release": redact(release), "intent": redact(intent)}
     filters: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     items, next_cursor = await asyncio.to_thread(
         lambda: pipeline.store.list_traces(tenant, limit=limit, cursor=cursor, **filters)

@@ -31,22 +31,36 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 def parse_time(text: str, now: datetime | None = None) -> datetime:
     """An ISO 8601 date or time (UTC when no zone is given), `now`, or an age such as `7d`, `12h`, `30m`.
 
-    Raises ValueError with the accepted forms for anything else.
+    Raises ValueError with the accepted forms for anything else, and for a time outside the range
+    ragmon keeps (1970 to 2262, `service.ingest.wire.TimeInRange`): year 1 or an age of 10**6 days
+    once ended in an OverflowError traceback.
     """
+    from service.ingest.wire import EARLIEST_TIME, LATEST_TIME  # here: `ragmon --help` stays light
+
     now = now or datetime.now(UTC)
     value = text.strip()
     if value == "now":
         return now
     relative = _RELATIVE.match(value)
-    if relative:
-        return now - timedelta(seconds=float(relative.group(1)) * _UNITS[relative.group(2)])
     try:
-        parsed = datetime.fromisoformat(value)
+        if relative:
+            parsed = now - timedelta(seconds=float(relative.group(1)) * _UNITS[relative.group(2)])
+        else:
+            parsed = datetime.fromisoformat(value)
+            parsed = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+        in_range = EARLIEST_TIME <= parsed.astimezone(UTC) <= LATEST_TIME
+    except OverflowError:
+        in_range = False
     except ValueError:
         raise ValueError(
             f"not a time: {text!r}; use ISO 8601 (2024-06-01, 2024-06-01T12:00:00Z), 'now' or an age (7d)"
         ) from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    if not in_range:
+        raise ValueError(
+            f"time {text!r} is outside the range ragmon keeps, "
+            f"{EARLIEST_TIME:%Y-%m-%d} to {LATEST_TIME:%Y-%m-%d}"
+        )
+    return parsed
 
 
 def add_arguments(parser: argparse.ArgumentParser, parents: Sequence[argparse.ArgumentParser]) -> None:

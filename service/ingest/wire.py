@@ -49,6 +49,7 @@ __all__ = [
     "FeedbackOut",
     "RejectedRecord",
     "RetrievalIn",
+    "TimeInRange",
     "TimingsIn",
     "TraceBatchIn",
     "TraceBatchOut",
@@ -120,7 +121,10 @@ _Finite = Annotated[float, Field(allow_inf_nan=False)]
 _Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 _Id = Annotated[str, Field(max_length=MAX_IDENTIFIER_CHARS)]
 _Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
-_Time = Annotated[datetime, AfterValidator(_in_time_range)]
+TimeInRange = Annotated[datetime, AfterValidator(_in_time_range)]
+"""A time ragmon can store and compute with (EARLIEST_TIME..LATEST_TIME); any other is a 422 naming the
+field (`invalid_time`), for request bodies and query parameters alike: year 1 or 9999 once reached
+date arithmetic and answered 500 (OverflowError)."""
 _Metadata = Annotated[dict[str, JsonValue], AfterValidator(_bounded_json)]
 
 
@@ -181,7 +185,7 @@ class TraceIn(_In):
     user_id: _Id | None = Field(
         default=None, description="hashed with SHA-256 on arrival; never stored as sent"
     )
-    start_time: _Time | None = Field(default=None, description="default: time of arrival; 1970..2262")
+    start_time: TimeInRange | None = Field(default=None, description="default: time of arrival; 1970..2262")
     query: _Text | None = None
     query_embedding: EmbeddingIn | None = None
     retrieval: RetrievalIn | None = None
@@ -221,7 +225,7 @@ class FeedbackIn(_In):
         default=None, max_length=200, description="send one to make retries safe: the same id is stored once"
     )
     app: str | None = Field(default=None, max_length=200)
-    time: _Time | None = Field(default=None, description="default: time of arrival; 1970..2262")
+    time: TimeInRange | None = Field(default=None, description="default: time of arrival; 1970..2262")
 
     def resolved_event_id(self) -> str:
         return self.event_id or uuid.uuid4().hex

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.errors import DecodeError, InvalidInput
-from service.probes.golden import GoldenText, parse_golden
+from service.probes.golden import GoldenSet, GoldenText, parse_golden
 
 __all__ = ["GoldenIn", "GoldenUpload", "read_golden_upload"]
 
@@ -39,10 +39,11 @@ class GoldenUpload:
 
     name: str
     text: GoldenText
+    rows: GoldenSet | None = None  # the parsed rows too, when asked for (to redact them)
 
 
-def read_golden_upload(body: bytes) -> GoldenUpload:
-    """Parse a `GoldenIn` JSON body and every row of its JSONL.
+def read_golden_upload(body: bytes, keep_rows: bool = False) -> GoldenUpload:
+    """Parse a `GoldenIn` JSON body and every row of its JSONL (`keep_rows`: return the parsed rows too).
 
     Raises `DecodeError` when the body is not JSON, `InvalidInput` when it breaks
     `GoldenIn` or any row breaks the golden-set format (every bad line named)."""
@@ -55,4 +56,4 @@ def read_golden_upload(body: bytes) -> GoldenUpload:
         where = ".".join(str(part) for part in first["loc"]) or "body"
         raise InvalidInput(f"{where}: {first['msg']}") from None
     golden = parse_golden(upload.jsonl.splitlines(), source=upload.source or upload.name)
-    return GoldenUpload(upload.name, golden.as_text())
+    return GoldenUpload(upload.name, golden.as_text(), golden if keep_rows else None)

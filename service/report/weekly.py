@@ -207,7 +207,7 @@ def build_report(
 ) -> Report:
     """Everything the report shows, computed from the store (read-only apart from creating missing tables)."""
     if until <= since:
-        raise ValueError(f"the period ends ({until.isoformat()}) before it starts ({since.isoformat()})")
+        raise ValueError(f"the period ends ({_when(until)}) before it starts ({_when(since)})")
     rows = _trace_rows(store, tenant, app, since, until)
     by_app: dict[str, list[Any]] = defaultdict(list)
     for row in rows:
@@ -429,6 +429,16 @@ def _pct(interval: Interval) -> str:
     return fmt(interval, " %", 3, 100.0)
 
 
+def _when(time: datetime) -> str:
+    """A time as the report shows it: to the minute, in UTC (`2026-11-28 09:21 UTC`)."""
+    return f"{time.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+
+
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    """`n` and the noun, singular for one: "1 answer", "2 answers", "0 answers"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def _headline(app: AppReport, alpha: float) -> list[str]:
     alarms = [r for r in app.drift_runs if r.alarm]
     total = app.stages["total"]
@@ -436,9 +446,9 @@ def _headline(app: AppReport, alpha: float) -> list[str]:
         f"traces: {app.traces}",
         f"p50 total latency: {fmt(total[1], ' s')}, n = {total[0]}",
         f"p95 total latency: {fmt(total[2], ' s')}, n = {total[0]}",
-        f"cost per query: {fmt(app.cost, ' USD')}, over {app.priced} priced traces"
+        f"cost per query: {fmt(app.cost, ' USD')}, over {_count(app.priced, 'priced trace')}"
         f" ({app.unpriced} with an unpriced model call or one without token counts)",
-        f"regeneration rate: {_pct(app.regeneration)}, {app.regenerations} of {app.traces} traces",
+        f"regeneration rate: {_pct(app.regeneration)}, {app.regenerations} of {_count(app.traces, 'trace')}",
         *(
             faithfulness_lines(app.faithfulness_section)
             if app.faithfulness_section is not None
@@ -446,14 +456,14 @@ def _headline(app: AppReport, alpha: float) -> list[str]:
                 "faithfulness (share of claims supported): "
                 + (
                     f"{fmt(app.faithfulness)}, n = {app.judged} judged (Hájek, weighted by inclusion "
-                    f"probability; not in it: {app.judge_failed} judge failures, {app.no_claims} answers "
-                    "without claims)"
+                    f"probability; not in it: {_count(app.judge_failed, 'judge failure')}, "
+                    f"{_count(app.no_claims, 'answer')} without claims)"
                     if app.faithfulness is not None
-                    else f"no judgments in this period ({app.judge_failed} judge failures)"
+                    else f"no judgments in this period ({_count(app.judge_failed, 'judge failure')})"
                 )
             ]
         ),
-        f"drift: {len(alarms)} alarms in {len(app.drift_runs)} detector runs"
+        f"drift: {_count(len(alarms), 'alarm')} in {_count(len(app.drift_runs), 'detector run')}"
         + (f" ({', '.join(sorted({r.result.detector for r in alarms}))})" if alarms else "")
         + f", each test at alpha = {alpha:g}",
     ]
@@ -470,14 +480,14 @@ def render_markdown(report: Report) -> str:
     """The summary: headline numbers per app, each with its denominator and interval. Every text
     that came from traces is escaped (`_md`)."""
     out = [
-        f"# ragmon report: {report.since:%Y-%m-%d %H:%M} to {report.until:%Y-%m-%d %H:%M} UTC",
+        f"# ragmon report: {_when(report.since)} to {_when(report.until)}",
         "",
-        f"Tenant `{_md(report.tenant)}`, generated {report.generated_at:%Y-%m-%d %H:%M} UTC.",
+        f"Tenant `{_md(report.tenant)}`, generated {_when(report.generated_at)}.",
         "",
     ]
     if not report.apps:
         out.append(
-            f"**No traces in this window** ({report.since.isoformat()} to {report.until.isoformat()}): "
+            f"**No traces in this window** ({_when(report.since)} to {_when(report.until)}): "
             "there is nothing to report."
         )
         return "\n".join(out) + "\n"
@@ -723,14 +733,14 @@ def render_html(report: Report) -> str:
     parts = [
         f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
         f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>"
-        f"<p>Tenant <code>{escape(report.tenant)}</code>; period {escape(report.since.isoformat())} to "
-        f"{escape(report.until.isoformat())}; generated {escape(report.generated_at.isoformat())}. "
+        f"<p>Tenant <code>{escape(report.tenant)}</code>; period {_when(report.since)} to "
+        f"{_when(report.until)}; generated {_when(report.generated_at)}. "
         "Every interval is a 95 % interval; n is the number of traces (or judgments) behind each number.</p>"
     ]
     if not report.apps:
         parts.append(
-            f"<p class='empty'>No traces in this window ({escape(report.since.isoformat())} to "
-            f"{escape(report.until.isoformat())}): there is nothing to report.</p>"
+            f"<p class='empty'>No traces in this window ({_when(report.since)} to "
+            f"{_when(report.until)}): there is nothing to report.</p>"
         )
     for app in report.apps:
         parts.append(_app_html(app, report.alpha, (report.since, report.until)))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from service.config import ReviewConfig
 from service.judge.judgment import Judgment
@@ -41,10 +41,19 @@ def draw(salt: str, tenant: str, trace_id: str) -> float:
 class ReviewIntake:
     """Sink (`TraceConsumer`, `FeedbackConsumer`) and judgment hook that fill the review queues."""
 
-    def __init__(self, config: ReviewConfig, flag_threshold: float, store: ReviewStore) -> None:
+    def __init__(
+        self,
+        config: ReviewConfig,
+        flag_threshold: float,
+        store: ReviewStore,
+        redact: Callable[[Intake], Intake] | None = None,
+    ) -> None:
         self.config = config
         self.flag_threshold = flag_threshold
         self.store = store
+        # what a caller sends (the API's note) is redacted on the way in; the rest comes from
+        # records redacted before they were stored
+        self.redact = redact or (lambda entry: entry)
 
     def blind_rate(self, app: str) -> float:
         """The share of an app's judged traces drawn into the blind queue (`blind_rates`, else
@@ -117,5 +126,5 @@ class ReviewIntake:
 
     async def send(self, tenant: str, trace_id: str, app: str, note: str | None) -> bool:
         """Put a trace in the `flagged` queue on request (the API); True when the item is new."""
-        entry = Intake(tenant, "flagged", trace_id, app, "api", note)
+        entry = self.redact(Intake(tenant, "flagged", trace_id, app, "api", note))
         return bool(await asyncio.to_thread(self.store.add, [entry]))

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.errors import Unauthenticated, UnknownTenant
 from service.ingest.auth import TenantResolver, key_from_headers
+from service.ingest.wire import TimeInRange
 from service.judge.judgment import FailureMode
 from service.probes.golden import ExpectedBehaviour
 from service.review.calibration import calibrate
@@ -40,7 +41,7 @@ from service.review.records import (
     ReviewIn,
     ReviewItem,
 )
-from service.review.session import LOGIN_COOKIE, SESSION_COOKIE, Reviewer, ReviewerAuth
+from service.review.session import LOGIN_COOKIE, LOGIN_TTL_S, SESSION_COOKIE, Reviewer, ReviewerAuth
 
 __all__ = ["CSP", "ReviewerDep", "router"]
 
@@ -66,8 +67,11 @@ def _secure(response: Response) -> Response:
     return response
 
 
-def _page(name: str, status: int = 200) -> Response:
+def _page(name: str, status: int = 200, fill: dict[str, str] | None = None) -> Response:
+    """A template as the page; `fill` replaces its `<!-- name -->` placeholders with static HTML."""
     html = (HERE / "templates" / name).read_text(encoding="utf-8")
+    for placeholder, content in (fill or {}).items():
+        html = html.replace(f"<!-- {placeholder} -->", content)
     return _secure(Response(html, status, media_type="text/html; charset=utf-8"))
 
 
@@ -131,17 +135,32 @@ ReviewerDep = Annotated[Reviewer, Depends(_reviewer)]
 # -- pages and static files ----------------------------------------------------------------------
 
 
+NO_REVIEWERS = (
+    '<div class="panel" id="no-reviewers" role="note"><p><strong>No reviewers are configured on this ragmon'
+    "</strong>, so nobody can sign in yet. To add one, pick a long random token and give ragmon its SHA-256, "
+    "with the tenants the reviewer may see, then restart it:</p>"
+    '<pre class="mono small">python3 -c \'import hashlib, secrets; t = secrets.token_urlsafe(24); '
+    "print(t, hashlib.sha256(t.encode()).hexdigest())'\n"
+    "RAGMON_REVIEW__REVIEWERS='{&quot;me&quot;: {&quot;token_sha256&quot;: &quot;&lt;the sha256&gt;&quot;, "
+    "&quot;tenants&quot;: [&quot;default&quot;]}}' ragmon serve</pre>"
+    "<p>(or <code>review.reviewers</code> in the config file). Then sign in here with the token; "
+    "docs/review.md has the rest.</p></div>"
+)
+"""What the sign-in page says when `review.reviewers` is empty: how to add a reviewer (static text)."""
+
+
 @router.get("/review/login", include_in_schema=False)
 async def login_page(request: Request) -> Response:
-    response = _page("review_login.html")
+    none = not request.app.state.config.review.reviewers
+    response = _page("review_login.html", fill={"no-reviewers": NO_REVIEWERS if none else ""})
     response.set_cookie(
         LOGIN_COOKIE,
-        ReviewerAuth.new_login_token(),
+        _auth(request).new_login_token(),
         httponly=False,  # the page echoes it in a header (double-submit)
         samesite="strict",
         secure=request.app.state.config.review.secure_cookie,
         path="/",
-        max_age=3600,
+        max_age=LOGIN_TTL_S,
     )
     return response
 
@@ -187,9 +206,13 @@ class SignIn(BaseModel):
 @router.post("/api/v1/review/session", summary="Sign a reviewer in (sets the session cookie)")
 async def sign_in(body: SignIn, request: Request) -> Response:
     auth = _auth(request)
-    if not auth.same(request.headers.get("x-csrf-token"), request.cookies.get(LOGIN_COOKIE)):
+    if not auth.login_token_ok(request.headers.get("x-csrf-token"), request.cookies.get(LOGIN_COOKIE)):
         return _error(403, "csrf", "open /review/login first; the sign-in form sends its token")
     reviewer = auth.by_token(body.token)
+    if reviewer is None and not request.app.state.config.review.reviewers:
+        return _error(
+            401, "unauthenticated", "no reviewers are configured: set review.reviewers (see /review/login)"
+        )
     if reviewer is None:
         return _error(401, "unauthenticated", "unknown reviewer token")
     response = _json({"reviewer": reviewer.name, "tenants": list(reviewer.tenants)})
@@ -500,6 +523,7 @@ async def submit(item_id: int, body: ReviewBody, request: Request, reviewer: Rev
         )
     except ValueError as exc:
         return _error(422, "invalid_review", str(exc))
+    review = pipeline.redacted(review)  # with redaction on, a reviewer's text is redacted too
     try:
         record = await asyncio.to_thread(
             pipeline.reviews.submit, item_id, reviewer.name, reviewer.tenants, review
@@ -572,7 +596,7 @@ async def calibration(request: Request, reviewer: ReviewerDep) -> Response:
 async def export(
     request: Request,
     reviewer: ReviewerDep,
-    since: datetime | None = None,
+    since: TimeInRange | None = None,
     format: Literal["review", "golden"] = "review",
 ) -> Response:
     pipeline = _pipeline(request)

@@ -11,10 +11,14 @@ every request, never from the cookie.
 
 CSRF: every write made with the cookie must carry `X-CSRF-Token`, a
 synchronizer token derived from the session (HMAC of its nonce), which the
-page reads from `GET /api/v1/review/session`. Sign-in itself uses a
-double-submit token: a random cookie set with the sign-in page, echoed in the
-header. Scripts may instead send `Authorization: Bearer <reviewer token>`,
-which no browser attaches on its own, so needs no CSRF token.
+page reads from `GET /api/v1/review/session`. Sign-in itself uses a signed
+double-submit token: the sign-in page sets a cookie holding a random nonce and
+an expiry signed with the session secret, and the form echoes it in the
+header. Both must be equal *and* the token must be one this server signed and
+still valid (`login_token_ok`), so a pair an attacker made up (a cookie planted
+from a sibling domain, say) is refused. Scripts may instead send
+`Authorization: Bearer <reviewer token>`, which no browser attaches on its own,
+so needs no CSRF token.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from dataclasses import dataclass
 
 from service.config import ReviewConfig
 
-__all__ = ["LOGIN_COOKIE", "SESSION_COOKIE", "Reviewer", "ReviewerAuth", "Session"]
+__all__ = ["LOGIN_COOKIE", "LOGIN_TTL_S", "SESSION_COOKIE", "Reviewer", "ReviewerAuth", "Session"]
 
 SESSION_COOKIE = "ragmon_review_session"
 LOGIN_COOKIE = "ragmon_review_login"
+LOGIN_TTL_S = 3600
+"""How long a sign-in page's token stays good (and its cookie's max-age)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,7 @@ class ReviewerAuth:
             config.session_secret.get_secret_value() if config.session_secret else secrets.token_urlsafe(32)
         )
         self._secret = secret.encode()
+        self._login_key = hmac.new(self._secret, b"login", hashlib.sha256).digest()
         self._digests: dict[str, bytes] = {}
         for name, reviewer in config.reviewers.items():
             if reviewer.token_sha256 is not None:
@@ -124,9 +131,27 @@ class ReviewerAuth:
         csrf = _b64(hmac.new(self._key(name), b"csrf\x00" + nonce.encode(), hashlib.sha256).digest())
         return Session(reviewer, csrf, expires)
 
-    @staticmethod
-    def new_login_token() -> str:
-        return secrets.token_urlsafe(24)
+    def new_login_token(self, now: float | None = None) -> str:
+        """A sign-in page's double-submit token: a random nonce and an expiry, signed."""
+        expires = int((time.time() if now is None else now) + LOGIN_TTL_S)
+        payload = f"{secrets.token_urlsafe(18)}.{expires}"
+        return f"{payload}.{self._login_signature(payload)}"
+
+    def _login_signature(self, payload: str) -> str:
+        return _b64(hmac.new(self._login_key, payload.encode(), hashlib.sha256).digest())
+
+    def login_token_ok(self, header: str | None, cookie: str | None, now: float | None = None) -> bool:
+        """The sign-in's CSRF check: header and cookie carry the same token, this server signed it
+        (`new_login_token`, under the session secret) and it has not expired."""
+        if cookie is None or not self.same(header, cookie):
+            return False
+        parts = cookie.split(".")
+        if len(parts) != 3 or not parts[1].isdigit():
+            return False
+        nonce, expires, signature = parts
+        if not hmac.compare_digest(self._login_signature(f"{nonce}.{expires}").encode(), signature.encode()):
+            return False
+        return int(expires) >= (time.time() if now is None else now)
 
     @staticmethod
     def same(a: str | None, b: str | None) -> bool:

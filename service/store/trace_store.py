@@ -62,6 +62,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.schema import CreateTable
 
+from service.config import masked_url
 from service.consumer import FeedbackConsumer, TraceConsumer
 from service.errors import InvalidInput, StoreUnavailable
 from service.model import Feedback, FeedbackKind, RagTrace
@@ -371,7 +372,8 @@ class Store:
         parsed = sa.make_url(url)
         if parsed.drivername in ("postgresql", "postgres"):
             parsed = parsed.set(drivername="postgresql+psycopg")
-        self.url = parsed.render_as_string(hide_password=True)
+        # as it may be shown: the password and credential-like query parameters masked (`masked_url`)
+        self.url = masked_url(parsed.render_as_string(hide_password=False))
         self.pool_size = pool_size
         self.max_overflow = max_overflow
         self.pool_timeout_s = pool_timeout_s

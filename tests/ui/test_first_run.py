@@ -22,6 +22,7 @@ from playwright.sync_api import Page, expect
 
 from tests.live_server import free_port
 from tests.test_project import look_list
+from tests.ui.pages import wait_for_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::pytest.PytestRemovedIn10Warning")]
 
@@ -122,7 +123,7 @@ def test_the_printed_token_signs_in_and_the_review_queue_has_items(
     page.goto(url + "/review/login")
     page.fill("#token", token)
     page.keyboard.press("Enter")
-    page.wait_for_url(url + "/review")
+    wait_for_path(page, url, "/review")
     expect(page.locator("#who")).to_contain_text("demo")
     expect(page.locator("#items tbody tr").first).to_be_visible()
     page.keyboard.press("Enter")  # opens the selected (first) item

@@ -11,6 +11,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.live_server import LiveServer
 from tests.review_server import HOSTILE_ANSWER, HOSTILE_CHUNK, TOKENS, review_server
+from tests.ui.pages import wait_for_path
 
 # pytest-base-url (a pytest-playwright dependency) declares its session fixture in a way
 # pytest 9 deprecates; the warning is about that plugin, not about this code.
@@ -27,7 +28,7 @@ def sign_in(page: Page, server: LiveServer, reviewer: str) -> None:
     page.goto(server.url + "/review/login")
     page.fill("#token", TOKENS[reviewer])
     page.keyboard.press("Enter")
-    page.wait_for_url(server.url + "/review")
+    wait_for_path(page, server.url, "/review")
     expect(page.locator("#who")).to_contain_text(reviewer)
 
 
@@ -108,7 +109,7 @@ def test_a_second_reviewer_cannot_claim_an_item_someone_holds(browser: Browser, 
         expect(bob.locator("#status")).to_contain_text("Claimed by alice")
         expect(bob.locator("#submit")).to_be_disabled()
         alice.click("#release")
-        alice.wait_for_url(f"{server.url}/review")
+        wait_for_path(alice, server.url, "/review")
     finally:
         alice.context.close()
         bob.context.close()
@@ -137,7 +138,6 @@ def test_hostile_answers_and_chunks_render_as_inert_text(page: Page, server: Liv
     # trace text is direction-isolated: bidi controls in it cannot reorder the page around it
     for selector in ("#answer", "#question", "#chunks .chunk-content", "#answer mark.claim"):
         assert page.locator(selector).first.get_attribute("dir") == "auto", selector
-    page.screenshot(path="/tmp/ragmon_review_item.png", full_page=True)
     page.click("#release")
-    page.wait_for_url(f"{server.url}/review")
+    wait_for_path(page, server.url, "/review")
     assert dialogs == []

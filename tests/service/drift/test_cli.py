@@ -149,6 +149,18 @@ def test_pin_without_a_range_or_release_fails_with_a_message(
     assert code == 2 and "not a time" in err
 
 
+@pytest.mark.parametrize(
+    ("since", "until"),
+    [("0001-01-01", "2026-01-01"), ("99999999d", "now"), ("2026-01-01", "9999-12-31T23:00:00-05:00")],
+)
+def test_a_time_outside_the_kept_range_is_refused_with_a_message(
+    since: str, until: str, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = in_process(capsys, data_dir, "drift", "pin", "--from", since, "--to", until)
+    assert code == 2 and "is outside the range ragmon keeps, 1970-01-01 to 2262-04-11" in err, err
+    assert "Traceback" not in err
+
+
 def test_pinning_an_empty_range_says_when_observations_are_written(
     data_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

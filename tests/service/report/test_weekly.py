@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from detectors.regeneration_band import binomial_band
 from service.cli import main as cli_main
 from service.judge.store import judgments
-from service.report.weekly import build_report, mean_interval, quantile_interval, rate_interval
+from service.report.weekly import _count, _when, build_report, mean_interval, quantile_interval, rate_interval
 from tests.live_server import live_server
 from tests.service.drift.drift_traffic import send, traces
 
@@ -31,6 +31,17 @@ def test_report_over_an_empty_window_says_so(tmp_path: Path, capsys: pytest.Capt
     assert "**No traces in this window**" in markdown
     assert (tmp_path / "data" / "reports" / "tenants" / "t-default" / "latest.md").read_text() == markdown
     assert "No traces in this window" in capsys.readouterr().out
+    # times to the minute in UTC, as a person reads them, never ISO with microseconds
+    for text in (html, markdown):
+        assert not re.search(r"\d\d:\d\d:\d\d|T\d\d:|\+00:00", text), text
+    assert re.search(r"No traces in this window\*\* \(\d{4}-\d\d-\d\d \d\d:\d\d UTC to ", markdown)
+
+
+def test_counts_are_written_singular_for_one() -> None:
+    assert [_count(n, "answer") for n in (0, 1, 2)] == ["0 answers", "1 answer", "2 answers"]
+    assert _count(1, "detector run") == "1 detector run" and _count(3, "query", "queries") == "3 queries"
+    local = datetime(2026, 11, 28, 10, 21, 29, 661298, tzinfo=timezone(timedelta(hours=1)))
+    assert _when(local) == "2026-11-28 09:21 UTC"
 
 
 def test_reports_are_kept_and_served_per_tenant_and_app(tmp_path: Path) -> None:
@@ -156,7 +167,7 @@ def test_report_with_data_has_plots_numbers_and_is_served(
     regenerations = sum(r["is_regeneration"] for r in before + after)
     assert f"{regenerations} of 600 traces" in markdown
     assert re.search(r"p95 total latency: [0-9.]+ s \(95 % CI [0-9.]+–[0-9.]+ s\), n = 600", markdown)
-    assert "drift: " in markdown and "alarms in" in markdown
+    assert re.search(r"drift: \d+ alarms? in \d+ detector runs?\b", markdown)
     if scored:
         assert f"n = {scored} judged" in markdown
     else:

@@ -11,7 +11,7 @@ import pytest
 
 from service.cli import main as ragmon
 from service.probes.golden import GoldenQuestion, parse_golden
-from tests.live_server import LiveServer
+from tests.live_server import LiveServer, live_server
 from tests.review_server import API_KEYS, TOKENS, review_server, signed_in
 
 
@@ -42,6 +42,13 @@ def test_sign_in_needs_the_login_token_and_a_known_reviewer_token(server: LiveSe
         # no double-submit token: refused even with a good reviewer token
         refused = client.post("/api/v1/review/session", json={"token": TOKENS["alice"]})
         assert refused.status_code == 403
+        # a made-up cookie and header pair, equal but not signed by this server: refused too
+        made_up = client.post(
+            "/api/v1/review/session",
+            json={"token": TOKENS["alice"]},
+            headers={"x-csrf-token": "made-up", "cookie": "ragmon_review_login=made-up"},
+        )
+        assert made_up.status_code == 403
         wrong = client.post("/api/v1/review/session", json={"token": "nope"}, headers={"x-csrf-token": token})
         assert wrong.status_code == 401
         ok = client.post(
@@ -236,3 +243,22 @@ def test_apps_send_traces_to_review_with_their_api_key(server: LiveServer) -> No
         assert client.post("/api/v1/review/items", json={"trace_id": trace_id}).status_code == 403
     [item] = items(server, "alice", reason="api")
     assert item["trace_id"] == trace_id and item["queue"] == "flagged"
+
+
+def test_the_sign_in_page_says_how_to_add_a_reviewer_when_none_is_configured(tmp_path: Path) -> None:
+    with live_server(tmp_path) as bare, bare.client() as client:
+        page = client.get("/review/login")
+        assert page.status_code == 200 and 'id="no-reviewers"' in page.text
+        assert "RAGMON_REVIEW__REVIEWERS" in page.text and "token_sha256" in page.text
+        answer = client.post(
+            "/api/v1/review/session",
+            json={"token": "anything-at-all"},
+            headers={"x-csrf-token": client.cookies.get("ragmon_review_login") or ""},
+        )
+        assert answer.status_code == 401 and "no reviewers are configured" in answer.json()["detail"]
+
+
+def test_the_sign_in_page_has_no_such_note_when_reviewers_exist(server: LiveServer) -> None:
+    with server.client() as client:
+        page = client.get("/review/login")
+    assert 'id="no-reviewers"' not in page.text and "<!-- no-reviewers -->" not in page.text
