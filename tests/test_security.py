@@ -174,6 +174,9 @@ def _trickle(conn: socket.socket, text: bytes, every_s: float, for_s: float) -> 
                 return False
         except TimeoutError:
             pass
+        except ConnectionError:
+            # closed with our unread bytes still in its buffer: the kernel answers with a reset, not a FIN
+            return False
     return True
 
 
