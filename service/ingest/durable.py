@@ -2,11 +2,11 @@
 
 A receiver's request is logged (`log`) before it is answered; the keys it
 brought are held in the ledger at its log seq. The assembler, the request
-filter and the bus delivery tell this object what reached an end (`late`,
-`done`), a checkpoint every `wal.checkpoint_s` deletes the log segments below
-the watermark, and `start` hands every record a crash left back to the
-pipeline (`replay`) before the receivers open. See wal.py and ledger.py for
-the guarantees of each half.
+filter and the bus delivery tell this object what was taken for a version of
+a trace and what reached an end (`taken`, `done`), a checkpoint every
+`wal.checkpoint_s` deletes the log segments below the watermark, and `start`
+hands every record a crash left back to the pipeline (`replay`) before the
+receivers open. See wal.py and ledger.py for the guarantees of each half.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ class DurableAcks:
         """Hold the keys of a replayed record at its old seq."""
         self.ledger.hold(keys, seq)
 
-    def late(self, key: Key) -> None:
-        self.ledger.late(key)
+    def taken(self, keys: Iterable[Key]) -> None:
+        self.ledger.taken(keys)
 
     def done(self, keys: Iterable[Key]) -> None:
         self.ledger.done(keys)
