@@ -117,7 +117,9 @@ async def test_a_trace_whose_spans_keep_coming_is_flushed_at_its_maximum_age() -
 
 
 async def test_a_full_buffer_refuses_and_the_tick_flushes_the_least_recently_active_traces() -> None:
-    assembler, sink, clock, metrics = make(AssemblerConfig(max_spans=10, grace_s=1, idle_s=100, evict_above=0.6))
+    assembler, sink, clock, metrics = make(
+        AssemblerConfig(max_spans=10, grace_s=1, idle_s=100, evict_above=0.6)
+    )
     for trace in range(1, 6):
         await assembler.consume_spans([span(trace, 1), span(trace, 2)])
         clock.now += 1
