@@ -1169,8 +1169,12 @@ class StoreSink:
             if self._in_flight == 0:
                 self._idle.set()
 
-    async def store_traces(self, batch: Sequence[RagTrace]) -> StoredTraces:
-        """Insert the batch (replacing stored traces by fuller versions); see `Store.store_traces`."""
+    async def store_traces(self, batch: Sequence[RagTrace]) -> list[str]:
+        """Insert the batch; return the ids of traces not stored before."""
+        return (await self.store_versions(batch)).new
+
+    async def store_versions(self, batch: Sequence[RagTrace]) -> StoredTraces:
+        """Insert the batch, replacing stored traces by fuller versions (`Store.store_traces`)."""
         outbox = self.new_traces is not None
         return await self._in_thread(lambda b: self.store.store_traces(b, outbox=outbox), batch)
 
@@ -1186,7 +1190,7 @@ class StoreSink:
         await self._in_thread(lambda batch: self.store.insert_dead_letters(batch, text), records)
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
-        stored = await self.store_traces(batch)
+        stored = await self.store_versions(batch)
         if self.new_traces is None:
             return
         new_ids = set(stored.new)
