@@ -4,6 +4,7 @@ one trace race, closed after the late window."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -74,7 +75,7 @@ def test_two_merges_of_one_trace_racing_keep_both_and_return_nested_sets(store: 
         thread.join(30)
     sizes = sorted(results, key=len)
     # each merge returns what was kept at its commit: a chain of nested sets, the last one whole
-    for smaller, larger in zip(sizes, sizes[1:], strict=False):
+    for smaller, larger in itertools.pairwise(sizes):
         assert set(names(smaller)) <= set(names(larger))
     whole = names([s for part in parts for s in part])
     assert sorted(set(whole)) == names(sizes[-1]) == names(archive.kept("t1", request.trace_id))
