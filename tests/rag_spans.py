@@ -8,6 +8,7 @@ log record after its span (`choice_body`).
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -18,7 +19,8 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 NS = 1_000_000_000
-BASE_NS = 1_760_000_000 * NS  # the requests' clock: a fixed date, so durations are exact
+# the requests' clock: whole seconds (durations are exact), today (retention keeps what is stored)
+BASE_NS = time.time_ns() // NS * NS
 
 
 def _kv(key: str, value: str | int | float) -> KeyValue:

@@ -97,7 +97,9 @@ class Clock:
 
 
 @contextmanager
-def in_process_worker(settings: dict[str, Any], clock: Clock) -> Iterator[tuple[Worker, Callable[[Any], Any]]]:
+def in_process_worker(
+    settings: dict[str, Any], clock: Clock
+) -> Iterator[tuple[Worker, Callable[[Any], Any]]]:
     """A sinks worker on an event loop of its own thread, its assembler and span archive on `clock`."""
     config = load_config(environ={}, overrides=settings)
     worker = Worker(config, ["sinks"])
@@ -178,9 +180,7 @@ def test_a_worker_killed_before_merging_late_spans_loses_nothing_and_counts_noth
     base = _settings(kafka_bootstrap, pg_url, tmp_path)
     # the first worker flushes a trace whose root has not come after 1 s, and then waits a minute
     # after a root: it holds the late spans open when it is killed
-    first = workers(
-        {**base, "assembler": {**base["assembler"], "idle_s": 1, "grace_s": 60}}, "sinks"
-    )
+    first = workers({**base, "assembler": {**base["assembler"], "idle_s": 1, "grace_s": 60}}, "sinks")
     a, b = ingests(base), ingests(base)
     a.wait_ready()
     b.wait_ready()

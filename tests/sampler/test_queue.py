@@ -454,7 +454,12 @@ def test_rejudge_queues_judged_and_failed_items_again_and_leaves_the_rest(queue:
     for key in (done.key, failed.key):
         record = queue.get(key)
         assert record is not None
-        assert (record.state, record.attempts, record.completed_at, record.last_error) == ("pending", 0, None, None)
+        assert (record.state, record.attempts, record.completed_at, record.last_error) == (
+            "pending",
+            0,
+            None,
+            None,
+        )
         # the sampling design is the trace's: one sample, same stratum and inclusion probability
         assert (record.item.stratum, record.item.inclusion_probability) == ("low_retrieval", 0.25)
     assert queue.get(leased.key).state == "leased"  # type: ignore[union-attr]

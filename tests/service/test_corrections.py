@@ -38,7 +38,9 @@ WHOLE = trace(
     is_regeneration=True,
     regeneration_source="attribute",
     usage=(
-        ModelUsage(model="gpt-4o-mini", input_tokens=1000, output_tokens=200, cost_usd=0.01, cost_source="app"),
+        ModelUsage(
+            model="gpt-4o-mini", input_tokens=1000, output_tokens=200, cost_usd=0.01, cost_source="app"
+        ),
         ModelUsage(model="mystery", input_tokens=10, cost_source="unpriced"),
     ),
     timings=Timings(total_s=180.0, retrieval_s=0.25, generation_s=179.0, ttft_s=1.5),
