@@ -1,8 +1,9 @@
 """`Pipeline`: the one place that knows the topology and wires receivers → processors → sinks.
 
     receivers ──spans──▶ SpanAssembler ──▶ RequestFilter ──▶ ReaskDetector ──▶ bus ──▶ StoreSink (dedup)
-                                           └─▶ non-requests: counted (stored with keep_non_requests)
-    JSON API ──traces────────────────────────────────────────▲                  │ new traces and feedback
+                           ▲ each flush merged    └─▶ non-requests: counted (stored with keep_non_requests)
+                         SpanArchive (late spans complete a stored trace: a later revision replaces it)
+    JSON API ──traces────────────────────────────────────────▲                  │ new, updated, feedback
     feedback ──────────────────────────────────────────────────────────▶ bus ───┴─▶ Fanout ─┬─ MetricsSink
                                                                                            └─ JudgeQueueSink
     judge queue ──▶ JudgeWorker(s) ──▶ judgments + flags;  FaithfulnessEstimator ──▶ gauges

@@ -21,7 +21,8 @@ Built-in kinds (all on by default when enabled; `redaction.builtin` picks):
 
 `redaction.patterns` adds named regexes of your own. What is *not* covered:
 the write-ahead log and the Kafka spans topic hold requests as received until
-they are stored (both transient), and the Phoenix tee forwards the raw OTLP
+they are stored (both transient), the span archive (`trace_spans`) the spans of
+flushed traces as received for `assembler.late_window_s`, and the Phoenix tee forwards the raw OTLP
 request, so the configuration refuses redaction together with the tee.
 """
 

@@ -5,6 +5,9 @@ queries filter or show; the bulky part of a trace (chunk contents, reranker
 lists, per-model usage) sits in `trace_contexts`, which only single-trace reads
 load. `feedback` rows are keyed by (tenant, event_id) and join traces by
 (tenant, trace_id) at read time, so feedback may arrive before its trace.
+`trace_spans` keeps the spans of flushed traces for their late window, so
+that late spans complete them (span_archive.py); `trace_counted` what was
+counted for a trace a later version replaced (trace_updates.py).
 `dead_letters` keeps the records a sink refused for good (the bus's safety
 net, `service/bus/memory.py`), one row per (tenant, kind, record id), with the
 error and the record as JSON, both bounded.

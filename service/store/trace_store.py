@@ -9,7 +9,9 @@ Guarantees every method keeps:
 
 * Idempotent writes: a trace is stored once per (tenant, trace_id) and a
   feedback event once per (tenant, event_id) (`INSERT ... ON CONFLICT DO
-  NOTHING`); the first delivered version wins. Each batch is one transaction:
+  NOTHING`). A stored trace is replaced only by a version of it with a
+  higher `RagTrace.revision` (its late spans arrived: trace_updates.py);
+  a redelivery, or an older version that arrives last, changes nothing. Each batch is one transaction:
   all of it is written, or none. New traces take a faster road to the same
   rows (service/store/row_insert.py says why): on SQLite the batch's stored
   keys are read under the write lock and only the others inserted, by plain
