@@ -57,6 +57,7 @@ from typing import Protocol
 from service.config import AssemblerConfig
 from service.consumer import TraceConsumer
 from service.conventions.spans import AnySpan, LogEvent, Span
+from service.errors import RetryableError
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import RagTrace
@@ -77,6 +78,8 @@ EMIT_CHUNK = 64
 # Flushed traces whose root had arrived, remembered so that their late children are flushed after
 # `grace_s` rather than `idle_s`: for `late_window_s`, and never more than this many.
 _RECENT_LIMIT = 200_000
+_MIN_BACKOFF_S = 0.1
+_MAX_BACKOFF_S = 5.0
 
 
 def build_each(
@@ -369,15 +372,36 @@ class SpanAssembler:
     ) -> tuple[Sequence[ArchivedTrace], list[RagTrace | None]]:
         """Keep the chunk's spans with what earlier flushes kept (the archive) and build each trace
         from all of it; a trace too late to be completed is not built (None)."""
-        if self.keeper is None:
-            merged: Sequence[ArchivedTrace] = [ArchivedTrace(t.spans, 0, 0, False) for t, _ in chunk]
-        else:
-            merged = await self.keeper.merge([t.spans for t, _ in chunk])
+        merged = await self._merged(chunk)
         wanted = [m for m in merged if not m.too_late]
         if not wanted:
             return merged, [None] * len(merged)
         built = iter(await self.build([(m.items, not any(i.is_root for i in m.items)) for m in wanted]))
         return merged, [None if m.too_late else next(built) for m in merged]
+
+    async def _merged(self, chunk: Sequence[tuple[_OpenTrace, str]]) -> Sequence[ArchivedTrace]:
+        """The chunk merged with what the archive keeps. While the store cannot be reached this retries
+        with backoff, holding the emission up (ingest answers 503 meanwhile, the backlog grows): a
+        trace built without what was kept of it would replace nothing. Any other error (logged and
+        counted) builds the chunk from its buffered spans alone."""
+        alone = [ArchivedTrace(t.spans, 0, 0, False) for t, _ in chunk]
+        if self.keeper is None:
+            return alone
+        backoff = _MIN_BACKOFF_S
+        while True:
+            try:
+                return await self.keeper.merge([t.spans for t, _ in chunk])
+            except RetryableError as exc:
+                self.metrics.sink_failures.labels(sink="span_archive", kind="retryable").inc()
+                log.warning("span archive unavailable (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+            except Exception:
+                self.metrics.sink_failures.labels(sink="span_archive", kind="permanent").inc()
+                log.exception(
+                    "span archive refused %d traces; building them from their buffered spans", len(chunk)
+                )
+                return alone
 
     async def _hand_on(
         self,

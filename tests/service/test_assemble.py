@@ -8,15 +8,25 @@ import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from service.assemble import EMIT_CHUNK, SpanAssembler, SpanGroups, in_thread
 from service.config import AssemblerConfig
+from service.conventions.pricing import PriceTable
 from service.conventions.spans import Span
+from service.errors import StoreUnavailable
+from service.ingest import otlp
+from service.ingest.pool import IngestPool
+from service.ingest.span_codec import OtlpSpanCodec
 from service.metrics import Metrics
 from service.model import RagTrace
+from service.pipeline import ArchiveKeeper
+from service.store.span_archive import SpanArchive
+from service.store.trace_store import Store
 from tests.consumers import SinkConsumer
+from tests.rag_spans import RagRequest, body
 
 
 class FakeClock:
@@ -351,3 +361,39 @@ async def test_flushed_roots_are_remembered_up_to_a_count_whatever_the_rate(
     clock.now += 0.6
     await assembler.flush_due()
     assert [t.trace_id for t in sink.traces[3:]] == [f"{3:032x}"] and assembler.open_traces == 1
+
+
+class FlakyKeeper:
+    """The span archive (real, on SQLite) behind a store that is down for the first `times` merges."""
+
+    def __init__(self, keeper: object, times: int) -> None:
+        self.keeper = keeper
+        self.times = times
+        self.calls = 0
+
+    async def merge(self, groups: object) -> object:
+        self.calls += 1
+        if self.calls <= self.times:
+            raise StoreUnavailable("the store is restarting")
+        return await self.keeper.merge(groups)  # type: ignore[attr-defined]
+
+
+async def test_an_archive_that_cannot_be_reached_holds_the_emission_up_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("service.assemble._MIN_BACKOFF_S", 0.001)
+    store = Store(f"sqlite:///{tmp_path / 'ragmon.db'}")
+    store.create_schema()
+    metrics = Metrics()
+    keeper = FlakyKeeper(ArchiveKeeper(SpanArchive(store, OtlpSpanCodec(), late_window_s=600)), times=2)
+    sink, clock = SinkConsumer(), FakeClock()
+    pool = IngestPool(0, PriceTable.default(), metrics)
+    assembler = SpanAssembler(AssemblerConfig(), sink, pool.build_traces, metrics, clock, keeper=keeper)
+    request = RagRequest(duration_s=3)
+    wire = otlp.screen_protobuf(body(request.retrieve, request.generate, request.root), "default").spans
+    await assembler.consume_spans(wire)
+    clock.now += 1
+    await assembler.flush_due()
+    assert [(t.span_count, t.answer) for t in sink.traces] == [(3, request.answer)]
+    assert counter(metrics, "ragmon_sink_failures_total", sink="span_archive", kind="retryable") == 2
+    store.close()
