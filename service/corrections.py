@@ -22,8 +22,8 @@ The sinks correct, never count twice:
   still running. They are observed for the first version with its root
   span, or, for a trace whose root never comes, when its late window closes
   (`service/span_expiry.py`). A later version that changes a value already
-  observed is counted in `ragmon_trace_corrections_total{quantity}` and the
-  histogram keeps the first value.
+  observed is counted in `ragmon_trace_corrections_total{quantity}` (once a
+  trace and series) and the histogram keeps the first value.
 * `ragmon_traces_updated_total` counts updates; `ragmon_partial_traces_completed_total`
   those that turned a partial trace whole (partial now = partial - completed).
 
@@ -116,6 +116,7 @@ class Counted:
     unpriced: frozenset[str] = frozenset()
     unknown_usage: frozenset[str] = frozenset()
     observed: dict[str, float] = field(default_factory=dict)  # series -> value observed
+    corrected: frozenset[str] = frozenset()  # series a later version changed (counted once a trace)
     empty_retrieval: bool = False
     top1_score: float | None = None
     probe: bool = False
@@ -142,6 +143,11 @@ class Counted:
         if trace.partial:
             values = {k: v for k, v in values.items() if k not in DEFERRED_WHILE_PARTIAL}
         observed = dict(values) if before is None else {**values, **before.observed}
+        changed = {
+            series
+            for series, value in observed_values(trace).items()
+            if before is not None and before.observed.get(series, value) != value
+        }
         # a regeneration the trace's own spans (or re-ask detection) marked: feedback counts its own
         regeneration = trace.is_regeneration and trace.regeneration_source != "feedback"
         retrieval = trace.retrieval
@@ -165,6 +171,7 @@ class Counted:
             unpriced=frozenset(unpriced),
             unknown_usage=frozenset(unknown),
             observed=observed,
+            corrected=frozenset(changed | (before.corrected if before else set())),
             empty_retrieval=empty,
             top1_score=retrieval.top1_score,
             probe=trace.probe_run_id is not None or trace.probe_question_id is not None,
@@ -184,6 +191,7 @@ class Counted:
             "unpriced": sorted(self.unpriced),
             "unknown_usage": sorted(self.unknown_usage),
             "observed": self.observed,
+            "corrected": sorted(self.corrected),
             "empty_retrieval": self.empty_retrieval,
             "top1_score": self.top1_score,
             "probe": self.probe,
@@ -206,6 +214,7 @@ class Counted:
             unpriced=frozenset(data.get("unpriced") or ()),
             unknown_usage=frozenset(data.get("unknown_usage") or ()),
             observed={str(k): float(v) for k, v in (data.get("observed") or {}).items()},
+            corrected=frozenset(data.get("corrected") or ()),
             empty_retrieval=bool(data.get("empty_retrieval")),
             top1_score=data.get("top1_score"),
             probe=bool(data.get("probe")),
@@ -278,14 +287,11 @@ def count_updates(metrics: Metrics, updates: Sequence[TraceUpdate]) -> None:
             m.regenerations.labels(*scope, m.intent_label(before.intent), source).inc()
         if after.empty_retrieval and not before.empty_retrieval:
             m.empty_retrievals.labels(*scope).inc()
-        now = observed_values(update.trace)
         for series, value in after.observed.items():
             if series not in before.observed:
                 _observe(m, scope, series, value)
-        for series, value in now.items():
-            seen = before.observed.get(series)
-            if seen is not None and seen != value:
-                m.trace_corrections.labels(*scope, _quantity(series)).inc()
+        for series in after.corrected - before.corrected:
+            m.trace_corrections.labels(*scope, _quantity(series)).inc()
 
 
 def count_expired(metrics: Metrics, expired: Iterable[tuple[str, RagTrace, Counted | None]]) -> None:

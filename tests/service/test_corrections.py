@@ -83,10 +83,12 @@ def test_an_update_corrects_by_the_difference_under_the_first_counted_labels() -
     update = TraceUpdate(WHOLE, Counted.of(FIRST))
     count_updates(metrics, [update])
     count_updates(metrics, [TraceUpdate(WHOLE, update.after)])  # fanned out again: nothing more
+    later = WHOLE.model_copy(update={"revision": 5})  # one more late span, that changes no value
+    count_updates(metrics, [TraceUpdate(later, update.after)])
     app = {"app": "retriever-svc"}
     assert value(metrics, "ragmon_traces_total", **app) == 1
     assert value(metrics, "ragmon_traces_total", app="frontend") == 0
-    assert value(metrics, "ragmon_traces_updated_total", **app) == 1
+    assert value(metrics, "ragmon_traces_updated_total", **app) == 2
     assert value(metrics, "ragmon_partial_traces_total", **app) == 1
     assert value(metrics, "ragmon_partial_traces_completed_total", **app) == 1
     assert value(metrics, "ragmon_tokens_total", **app, model="gpt-4o-mini", kind="input") == 1000
