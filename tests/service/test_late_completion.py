@@ -13,6 +13,7 @@ test's: the assembler's clock and the span archive's are replaced by one the tes
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -21,6 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
+from sampler.queue import ItemKey
+from tests.fake_openai import FakeOpenAI, Reply
 from tests.live_server import LiveServer, live_server
 from tests.rag_spans import RagRequest, body
 
@@ -320,3 +323,48 @@ def test_the_open_trace_buffer_at_its_bound_answers_503_with_retry_after(tmp_pat
         send(server, requests[0].generate, requests[0].root)
         advance(server, clock, 0.6)
         assert stored(server, requests[0].trace_id)["span_count"] == 4
+
+
+JUDGED = json.dumps(
+    {
+        "claims": ["Refunds take five working days."],
+        "supported": [0],
+        "unsupported": [],
+        "outcome": "scored",
+        "failure_mode": "none",
+        "context_sufficient": True,
+        "rationale": "stated in refund-policy",
+    }
+)
+
+
+def test_an_answer_that_changes_while_the_judge_works_is_judged_again(tmp_path: Any) -> None:
+    clock = Clock()
+    with FakeOpenAI() as fake:
+        fake.set_default(Reply(content=JUDGED, delay_s=3.0))  # a slow judge: the update lands meanwhile
+        settings: dict[str, Any] = {
+            "sampler": {"rates": {"base": 1.0}},
+            "judging": {"poll_s": 0.05},
+            "budget": {"calls_per_minute": 6000, "scope": "process"},
+            "judge": {"base_url": fake.base_url, "api_key": "test", "model": "gpt-4o-mini", "timeout_s": 10},
+        }
+        with live_server(tmp_path, **settings) as server:
+            server.pipeline.assembler.clock = clock.monotonic
+            server.pipeline.span_archive.clock = clock.wall
+            request = RagRequest(duration_s=150, answer="Refunds take five working days.")
+            draft = RagRequest(duration_s=150, answer="Refunds take a while.", trace_id=request.trace_id)
+            send(server, request.retrieve, draft.generate)  # the LLM span's draft answer, no root yet
+            advance(server, clock, 121)
+            key = ItemKey("default", request.trace_id, server.pipeline.judge.version)
+            deadline = time.monotonic() + 20
+            while (record := server.pipeline.judge_queue.get(key)) is None or record.state != "leased":
+                assert time.monotonic() < deadline, "the trace was never claimed"
+                time.sleep(0.02)
+            send(server, request.root)  # the root's own answer, while the judge reads the draft
+            advance(server, clock, 0.6)
+            assert stored(server, request.trace_id)["answer"] == request.answer
+            judged = judgments(server, request.trace_id, wait_for_revision=3)
+            assert len(judged) == 1 and judged[0]["outcome"] == "scored"
+            asked = [json.dumps(r) for r in fake.requests()]
+            assert len(asked) == 2 and "a while" in asked[0] and "five working days" in asked[1]
+            assert metric(server, "ragmon_judge_rejudged_total") == 1
