@@ -226,6 +226,11 @@ class SpanAssembler:
                 high = middle
         return len(deadlines) - low
 
+    def open_items(self, key: TraceKey) -> list[AnySpan] | None:
+        """The spans (and events) buffered for an open trace, None when it is not open."""
+        open_trace = self._open.get(key)
+        return list(open_trace.spans) if open_trace is not None else None
+
     @property
     def fill_ratio(self) -> float:
         return max(self._span_count / self.config.max_spans, self._byte_count / self.config.max_bytes)

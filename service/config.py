@@ -127,8 +127,8 @@ class AssemblerConfig(_Section):
         900.0,
         gt=0,
         description="flush a trace this long after its first span even while its spans keep coming (an "
-        "agent that runs for minutes); later spans complete the stored trace. The write-ahead log and "
-        "the Kafka spans commits keep an open trace's records until it is flushed: at most this long",
+        "agent that runs for minutes); later spans complete the stored trace. In Kafka mode the spans "
+        "partition's commit waits for an open trace's first record: at most this long",
     )
     late_window_s: float = Field(
         1800.0,
@@ -333,6 +333,12 @@ class WalConfig(_Section):
         1 << 30, gt=0, description="log bytes not yet stored before ingest answers 503 (back-pressure)"
     )
     checkpoint_s: float = Field(1.0, gt=0, description="how often stored segments are deleted")
+    relog_after_s: float = Field(
+        60.0,
+        gt=0,
+        description="a trace still open this long after its oldest logged request (an agent, a slow LLM "
+        "call) has its buffered spans logged again as one record, so the log's older segments can go",
+    )
 
 
 class StoreConfig(_Section):

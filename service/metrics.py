@@ -408,6 +408,12 @@ class Metrics:
             "write-ahead log writes, each one fsync for every request in it",
             registry=r,
         )
+        self.wal_relogged = Counter(
+            "ragmon_wal_relogged_traces",
+            "open traces whose buffered spans were logged again as one record (open longer than "
+            "wal.relog_after_s), so the write-ahead log's older segments could go",
+            registry=r,
+        )
         self.feedback_orphaned = Counter(
             "ragmon_feedback_orphaned",
             "feedback events whose trace never arrived within store.feedback_wait_s (kept, never counted "

@@ -306,6 +306,9 @@ class Pipeline:
             ledger=self.durable,
             keeper=ArchiveKeeper(self.span_archive),
         )
+        if self.durable is not None:
+            # a trace open for long is logged again, so the log's older segments can go
+            self.durable.open_items = self.assembler.open_items  # type: ignore[assignment]
         if self.distributed:
             self._assemble_in_workers(keep)
         self._retention_task: asyncio.Task[None] | None = None

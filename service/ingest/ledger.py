@@ -100,6 +100,38 @@ class AckLedger:
                 if lowest >= 0:
                     self._push(lowest, key)
 
+    def open_below(self, seq: int) -> list[Key]:
+        """Keys whose requests not yet taken include one logged below `seq`: traces open for long,
+        whose spans `rehold` can move to one record logged again."""
+        return [key for key, entry in self._held.items() if entry.held and min(entry.held) < seq]
+
+    def open_holds(self, key: Key) -> list[int]:
+        """The requests holding `key` that are not taken yet (their spans are open in the assembler)."""
+        entry = self._held.get(key)
+        return list(entry.held) if entry is not None else []
+
+    def rehold(self, key: Key, old: list[int], new: list[int]) -> bool:
+        """The requests `old` of `key` are logged again as `new` (their spans, in one or two records):
+        `new` takes their place, wherever they are now (still open, or taken by a version since).
+        False, and nothing held, when they are gone (that version ended meanwhile)."""
+        entry = self._held.get(key)
+        if entry is None:
+            return False
+        for bucket in (entry.held, *entry.versions):
+            remaining = list(bucket)
+            try:
+                for seq in old:
+                    remaining.remove(seq)
+            except ValueError:
+                continue
+            bucket[:] = [*remaining, *new]
+            lowest = entry.compute_lowest()
+            if lowest != entry.lowest:
+                entry.lowest = lowest
+                self._push(lowest, key)
+            return True
+        return False
+
     def watermark(self, next_seq: int) -> int:
         """The lowest seq still held, or `next_seq` when nothing is: every record below is stored."""
         heap = self._heap
