@@ -182,7 +182,8 @@ class DurableAcks:
                 request = LoggedRequest(
                     kind, items[0].tenant, record.value, media_type="application/x-protobuf", receiver="relog"
                 )
-                seqs.append(await self.wal.append(request))
+                # also when the log is full: this record is what lets its older segments go
+                seqs.append(await self.wal.append(request, over_max=True))
             if self.ledger.rehold(key, old, seqs):
                 relogged += 1
         if relogged:
