@@ -38,7 +38,7 @@ Python objects, so any ragmon version that reads OTLP reads it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -48,6 +48,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from service.conventions.spans import AnySpan
+from service.store.row_insert import PlainInsert
 from service.store.tables import storable_text, trace_spans
 from service.store.trace_store import Store, keys_by_group
 
@@ -66,8 +67,11 @@ class SpanCodec(Protocol):
     def decode(self, tenant: str, spans: bytes, events: bytes) -> list[AnySpan]:
         """The items kept as `encode` wrote them (concatenated)."""
 
-    def identity(self, item: AnySpan) -> bytes:
-        """What makes an item the same item when it comes again (its wire bytes, digested)."""
+    def encode_many(self, groups: Sequence[Sequence[AnySpan]]) -> list[tuple[bytes, bytes]]:
+        """`encode` of several traces at once, one result per group."""
+
+    def identity(self, item: AnySpan) -> Hashable:
+        """What makes an item the same item when it comes again (its wire bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,8 @@ class SpanArchive:
         self.codec = codec
         self.late_window_s = late_window_s
         self.clock = clock
+        # new rows by the driver's executemany on SQLite (service/store/row_insert.py says why)
+        self._plain = PlainInsert(trace_spans, store.engine.dialect) if store.dialect == "sqlite" else None
 
     def _insert(self) -> Any:
         insert = postgresql.insert if self.store.dialect == "postgresql" else sqlite.insert
@@ -115,12 +121,12 @@ class SpanArchive:
         if not groups:
             return []
         now = self.clock()
-        unique: list[tuple[TraceKey, list[AnySpan], list[bytes], int]] = []
+        unique: list[tuple[TraceKey, list[AnySpan], list[Hashable], int]] = []
         for items in groups:
             key = (storable_text(items[0].tenant), items[0].trace_id)
-            seen: set[bytes] = set()
+            seen: set[Hashable] = set()
             kept: list[AnySpan] = []
-            ids: list[bytes] = []
+            ids: list[Hashable] = []
             for item in items:
                 identity = self.codec.identity(item)
                 if identity not in seen:
@@ -134,7 +140,7 @@ class SpanArchive:
             # one after the other within this transaction
             pending = list(unique)
             while pending:
-                batch: dict[TraceKey, tuple[list[AnySpan], list[bytes], int]] = {}
+                batch: dict[TraceKey, tuple[list[AnySpan], list[Hashable], int]] = {}
                 later = []
                 for key, kept, ids, duplicates in pending:
                     if key in batch:
@@ -146,33 +152,40 @@ class SpanArchive:
         return [results[key] for key, _, _, _ in unique]
 
     def _merge(
-        self, conn: Connection, batch: dict[TraceKey, tuple[list[AnySpan], list[bytes], int]], now: datetime
+        self,
+        conn: Connection,
+        batch: dict[TraceKey, tuple[list[AnySpan], list[Hashable], int]],
+        now: datetime,
     ) -> dict[TraceKey, Merged]:
         out: dict[TraceKey, Merged] = {}
         kept_rows = self._locked(conn, sorted(batch))
         fresh = [key for key in sorted(batch) if key not in kept_rows]
         if fresh:
-            rows = []
-            for key in fresh:
-                spans, events = self.codec.encode(batch[key][0])
-                rows.append(
-                    {
-                        "tenant": key[0],
-                        "trace_id": key[1],
-                        "spans": spans,
-                        "events": events,
-                        "items": len(batch[key][0]),
-                        "first_flushed_at": now,
-                        "updated_at": now,
-                        "expired": False,
-                    }
+            encoded = self.codec.encode_many([batch[key][0] for key in fresh])
+            rows = [
+                {
+                    "tenant": key[0],
+                    "trace_id": key[1],
+                    "spans": spans,
+                    "events": events,
+                    "items": len(batch[key][0]),
+                    "first_flushed_at": now,
+                    "updated_at": now,
+                    "expired": False,
+                }
+                for key, (spans, events) in zip(fresh, encoded, strict=True)
+            ]
+            if self._plain is not None:
+                # SQLite: this transaction holds the only write lock, so a key read as absent is absent
+                self._plain.execute(conn, rows)
+                inserted = set(fresh)
+            else:
+                statement = (
+                    self._insert()
+                    .on_conflict_do_nothing(index_elements=["tenant", "trace_id"])
+                    .returning(trace_spans.c.tenant, trace_spans.c.trace_id)
                 )
-            statement = (
-                self._insert()
-                .on_conflict_do_nothing(index_elements=["tenant", "trace_id"])
-                .returning(trace_spans.c.tenant, trace_spans.c.trace_id)
-            )
-            inserted = {(t, i) for t, i in conn.execute(statement, rows)}
+                inserted = {(t, i) for t, i in conn.execute(statement, rows)}
             for key in fresh:
                 if key in inserted:
                     items, _, duplicates = batch[key]
