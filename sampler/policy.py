@@ -254,6 +254,16 @@ class TraceSampler:
         """
         return self._reconsider(summary, summary.with_feedback(feedback))
 
+    def on_update(self, before: TraceSummary, after: TraceSummary) -> JudgeItem | None:
+        """Reconsider a trace when a later version of it was stored (its late spans arrived).
+
+        `before` is the trace as it was decided, `after` the new version (both with the feedback
+        known). The draw u is the trace id's, so the decision changes only where the new version
+        joins a stratum of a higher rate (a regeneration flag or a retrieval score that came late):
+        then, as for feedback, an item comes back when u falls below the new probability.
+        """
+        return self._reconsider(before, after)
+
     def on_drift_outlier(self, summary: TraceSummary) -> JudgeItem | None:
         """Reconsider a trace the drift side marked as an outlier after it was decided.
 

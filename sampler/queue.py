@@ -384,6 +384,37 @@ class SqlJudgeQueue:
                 )
         return new, inserted
 
+    def rejudge(self, keys: Sequence[ItemKey]) -> set[ItemKey]:
+        """Queue judged (or failed) items again: a later version of their trace changed what the judge
+        reads (an answer that arrived late). Returns the keys that became pending. An item pending or
+        leased is left alone: its worker reads the stored trace when it judges, and checks it again
+        after completing (service/judge/judging.py). The item keeps its stratum and inclusion
+        probability, and the judgment stored for it is replaced by the new one: one sample per trace."""
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return set()
+        t = judge_queue.c
+        requeued: set[ItemKey] = set()
+        with self._connect() as conn:
+            for key in wanted:
+                row = conn.execute(
+                    update(judge_queue)
+                    .where(_key_clause(key), t.state.in_(("done", "failed")))
+                    .values(
+                        state="pending",
+                        attempts=0,
+                        available_at=self._now(),
+                        completed_at=None,
+                        last_error=None,
+                        worker=None,
+                        lease_until=None,
+                    )
+                    .returning(t.id)
+                ).first()
+                if row is not None:
+                    requeued.add(key)
+        return requeued
+
     # -- consuming -------------------------------------------------------
 
     def claim(self, n: int, lease_s: float, worker: str) -> list[QueueRecord]:

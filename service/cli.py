@@ -370,7 +370,7 @@ def _demo_until_stopped(
     ragmon = Ragmon(url)
     started = datetime.now(UTC)
     # generous: on a loaded machine the ingest processes can take many seconds to start building
-    settle_s = config.assembler.timeout_s + 90
+    settle_s = config.assembler.idle_s + 90
 
     def between_windows(index: int) -> None:
         if not _wait_until_settled(url, timeout_s=settle_s):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -137,11 +138,65 @@ class AuthConfig(_Section):
 
 
 class AssemblerConfig(_Section):
+    """How long spans of one trace are waited for, and how a trace flushed early is completed.
+
+    A trace stays open while its spans keep coming: it is flushed `grace_s` after its root span
+    arrived, after `idle_s` without a new span, or `max_age_s` after its first span, whichever
+    comes first. Spans that arrive after that, within `late_window_s` of the trace's first flush,
+    complete the stored trace (service/assemble.py)."""
+
     grace_s: float = Field(0.5, ge=0, description="wait after the root span ends for late child spans")
-    timeout_s: float = Field(30.0, gt=0, description="flush a trace whose root never arrives after this long")
+    idle_s: float = Field(
+        120.0,
+        gt=0,
+        description="flush a trace whose root has not arrived after this long without a new span of it "
+        "(a slow LLM call sends nothing until it ends); later spans complete the stored trace",
+    )
+    max_age_s: float = Field(
+        900.0,
+        gt=0,
+        description="flush a trace this long after its first span even while its spans keep coming (an "
+        "agent that runs for minutes); later spans complete the stored trace. In Kafka mode the spans "
+        "partition's commit waits for an open trace's first record: at most this long",
+    )
+    late_window_s: float = Field(
+        1800.0,
+        gt=0,
+        description="spans that arrive this long after their trace was first flushed are dropped "
+        "(counted in ragmon_dropped_spans_total{reason=too_late}); until then they complete the stored "
+        "trace, whose spans are kept that long for it (table trace_spans)",
+    )
     max_spans: int = Field(200_000, gt=0, description="open-trace buffer bound, in spans")
     max_bytes: int = Field(256 * 1024 * 1024, gt=0, description="open-trace buffer bound, in estimated bytes")
+    evict_above: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="share of the buffer bound above which the least recently active open traces are "
+        "flushed early (completed later by their late spans); at the bound ingest answers 503",
+    )
     tick_s: float = Field(0.1, gt=0, description="how often the buffer is checked for complete traces")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_timeout(cls, values: Any) -> Any:
+        if isinstance(values, Mapping) and "timeout_s" in values:
+            values = dict(values)
+            timeout = values.pop("timeout_s")
+            warnings.warn(
+                "assembler.timeout_s is deprecated and will be removed in ragmon 2.0: "
+                "use assembler.idle_s (a trace is now flushed after that long without a new span)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            values.setdefault("idle_s", timeout)
+        return values
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AssemblerConfig:
+        if self.max_age_s < self.grace_s:
+            raise ValueError("assembler.max_age_s must be at least assembler.grace_s")
+        return self
 
 
 class BusConfig(_Section):
@@ -307,6 +362,12 @@ class WalConfig(_Section):
         1 << 30, gt=0, description="log bytes not yet stored before ingest answers 503 (back-pressure)"
     )
     checkpoint_s: float = Field(1.0, gt=0, description="how often stored segments are deleted")
+    relog_after_s: float = Field(
+        60.0,
+        gt=0,
+        description="a trace still open this long after its oldest logged request (an agent, a slow LLM "
+        "call) has its buffered spans logged again as one record, so the log's older segments can go",
+    )
 
 
 class StoreConfig(_Section):

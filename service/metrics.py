@@ -69,6 +69,9 @@ PHOENIX_FAILURE_REASONS = (
 )
 PHOENIX_DROP_REASONS = ("buffer_full", "retries_exhausted", "rejected", "root_span_missing", "shutdown")
 REGENERATION_SOURCES = ("attribute", "feedback", "reask")
+# Why the span assembler flushed a trace (service/assemble.py), and why it dropped spans.
+FLUSH_REASONS = ("complete", "idle", "max_age", "evicted", "shutdown")
+DROPPED_SPAN_REASONS = ("too_late", "duplicate", "build_failed")
 # Whole-request refusals; per-span reasons come from `labels.RejectReason`.
 REQUEST_REJECT_REASONS = (
     "decode_error",
@@ -284,8 +287,29 @@ class Metrics:
         )
         self.partial_traces = Counter(
             "ragmon_partial_traces",
-            "traces assembled without their root span (timeout or buffer full); see ragmon_assembled_traces",
+            "traces first stored without their root span (idle, max age or buffer full); see "
+            "ragmon_assembled_traces and ragmon_partial_traces_completed",
             [*self.scope_labels],
+            registry=r,
+        )
+        self.traces_updated = Counter(
+            "ragmon_traces_updated",
+            "stored traces replaced by a fuller version when their late spans arrived (each counted "
+            "once in ragmon_traces, under the app it was first counted under)",
+            [*self.scope_labels],
+            registry=r,
+        )
+        self.partial_completed = Counter(
+            "ragmon_partial_traces_completed",
+            "partial traces whose root span arrived later: partial now = partial_traces - this",
+            [*self.scope_labels],
+            registry=r,
+        )
+        self.trace_corrections = Counter(
+            "ragmon_trace_corrections",
+            "histogram observations of a stored trace that a later version changed; the histogram keeps "
+            "the first value (quantity: stage_seconds, ttft, trace_cost, retrieved_chunks, top1_score)",
+            [*self.scope_labels, "quantity"],
             registry=r,
         )
         self.stage_duration = Histogram(
@@ -411,6 +435,12 @@ class Metrics:
             "write-ahead log writes, each one fsync for every request in it",
             registry=r,
         )
+        self.wal_relogged = Counter(
+            "ragmon_wal_relogged_traces",
+            "open traces whose buffered spans were logged again as one record (open longer than "
+            "wal.relog_after_s), so the write-ahead log's older segments could go",
+            registry=r,
+        )
         self.feedback_orphaned = Counter(
             "ragmon_feedback_orphaned",
             "feedback events whose trace never arrived within store.feedback_wait_s (kept, never counted "
@@ -451,12 +481,29 @@ class Metrics:
         )
         self.late_spans = Counter(
             "ragmon_late_spans",
-            "spans that arrived after their trace was already assembled and handed on",
+            "spans (and span events) that arrived after their trace was first flushed and completed it",
             registry=r,
         )
-        self.assembled = Counter(
-            "ragmon_assembled_traces", "traces the span assembler flushed, by why", ["reason"], registry=r
+        self.dropped_spans = Counter(
+            "ragmon_dropped_spans",
+            "accepted spans (and span events) dropped after ingest, by reason (too_late: past "
+            "assembler.late_window_s of their trace's first flush; duplicate: a span already kept for "
+            "its trace; build_failed: their trace could not be built)",
+            ["reason"],
+            registry=r,
         )
+        for reason in DROPPED_SPAN_REASONS:
+            self.dropped_spans.labels(reason=reason)
+        self.assembled = Counter(
+            "ragmon_assembled_traces",
+            "traces (or later parts of a trace) the span assembler flushed, by why: complete (root + "
+            "grace), idle (assembler.idle_s without a span), max_age, evicted (buffer over "
+            "assembler.evict_above), shutdown",
+            ["reason"],
+            registry=r,
+        )
+        for reason in FLUSH_REASONS:
+            self.assembled.labels(reason=reason)
         self.assembly_failures = Counter(
             "ragmon_assembly_failures", "span groups that could not be turned into a trace", registry=r
         )
@@ -521,8 +568,15 @@ class Metrics:
         )
         self.judge_completed = Counter(
             "ragmon_judge_completed",
-            "judgments stored (any outcome), once per trace and judge version",
+            "judgments stored (any outcome), once per trace and judge version, and once more for each "
+            "re-judgment that replaced one (ragmon_judge_rejudged)",
             ["judge"],
+            registry=r,
+        )
+        self.judge_rejudged = Counter(
+            "ragmon_judge_rejudged",
+            "judged traces queued again because a later version changed what the judge reads (an answer "
+            "that arrived late); the estimate keeps the latest judgment of each trace",
             registry=r,
         )
         self.judge_failures = Counter(
@@ -1069,7 +1123,8 @@ class Metrics:
         return child
 
     def count_traces(self, batch: Sequence[RagTrace]) -> None:
-        """Count a batch of NEW traces (the caller guarantees each trace id is counted once).
+        """Count a batch of NEW traces (the caller guarantees each trace id is counted once); what a
+        later, fuller version of one corrects is counted by `service.corrections.count_updates`.
 
         The batch is tallied per series first and each labelled series is touched
         once (`_Tally`): a trace feeds ~15 series, and prometheus-client takes a
@@ -1086,8 +1141,11 @@ class Metrics:
             if trace.partial:
                 inc((self.partial_traces, app))
             t = trace.timings
+            # a partial trace's total and cost are not the request's: they are observed when its root
+            # arrives, or when its late window closes (service/corrections.py)
+            whole = not trace.partial
             for stage, value in (
-                ("total", t.total_s),
+                ("total", t.total_s if whole else None),
                 ("embedding", t.embedding_s),
                 ("retrieval", t.retrieval_s),
                 ("rerank", t.rerank_s),
@@ -1110,7 +1168,7 @@ class Metrics:
                 else:
                     inc((self.unpriced_calls, (*app, model)))
             cost = trace.cost_usd
-            if cost is not None:
+            if cost is not None and whole:
                 observe((self.trace_cost, app), cost)
             retrieval = trace.retrieval
             if retrieval.retriever is not None or retrieval.chunks:

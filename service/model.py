@@ -174,6 +174,13 @@ class RagTrace(_Frozen):
     probe_question_id: str | None = None
     partial: bool = Field(default=False, description="assembled before the root span ended")
     span_count: int = 0
+    revision: int = Field(
+        default=0,
+        ge=0,
+        description="distinct spans and span events the trace was built from: a later version of a "
+        "trace built from more of them (its late spans arrived) replaces the stored one; 0 when it was "
+        "not built from spans (JSON API)",
+    )
     source: Literal["otlp", "json"] = "otlp"
     kind: TraceKind = Field(
         default="request", description="a request, or work that is not one (`TraceKind`), not monitored"

@@ -7,7 +7,10 @@ crash between the two, or a sink that failed (the database restarted under
 the judge queue), leaves the row. This sweep takes rows older than
 `min_age_s` (so as not to race the fan-out in flight), reads their records back
 from the store and hands them to the same fan-out; the rows go when it returns.
-Feedback about a trace not stored yet also waits here (`StoreSink` fans it out
+A trace a later version replaced (its late spans arrived) has a row of kind
+`update` until the fan-out of that update (with what was counted for the
+trace before: service/corrections.py) returned; the sweep runs it the same
+way. Feedback about a trace not stored yet also waits here (`StoreSink` fans it out
 with its trace when that comes); after `store.feedback_wait_s` it is counted as
 an orphan (`ragmon_feedback_orphaned_total`) and waits no more: it stays stored,
 but is never counted under `app="none"` nor turned into a review item.
@@ -23,13 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from service.consumer import RecordConsumer
-from service.judge.judging import rag_trace_from_record
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import RagTrace
+from service.store.tables import rag_trace_from_record
 from service.store.trace_store import Store
 
 __all__ = ["OutboxSweep"]
@@ -50,9 +54,12 @@ class OutboxSweep:
         feedback_wait_s: float = 3600.0,
         every_s: float = 30.0,
         min_age_s: float = 30.0,
+        updates: Callable[[Sequence[RagTrace]], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
         self.fanout = fanout
+        # the fan-out of updated traces (StoreSink.fan_out_updates: with what was counted before)
+        self.updates = updates
         self.metrics = metrics
         self.feedback_wait_s = feedback_wait_s
         self.every_s = every_s
@@ -72,10 +79,20 @@ class OutboxSweep:
             if not taken:
                 return total
             trace_keys = [(t, r) for t, kind, r, _ in taken if kind == "trace"]
+            update_keys = [(t, r) for t, kind, r, _ in taken if kind == "update"]
             queued = {(t, r): q for t, kind, r, q in taken if kind == "feedback"}
             traces = await asyncio.to_thread(self._traces, trace_keys)
             if traces:
                 await self.fanout.consume_traces(traces)
+                await asyncio.to_thread(self.store.finish_new, traces)
+            updated = await asyncio.to_thread(self._traces, update_keys)
+            if updated and self.updates is not None:
+                await self.updates(updated)
+            # an updated trace deleted since (retention) has nothing left to correct
+            found = {(t.tenant, t.trace_id) for t in updated}
+            await asyncio.to_thread(
+                self.store.clear_outbox, "update", [k for k in update_keys if k not in found]
+            )
             events = await asyncio.to_thread(self.store.feedback_events, list(queued))
             stored = await asyncio.to_thread(
                 self.store.stored_traces, [(f.tenant, f.trace_id) for f in events]
@@ -98,8 +115,8 @@ class OutboxSweep:
                 k for k in queued if k not in known
             ]
             await asyncio.to_thread(self.store.clear_outbox, "feedback", done)
-            total += len(traces) + len(joined)
-            self.swept += len(traces) + len(joined)
+            total += len(traces) + len(joined) + len(updated)
+            self.swept += len(traces) + len(joined) + len(updated)
             if len(taken) < _TAKE:  # the rest was taken just now, or waits for its trace
                 return total
 

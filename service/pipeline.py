@@ -1,8 +1,9 @@
 """`Pipeline`: the one place that knows the topology and wires receivers → processors → sinks.
 
     receivers ──spans──▶ SpanAssembler ──▶ RequestFilter ──▶ ReaskDetector ──▶ bus ──▶ StoreSink (dedup)
-                                           └─▶ non-requests: counted (stored with keep_non_requests)
-    JSON API ──traces────────────────────────────────────────▲                  │ new traces and feedback
+                           ▲ each flush merged    └─▶ non-requests: counted (stored with keep_non_requests)
+                         SpanArchive (late spans complete a stored trace: a later revision replaces it)
+    JSON API ──traces────────────────────────────────────────▲                  │ new, updated, feedback
     feedback ──────────────────────────────────────────────────────────▶ bus ───┴─▶ Fanout ─┬─ MetricsSink
                                                                                            └─ JudgeQueueSink
     judge queue ──▶ JudgeWorker(s) ──▶ judgments + flags;  FaithfulnessEstimator ──▶ gauges
@@ -31,19 +32,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import TypeAdapter
 
 from sampler import FairAdmission, FairShares, SqlJudgeQueue, TraceSampler, create_tables
-from service.assemble import SpanAssembler
+from service.assemble import ArchivedTrace, SpanAssembler
 from service.bus.leader import exclusive
 from service.bus.memory import MemoryBus
 from service.config import RagmonConfig
 from service.consumer import TraceConsumer
 from service.conventions.pricing import PriceTable
 from service.conventions.spans import AnySpan, LogEvent
+from service.corrections import TraceUpdate, count_updates
 from service.drift.monitor import DriftScheduler, DriftWindowSink
 from service.drift.store import DriftStore
 from service.errors import QueueFull, StoreUnavailable
 from service.ingest import span_records
 from service.ingest.durable import DurableAcks
 from service.ingest.pool import IngestPool
+from service.ingest.span_codec import OtlpSpanCodec
 from service.ingest.wal import LoggedRequest
 from service.judge.build import build_judge
 from service.judge.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
@@ -65,6 +68,8 @@ from service.review.gauges import ReviewGauges
 from service.review.intake import ReviewIntake
 from service.review.records import ReviewRecord
 from service.review.store import ReviewStore
+from service.span_expiry import SpanExpiry
+from service.store.span_archive import SpanArchive
 from service.store.trace_store import Store, StoreSink
 
 if TYPE_CHECKING:
@@ -94,6 +99,10 @@ class MetricsSink:
         labels = await asyncio.to_thread(self.store.trace_labels, {(f.tenant, f.trace_id) for f in batch})
         self.metrics.count_feedback(batch, labels)
 
+    async def consume_updates(self, batch: Sequence[TraceUpdate]) -> None:
+        """Stored traces their late spans completed: corrections, never a second count."""
+        await asyncio.to_thread(count_updates, self.metrics, batch)
+
 
 class Fanout:
     """One batch to several sinks, in order; a sink's error stops the fan-out and goes to the bus."""
@@ -109,6 +118,24 @@ class Fanout:
         for sink in self.sinks:
             await sink.consume_feedback(batch)
 
+    async def consume_updates(self, batch: Sequence[TraceUpdate]) -> None:
+        """To the sinks that take updates; the drift windows keep a trace's first version only."""
+        for sink in self.sinks:
+            consume = getattr(sink, "consume_updates", None)
+            if consume is not None:
+                await consume(batch)
+
+
+class ArchiveKeeper:
+    """The span assembler's `SpanKeeper`: the span archive of the store, merged in a worker thread."""
+
+    def __init__(self, archive: SpanArchive) -> None:
+        self.archive = archive
+
+    async def merge(self, groups: Sequence[Sequence[AnySpan]]) -> list[ArchivedTrace]:
+        merged = await asyncio.to_thread(self.archive.merge, groups)
+        return [ArchivedTrace(m.items, m.late, m.duplicates, m.too_late) for m in merged]
+
 
 class Delivered:
     """What the memory bus delivers to: the store sink, then the write-ahead log lets go of what was
@@ -120,7 +147,8 @@ class Delivered:
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
         await self.sinks.consume_traces(batch)
-        self.durable.done(trace_keys(batch))
+        # one end per version: a batch may carry two versions of one trace
+        self.durable.done([(t.tenant, t.trace_id) for t in batch])
 
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
         await self.sinks.consume_feedback(batch)
@@ -129,7 +157,7 @@ class Delivered:
     async def dead_letter(self, records: Sequence[RagTrace | Feedback], error: Exception) -> None:
         """Keep records the store refused for good; once kept, the write-ahead log lets go of them."""
         await self.sinks.dead_letter(records, error)
-        self.durable.done(trace_keys(r for r in records if isinstance(r, RagTrace)))
+        self.durable.done([(r.tenant, r.trace_id) for r in records if isinstance(r, RagTrace)])
         self.durable.done(feedback_keys(r for r in records if isinstance(r, Feedback)))
 
 
@@ -215,9 +243,13 @@ class Pipeline:
         self.estimator = FaithfulnessEstimator(config.judging, self.judgments, self.metrics)
         self.correction = HumanCorrection(config.judging, config.review, self.judgments, self.metrics)
         fanout = Fanout(downstream)
-        self.sinks = StoreSink(self.store, new_traces=fanout, new_feedback=fanout)
+        self.sinks = StoreSink(self.store, new_traces=fanout, new_feedback=fanout, updated_traces=fanout)
         self.outbox_sweep = OutboxSweep(
-            self.store, fanout, self.metrics, feedback_wait_s=config.store.feedback_wait_s
+            self.store,
+            fanout,
+            self.metrics,
+            feedback_wait_s=config.store.feedback_wait_s,
+            updates=self.sinks.fan_out_updates,
         )
         self.distributed = config.bus.kind == "kafka"
         # embedded mode's durable acknowledgement; Kafka mode's is the broker's (acks=all)
@@ -275,13 +307,25 @@ class Pipeline:
         )
         # decodes OTLP bodies (for the receivers) and builds traces (for the assembler)
         self.ingest_pool = IngestPool(config.server.ingest_processes, self.prices, self.metrics)
+        # the spans of flushed traces, so that late ones complete them (service/store/span_archive.py)
+        self.span_archive = SpanArchive(self.store, OtlpSpanCodec(), config.assembler.late_window_s)
+        self.span_expiry = SpanExpiry(
+            self.span_archive,
+            self.store,
+            self.metrics,
+            every_s=min(60.0, config.assembler.late_window_s / 10),
+        )
         self.assembler = SpanAssembler(
             config.assembler,
             next=self.requests,
             build=self.ingest_pool.build_traces,
             metrics=self.metrics,
             ledger=self.durable,
+            keeper=ArchiveKeeper(self.span_archive),
         )
+        if self.durable is not None:
+            # a trace open for long is logged again, so the log's older segments can go
+            self.durable.open_items = self.assembler.open_items  # type: ignore[assignment]
         if self.distributed:
             self._assemble_in_workers(keep)
         self._retention_task: asyncio.Task[None] | None = None
@@ -352,13 +396,17 @@ class Pipeline:
         offsets of a trace's records are committed once it is stored (service/bus/span_offsets.py)."""
         from service.bus.span_offsets import SpanOffsets
 
-        offsets = self.span_offsets = SpanOffsets(self.config.assembler.timeout_s, self.metrics)
+        offsets = self.span_offsets = SpanOffsets(self.metrics)
         reask = ReaskDetector(self.config.regeneration, next=self.sinks)
         self.assembler = SpanAssembler(
             self.config.assembler,
             next=offsets.gate(self._redacted(RequestFilter(reask, self.metrics, keep))),
-            build=offsets.claiming(self.ingest_pool.build_traces),
+            build=self.ingest_pool.build_traces,
             metrics=self.metrics,
+            ledger=offsets,
+            keeper=ArchiveKeeper(self.span_archive),
+            # a worker reading Kafka cannot refuse spans: a full buffer flushes its oldest traces early
+            evict_when_full=True,
         )
 
     def decode(self, value: bytes, headers: Sequence[tuple[str, bytes]]) -> Sequence[AnySpan]:
@@ -439,6 +487,12 @@ class Pipeline:
                 "queued); retry later",
                 retry_after_s=self.config.bus.retry_after_s,
             )
+        if self.assembler.full:
+            raise QueueFull(
+                f"the open-trace buffer is at its bound ({self.assembler.open_spans} spans, "
+                f"{self.assembler.open_bytes} bytes of {self.assembler.open_traces} traces); retry later",
+                retry_after_s=self.config.bus.retry_after_s,
+            )
 
     async def accept_spans(
         self, spans: Sequence[AnySpan], receiver: str, logged: LoggedRequest | None = None
@@ -503,7 +557,8 @@ class Pipeline:
         """Ingest a logged record again (at start, before the receivers open): decoded as when it
         was first accepted, held at its old seq, and never logged a second time."""
         assert self.durable is not None
-        while not self.has_room():  # the log may hold more than the bus takes at once
+        # the log may hold more than the bus (or the open-trace buffer) takes at once
+        while not self.has_room() or self.assembler.full:
             await asyncio.sleep(0.05)
         limit = self.config.server.max_body_bytes
         is_json = record.media_type == "application/json"
@@ -575,8 +630,9 @@ class Pipeline:
         await self.ingest_pool.start()
         if self.durable is not None:
             await self.durable.start(self._replay)
-        if not self.distributed:  # in distributed mode the sinks, and so the sweep, run in `ragmon worker`
+        if not self.distributed:  # in distributed mode the sinks, and so the sweeps, run in `ragmon worker`
             await self.outbox_sweep.start()
+            await self.span_expiry.start()
         self._retention_task = asyncio.create_task(self._retention(), name="retention")
         self.started = True
 
@@ -609,6 +665,7 @@ class Pipeline:
             self._retention_task.cancel()
             self._retention_task = None
         await self.outbox_sweep.stop()
+        await self.span_expiry.stop()
         await self.ingest_pool.stop()
         await self.assembler.stop()
         if self.kafka is not None:
@@ -661,6 +718,8 @@ class Pipeline:
             return False, problem
         if not self.has_room():
             return True, "degraded: backlog at capacity; answering 503 + Retry-After"
+        if self.assembler.full:
+            return True, "degraded: open-trace buffer at its bound; answering 503 + Retry-After"
         return True, "ok"
 
     def alive(self) -> tuple[bool, str]:

@@ -40,8 +40,9 @@ Built-in kinds (all on by default when enabled; `redaction.builtin` picks):
 `redaction.patterns` adds named regexes of your own. Redacting is idempotent: the marks it writes
 are never redacted again (a reviewer's expected chunk ids are the redacted ones they were shown).
 What is *not* covered: the write-ahead log and the Kafka spans topic hold requests as received
-until they are stored (both transient), and the Phoenix tee forwards the raw OTLP request, so the
-configuration refuses redaction together with the tee.
+until they are stored (both transient), the span archive (`trace_spans`) the spans of flushed
+traces as received for `assembler.late_window_s` (transient too), and the Phoenix tee forwards
+the raw OTLP request, so the configuration refuses redaction together with the tee.
 """
 
 from __future__ import annotations

@@ -108,6 +108,8 @@ class ReaskDetector:
         if previous is None or trace.is_regeneration:
             return trace
         previous_at, previous_words, previous_id = previous
+        if previous_id == trace.trace_id:
+            return trace  # a later version of the same trace (its late spans arrived), not a re-ask
         if (trace.tenant, previous_id) in self._regenerated:
             return trace  # counted once already, by the regenerate feedback on the previous answer
         near = jaccard(words, previous_words) >= self.config.similarity

@@ -137,6 +137,7 @@ class Worker:
             # the fan-out a crash or a failed sink left unfinished (service/outbox.py) runs where the
             # sinks run; taken rows are stamped, so sinks workers sweeping together split the work
             await p.outbox_sweep.start()
+            await p.span_expiry.start()
         self.started = True
 
     async def stop(self) -> None:
@@ -144,13 +145,15 @@ class Worker:
         self.started = False
         p = self.pipeline
         await p.outbox_sweep.stop()
+        await p.span_expiry.stop()
         if self.receiver is not None:
             if p.kafka_backlog is not None:
                 await p.kafka_backlog.stop()
             await self.receiver.stop()
             if p.span_offsets is not None:
                 p.span_offsets.close()
-            await p.assembler.stop()  # what is still open is built and dropped, not stored
+            # what is still open is not stored here: it was not committed, the next owner reads it again
+            await p.assembler.abandon()
         await p.sinks.stop()
         if self._drift_started:
             await p.drift.stop()

@@ -11,13 +11,20 @@ from the first record of the oldest trace that was not stored.
 It follows the assembler from the outside, without reading its state:
 
 * `hold(key, partition, offset)` when a record's spans are handed to the
-  assembler. A record for a trace the assembler built less than
-  `late_after_s` (its `timeout_s`) ago is not held: the assembler drops those
-  spans as late, and the store would ignore a second version of the trace.
-* `claiming(build)` wraps the assembler's builder: a build takes every record
-  held for its trace so far (records that arrive later belong to a later
-  version, or are late); a trace that could not be built releases them at
-  once (retrying cannot help: it was counted as an assembly failure).
+  assembler. Every record is held, also one for a trace built and stored
+  minutes ago: its spans complete that trace (service/assemble.py), and the
+  record is done only once the fuller version is stored.
+* `taken(keys)` when the assembler takes a trace for a flush (it is the
+  assembler's `DropLedger`): the records held for it so far belong to that
+  version (records that arrive later belong to a later one); `done(keys)` when
+  it dropped the trace (too late to be completed, or its build failed: retrying
+  cannot help, it was counted) releases them at once.
+
+A trace stays open while its spans keep coming, at most
+`assembler.max_age_s`; so does the lowest held offset of its partition, and
+a worker that restarts reads again from there: every trace it builds again
+is merged with what the span archive kept (nothing new: the store keeps the
+stored version, and nothing is counted twice).
 * `gate(next)` sits between the assembler and the sinks: once the sinks
   returned for a batch, its traces' records are released. A `RetryableError`
   (the store is down) is retried with backoff until it passes, holding up the
@@ -38,12 +45,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 
 from service.consumer import TraceConsumer
-from service.conventions.spans import AnySpan
 from service.errors import RetryableError
 from service.metrics import Metrics
 from service.model import RagTrace
@@ -54,11 +59,7 @@ log = logging.getLogger(__name__)
 
 TraceKey = tuple[str, str]  # (tenant, trace_id)
 Partition = tuple[str, int]  # (topic, partition)
-Groups = Sequence[tuple[Sequence[AnySpan], bool]]
-Builder = Callable[[Groups], Awaitable[list[RagTrace | None]]]
 
-# Traces remembered as built, to recognise late records: as many as the assembler remembers.
-_RECENT_LIMIT = 200_000
 _MIN_BACKOFF_S = 0.1
 _MAX_BACKOFF_S = 5.0
 
@@ -120,16 +121,12 @@ class _Gate:
 class SpanOffsets:
     """Held offsets of the spans topic per partition and trace; see the module docstring."""
 
-    def __init__(
-        self, late_after_s: float, metrics: Metrics, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.late_after_s = late_after_s
+    def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self.clock = clock
         self._held: dict[Partition, _Held] = {}
         self._open: dict[TraceKey, list[tuple[Partition, int]]] = {}  # held, not yet taken by a build
-        self._claimed: dict[TraceKey, list[tuple[Partition, int]]] = {}  # taken by a build, not stored
-        self._built: OrderedDict[TraceKey, float] = OrderedDict()  # when its last build started
+        # per version taken by the assembler, oldest first: the records it carries, not stored yet
+        self._claimed: dict[TraceKey, deque[list[tuple[Partition, int]]]] = {}
         self._disowned: set[TraceKey] = set()
         self._closed = False
 
@@ -141,9 +138,6 @@ class SpanOffsets:
     def hold(self, key: TraceKey, partition: Partition, offset: int) -> None:
         """A record of `key`'s spans at `offset` goes to the assembler now."""
         self._disowned.discard(key)  # read again after a rebalance gave the partition back
-        built_at = self._built.get(key)
-        if built_at is not None and self.clock() - built_at < self.late_after_s and key not in self._open:
-            return  # late: the assembler drops these spans, and the trace is stored or on its way
         held = self._held.setdefault(partition, _Held())
         if held.add(offset):
             self._open.setdefault(key, []).append((partition, offset))
@@ -154,22 +148,29 @@ class SpanOffsets:
         lowest = held.lowest() if held is not None else None
         return next_offset if lowest is None else min(lowest, next_offset)
 
-    def _claim(self, key: TraceKey) -> None:
-        records = self._open.pop(key, None)
-        if records:
-            self._claimed.setdefault(key, []).extend(records)
-        self._built[key] = self.clock()
-        self._built.move_to_end(key)
-        while len(self._built) > _RECENT_LIMIT:
-            self._built.popitem(last=False)
+    def taken(self, keys: Iterable[TraceKey]) -> None:
+        """The assembler took these traces for a flush (`DropLedger`): the records held for each so far
+        belong to that version; records that come later belong to the next one."""
+        for key in keys:
+            self._claimed.setdefault(key, deque()).append(self._open.pop(key, []))
+
+    def done(self, keys: Iterable[TraceKey]) -> None:
+        """The assembler dropped these traces for good (too late, or their build failed)."""
+        self.release(keys)
 
     def release(self, keys: Iterable[TraceKey]) -> None:
-        """The traces of `keys` are stored or refused for good: their claimed records are done."""
+        """The oldest version of each trace of `keys` (a key given twice: two versions) is stored or
+        refused for good: its records are done."""
         for key in keys:
-            for partition, offset in self._claimed.pop(key, ()):
+            versions = self._claimed.get(key)
+            if not versions:
+                continue
+            for partition, offset in versions.popleft():
                 held = self._held.get(partition)
                 if held is not None:
                     held.live.discard(offset)
+            if not versions:
+                del self._claimed[key]
 
     def _dropped(self, key: TraceKey, forget: bool = True) -> bool:
         """Whether a trace handed on must not be stored here (its partition went elsewhere, or this
@@ -187,10 +188,14 @@ class SpanOffsets:
         gone = set(partitions)
         if not gone:
             return
-        for table in (self._open, self._claimed):
-            for key in [k for k, records in table.items() if any(p in gone for p, _ in records)]:
-                del table[key]
-                self._disowned.add(key)
+        for key in [k for k, records in self._open.items() if any(p in gone for p, _ in records)]:
+            del self._open[key]
+            self._disowned.add(key)
+        for key in [
+            k for k, versions in self._claimed.items() if any(p in gone for v in versions for p, _ in v)
+        ]:
+            del self._claimed[key]
+            self._disowned.add(key)
         for partition in gone:
             self._held.pop(partition, None)
 
@@ -198,23 +203,6 @@ class SpanOffsets:
         """The worker is stopping: nothing handed on from now is stored (it was not committed, so
         the partitions' next owner assembles it again)."""
         self._closed = True
-
-    def claiming(self, build: Builder) -> Builder:
-        """`build` that first takes the held records of each group's trace (see the module docstring)."""
-
-        async def build_claimed(groups: Groups) -> list[RagTrace | None]:
-            keys = [(spans[0].tenant, spans[0].trace_id) for spans, _ in groups]
-            for key in keys:
-                self._claim(key)
-            built = await build(groups)
-            failed = [key for key, trace in zip(keys, built, strict=True) if trace is None]
-            for key, trace in zip(keys, built, strict=True):
-                if trace is not None and (trace.tenant, trace.trace_id) != key:
-                    failed.append(key)  # cannot happen with build_trace; never hold a record for good
-            self.release(failed)
-            return built
-
-        return build_claimed
 
     def gate(self, next: TraceConsumer) -> TraceConsumer:
         """The consumer to put between the assembler and the sinks."""

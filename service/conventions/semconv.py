@@ -417,6 +417,14 @@ def _ancestors(span: Span, by_id: dict[str, Span]) -> list[Span]:
     return chain
 
 
+def _revision(items: Sequence[Span | LogEvent]) -> int:
+    """How many distinct spans (by span id) and events (by span, name and time) a trace is built
+    from: a later version of the trace with more of them replaces the stored one."""
+    spans = {item.span_id for item in items if isinstance(item, Span)}
+    events = {(item.span_id, item.name, item.time_ns) for item in items if isinstance(item, LogEvent)}
+    return len(spans) + len(events)
+
+
 def _joined(spans: Sequence[Span | LogEvent]) -> list[Span]:
     """The spans with each `LogEvent` added to its span's events (by span id, in time order).
 
@@ -698,6 +706,7 @@ def build_trace(
             or _meta_text(meta, "probe_question_id"),
             "partial": partial,
             "span_count": len(by_start),
+            "revision": _revision(spans),
             "kind": _kind(of_stage, query, answer),
         }
     )

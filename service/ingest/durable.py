@@ -2,23 +2,37 @@
 
 A receiver's request is logged (`log`) before it is answered; the keys it
 brought are held in the ledger at its log seq. The assembler, the request
-filter and the bus delivery tell this object what reached an end (`late`,
-`done`), a checkpoint every `wal.checkpoint_s` deletes the log segments below
-the watermark, and `start` hands every record a crash left back to the
-pipeline (`replay`) before the receivers open. See wal.py and ledger.py for
-the guarantees of each half.
+filter and the bus delivery tell this object what was taken for a version of
+a trace and what reached an end (`taken`, `done`), a checkpoint every
+`wal.checkpoint_s` deletes the log segments below the watermark, and `start`
+hands every record a crash left back to the pipeline (`replay`) before the
+receivers open. See wal.py and ledger.py for the guarantees of each half.
+
+A trace open for long (an agent at work, an LLM call streaming for minutes)
+would keep every segment from its first request on: the watermark is the
+oldest request still held. So a checkpoint also logs again, as one record,
+the buffered spans of each trace still open `wal.relog_after_s` after its
+oldest logged request (`open_items` reads them from the span assembler) and
+holds the trace at that record instead: a crash then replays that record,
+and the older segments can go. Reading the trace's holds and its spans
+happens at one moment of the event loop, so they describe the same spans.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 from service.config import WalConfig
+from service.conventions.spans import AnySpan
+from service.errors import RetryableError
+from service.ingest import span_records
 from service.ingest.ledger import AckLedger, Key
-from service.ingest.wal import LoggedRequest, WriteAheadLog
+from service.ingest.wal import LoggedRequest, RequestKind, WriteAheadLog
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 
@@ -27,6 +41,7 @@ __all__ = ["DurableAcks"]
 log = logging.getLogger(__name__)
 
 Replay = Callable[[LoggedRequest], Awaitable[None]]
+_NO_LIMIT = 1 << 62  # one record carries a whole open trace
 
 
 class DurableAcks:
@@ -54,6 +69,9 @@ class DurableAcks:
             retry_after_s=retry_after_s,
         )
         self.ledger = AckLedger()
+        # the buffered spans of an open trace, for logging them again (set by the pipeline)
+        self.open_items: Callable[[Key], Sequence[AnySpan] | None] | None = None
+        self._seq_at: deque[tuple[float, int]] = deque()  # (monotonic time, next seq) per checkpoint
         self._checkpoints: asyncio.Task[None] | None = None
         self._fsyncs_counted = 0
         metrics.state.add("ragmon_wal_bytes", "bytes in the write-ahead log", lambda: self.wal.size_bytes)
@@ -73,8 +91,8 @@ class DurableAcks:
         """Hold the keys of a replayed record at its old seq."""
         self.ledger.hold(keys, seq)
 
-    def late(self, key: Key) -> None:
-        self.ledger.late(key)
+    def taken(self, keys: Iterable[Key]) -> None:
+        self.ledger.taken(keys)
 
     def done(self, keys: Iterable[Key]) -> None:
         self.ledger.done(keys)
@@ -134,9 +152,43 @@ class DurableAcks:
         while True:
             await asyncio.sleep(self.config.checkpoint_s)
             try:
+                await self.relog_open(time.monotonic())
                 await self._checkpoint()
-            except OSError:
+            except (OSError, RetryableError):
                 log.exception("write-ahead log checkpoint failed; retrying")
+
+    async def relog_open(self, now: float) -> int:
+        """Log again the spans of traces still open `relog_after_s` after their oldest logged request;
+        returns how many traces were. See the module docstring."""
+        self._seq_at.append((now, self.wal.next_seq))
+        before = now - self.config.relog_after_s
+        threshold = -1
+        while self._seq_at and self._seq_at[0][0] <= before:
+            threshold = self._seq_at.popleft()[1]  # every request below it is older than that
+        if threshold < 0 or self.open_items is None:
+            return 0
+        self._seq_at.appendleft((before, threshold))
+        relogged = 0
+        for key in self.ledger.open_below(threshold):
+            # at one moment of the loop: the requests not taken yet and the spans they brought
+            old, items = self.ledger.open_holds(key), self.open_items(key)
+            if not old or not items:
+                continue
+            seqs = []
+            for record in span_records.encode(items, _NO_LIMIT):
+                kind: RequestKind = (
+                    "otlp_logs" if dict(record.headers)["ragmon-kind"] == b"logs" else "otlp_traces"
+                )
+                request = LoggedRequest(
+                    kind, items[0].tenant, record.value, media_type="application/x-protobuf", receiver="relog"
+                )
+                # also when the log is full: this record is what lets its older segments go
+                seqs.append(await self.wal.append(request, over_max=True))
+            if self.ledger.rehold(key, old, seqs):
+                relogged += 1
+        if relogged:
+            self.metrics.wal_relogged.inc(relogged)
+        return relogged
 
     async def stop(self) -> None:
         """After the pipeline drained: a last checkpoint, then close the log. Safe twice."""

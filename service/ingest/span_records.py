@@ -37,7 +37,7 @@ from service.errors import DecodeError, PayloadTooLarge
 from service.ingest import otlp, otlp_logs
 from service.ingest.otlp_encode import event_bytes, resource_bytes, span_bytes
 
-__all__ = ["FORMAT", "SpanRecord", "decode", "encode"]
+__all__ = ["FORMAT", "SpanRecord", "decode", "encode", "item_bytes"]
 
 FORMAT = b"otlp-protobuf-1"
 _SPANS, _LOGS = b"spans", b"logs"
@@ -81,6 +81,11 @@ def _item(span: AnySpan) -> tuple[bytes, Attributes]:
     if isinstance(span, LogEvent):
         return event_bytes(span), span.resource
     return span_bytes(span), span.resource
+
+
+def item_bytes(span: AnySpan) -> bytes:
+    """The wire bytes of one span (an OTLP `Span`) or event (a `LogRecord`), as `encode` writes them."""
+    return _item(span)[0]
 
 
 def _value(items: Sequence[tuple[bytes, Attributes]], resources: dict[int, bytes]) -> bytes:

@@ -219,10 +219,11 @@ class WriteAheadLog:
     def segments(self) -> int:
         return len(self._closed) + (self._active is not None)
 
-    async def append(self, request: LoggedRequest) -> int:
+    async def append(self, request: LoggedRequest, *, over_max: bool = False) -> int:
         """Log `request`; returns its seq once it is on disk (fsynced). Raises `WalFull` or
-        `WalUnavailable`, and then nothing of it counts as logged."""
-        if self.size_bytes >= self.max_bytes:
+        `WalUnavailable`, and then nothing of it counts as logged. `over_max`: past `max_bytes` too
+        (a record that lets older ones go: an open trace logged again)."""
+        if self.size_bytes >= self.max_bytes and not over_max:
             raise WalFull(
                 f"the write-ahead log holds {self.size_bytes} bytes not yet stored (limit {self.max_bytes}); "
                 "retry later",

@@ -35,76 +35,29 @@ from sampler import (
     TraceSummary,
     estimate_cells_by,
 )
-from sampler.queue import Admission, QueueRecord
+from sampler.queue import Admission, ItemKey, QueueRecord
 from service.config import JudgingConfig
+from service.corrections import TraceUpdate, judged_digest
 from service.errors import JudgeUnavailable, StoreUnavailable
 from service.judge.judgment import Judge, Judgment
 from service.judge.store import JudgmentStore, Reading
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
-from service.model import Chunk, Feedback, QueryEmbedding, RagTrace, Retrieval, Timings
+from service.model import Feedback, RagTrace
+from service.store.tables import rag_trace_from_record
 from service.store.trace_store import Store
+
+__all__ = [
+    "FaithfulnessEstimator",
+    "JudgeQueueSink",
+    "JudgeWorker",
+    "rag_trace_from_record",
+    "summary_from_record",
+]
 
 log = logging.getLogger(__name__)
 
 _EXPIRY_EVERY_S = 10.0
-
-
-def rag_trace_from_record(record: dict[str, Any]) -> RagTrace:
-    """Rebuild the `RagTrace` a judge needs from a stored record (query, answer, context, identity).
-
-    The query vector is not stored, so `query_embedding` carries only its model
-    and no vector; everything the judge reads is there.
-    """
-    context = record.get("context") or {}
-
-    def chunks(key: str) -> tuple[Chunk, ...]:
-        return tuple(
-            Chunk(
-                id=c["id"],
-                rank=c.get("rank", i),
-                score=c.get("score"),
-                content=c.get("content"),
-                metadata=c.get("metadata"),
-            )
-            for i, c in enumerate(context.get(key) or [])
-        )
-
-    flags = record.get("flags", {})
-    embedding = context.get("query_embedding")
-    return RagTrace(
-        trace_id=record["trace_id"],
-        tenant=record["tenant"],
-        app=record["app"],
-        release=record.get("release"),
-        intent=record.get("intent"),
-        session_id=record.get("session_id"),
-        user_hash=record.get("user_hash"),
-        start_time=datetime.fromisoformat(record["start_time"]),
-        query=record.get("query"),
-        query_embedding=None
-        if not embedding
-        else QueryEmbedding(model=embedding.get("model"), vector=(0.0,)),
-        retrieval=Retrieval(
-            retriever=context.get("retriever"),
-            k=context.get("k"),
-            chunks=chunks("chunks"),
-            filter=context.get("filter"),
-            excluded_ids=tuple(context.get("excluded_ids") or ()),
-            reranker_input=chunks("reranker_input"),
-            reranker_output=chunks("reranker_output"),
-        ),
-        answer=record.get("answer"),
-        cited_chunk_ids=tuple(context.get("cited_chunk_ids") or ()),
-        timings=Timings(**record.get("timings", {})),
-        is_regeneration=bool(flags.get("is_regeneration")),
-        regeneration_source=flags.get("regeneration_source"),
-        probe_run_id=flags.get("probe_run_id"),
-        probe_question_id=flags.get("probe_question_id"),
-        partial=bool(flags.get("partial")),
-        span_count=record.get("span_count", 0),
-        source=record.get("source", "otlp"),
-    )
 
 
 def summary_from_record(record: dict[str, Any]) -> TraceSummary:
@@ -157,6 +110,37 @@ class JudgeQueueSink:
         # waiting for tens of milliseconds (bench/RESULTS.md, p99)
         await asyncio.to_thread(self._select_and_enqueue, batch)
 
+    async def consume_updates(self, batch: Sequence[TraceUpdate]) -> None:
+        """A later version of stored traces: a judged trace whose judged content changed (its answer
+        arrived late) is judged again; the sampler reconsiders the trace with its new strata."""
+
+        def reconsider() -> None:
+            known = self.store.feedback_for([(u.trace.tenant, u.trace.trace_id) for u in batch])
+            items = []
+            for update in batch:
+                feedback = known.get((update.trace.tenant, update.trace.trace_id), [])
+                # the version as decided first: its app, release and intent label the sample
+                after = replace(
+                    TraceSummary.of(update.trace, feedback),
+                    app=update.before.app,
+                    release=update.before.release,
+                    intent=update.before.intent,
+                )
+                item = self.sampler.on_update(_summary_before(update, feedback), after)
+                if item is not None:
+                    items.append(item)
+            self._enqueue(items)
+            changed = [
+                ItemKey(u.trace.tenant, u.trace.trace_id, self.sampler.judge_version)
+                for u in batch
+                if u.before.judged != judged_digest(u.trace)
+            ]
+            requeued = self.queue.rejudge(changed)
+            if requeued:
+                self.metrics.judge_rejudged.inc(len(requeued))
+
+        await asyncio.to_thread(reconsider)
+
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
         relevant = [f for f in batch if f.kind in ("down", "regenerate")]
         if not relevant:
@@ -175,6 +159,25 @@ class JudgeQueueSink:
             self._enqueue(items)
 
         await asyncio.to_thread(reconsider)
+
+
+def _summary_before(update: TraceUpdate, feedback: Sequence[Feedback]) -> TraceSummary:
+    """The sampler's view of a trace as it was decided: the counted version's facts, its feedback."""
+    before, trace = update.before, update.trace
+    summary = TraceSummary(
+        trace_id=trace.trace_id,
+        tenant=trace.tenant,
+        app=before.app,
+        start_time=trace.start_time,
+        release=before.release,
+        intent=before.intent,
+        top1_score=before.top1_score,
+        is_regeneration=before.regeneration,
+        is_probe=before.probe,
+    )
+    for event in feedback:
+        summary = summary.with_feedback(event)
+    return summary
 
 
 def _without(record: dict[str, Any], event: Feedback) -> TraceSummary:
@@ -288,7 +291,9 @@ class JudgeWorker:
                 refund=True,
             )
             return
-        judgment = judgment.model_copy(update={"app": trace.app, "tenant": trace.tenant})
+        judgment = judgment.model_copy(
+            update={"app": trace.app, "tenant": trace.tenant, "trace_revision": trace.revision}
+        )
         new, new_flags = await asyncio.to_thread(self.judgments.save, judgment, self.config.flag_threshold)
         if new:
             self._count(judgment, record)
@@ -300,6 +305,20 @@ class JudgeWorker:
             # before completing: if the hook fails, the redelivered item runs it again (it is idempotent)
             await self.after_judgment(judgment)
         await asyncio.to_thread(self.queue.complete, key)
+        await self._judge_again_if_changed(key, trace)
+
+    async def _judge_again_if_changed(self, key: ItemKey, judged: RagTrace) -> None:
+        """A later version of the trace stored while it was being judged (its answer arrived late):
+        queue it again. Checked after completing, and the update's fan-out queues judged items
+        again after its commit, so an update is never missed between the two."""
+        stored = await asyncio.to_thread(self.store.get_trace, key.tenant, key.trace_id)
+        if stored is None:
+            return
+        current = rag_trace_from_record(stored)
+        if current.revision > judged.revision and judged_digest(current) != judged_digest(judged):
+            requeued = await asyncio.to_thread(self.queue.rejudge, [key])
+            if requeued:
+                self.metrics.judge_rejudged.inc(len(requeued))
 
     async def _expire_deferred(self) -> None:
         """End the deferrals older than `max_deferral_s` (at most every `_EXPIRY_EVERY_S`), counted."""

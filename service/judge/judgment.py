@@ -184,6 +184,12 @@ class Judgment(BaseModel):
         default=0.0, ge=0, description="wall time of the whole judgment, backoff included"
     )
     judged_at: datetime
+    trace_revision: int = Field(
+        default=0,
+        ge=0,
+        description="the revision of the trace version judged: a judgment of a later version (its "
+        "answer arrived late) replaces this one",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> Self:

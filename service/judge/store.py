@@ -142,7 +142,12 @@ class JudgmentStore:
         return dialect.insert(table)
 
     def save(self, judgment: Judgment, flag_threshold: float) -> tuple[bool, list[Flag]]:
-        """Store a judgment and its flags; returns (was it new, the flags that were new)."""
+        """Store a judgment and its flags; returns (was it stored, the flags that were new).
+
+        One judgment per (tenant, trace_id, judge_version): a judgment of the same trace revision
+        again changes nothing (False); one of a later revision (the trace was completed by its late
+        spans and judged again) replaces it, and the flags of the one replaced that the new one does
+        not raise go with it."""
         if judgment.judged_at.tzinfo is None:
             raise ValueError("judged_at must be timezone-aware")
         row = {
@@ -168,8 +173,35 @@ class JudgmentStore:
             inserted = conn.execute(
                 self._insert(judgments).values(row).on_conflict_do_nothing().returning(judgments.c.trace_id)
             ).first()
-            new_flags = [flag for flag in raised if self._add_flag(conn, flag, now)]
-        return inserted is not None, new_flags
+            stored = inserted is not None or self._replaced(conn, judgment, row, raised)
+            new_flags = [flag for flag in raised if self._add_flag(conn, flag, now)] if stored else []
+        return stored, new_flags
+
+    def _replaced(
+        self, conn: Connection, judgment: Judgment, row: dict[str, Any], raised: list[Flag]
+    ) -> bool:
+        """Replace the stored judgment of this key when `judgment` is of a later trace revision."""
+        j = judgments.c
+        key = (
+            j.tenant == judgment.tenant,
+            j.trace_id == judgment.trace_id,
+            j.judge_version == judgment.judge_version,
+        )
+        record = conn.execute(sa.select(j.record).where(*key).with_for_update()).scalar_one_or_none()
+        if record is None:
+            return False
+        if int(json.loads(record).get("trace_revision") or 0) >= judgment.trace_revision:
+            return False
+        conn.execute(sa.update(judgments).where(*key).values(row))
+        conn.execute(
+            sa.delete(flags).where(
+                flags.c.tenant == judgment.tenant,
+                flags.c.trace_id == judgment.trace_id,
+                flags.c.judge_version == judgment.judge_version,
+                flags.c.reason.not_in([f.reason for f in raised]),
+            )
+        )
+        return True
 
     def _add_flag(self, conn: Connection, flag: Flag, now: datetime) -> bool:
         result = conn.execute(

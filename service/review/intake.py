@@ -23,6 +23,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 
 from service.config import ReviewConfig
+from service.corrections import TraceUpdate
 from service.judge.judgment import Judgment
 from service.judge.store import flags_for
 from service.model import Feedback, RagTrace
@@ -109,6 +110,10 @@ class ReviewIntake:
         ]
         if entries:
             await asyncio.to_thread(self.store.add, entries)
+
+    async def consume_updates(self, batch: Sequence[TraceUpdate]) -> None:
+        """A later version may bring a regeneration flag (its root span carried it): intake is by key."""
+        await self.consume_traces([u.trace for u in batch])
 
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
         entries = []

@@ -5,6 +5,9 @@ queries filter or show; the bulky part of a trace (chunk contents, reranker
 lists, per-model usage) sits in `trace_contexts`, which only single-trace reads
 load. `feedback` rows are keyed by (tenant, event_id) and join traces by
 (tenant, trace_id) at read time, so feedback may arrive before its trace.
+`trace_spans` keeps the spans of flushed traces for their late window, so
+that late spans complete them (span_archive.py); `trace_counted` what was
+counted for a trace a later version replaced (trace_updates.py).
 `dead_letters` keeps the records a sink refused for good (the bus's safety
 net, `service/bus/memory.py`), one row per (tenant, kind, record id), with the
 error and the record as JSON, both bounded.
@@ -33,7 +36,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect, RowMapping
 
-from service.model import Chunk, Feedback, RagTrace
+from service.model import Chunk, Feedback, ModelUsage, QueryEmbedding, RagTrace, Retrieval, Timings
 
 __all__ = [
     "MAX_DEAD_LETTER_ERROR_CHARS",
@@ -51,13 +54,16 @@ __all__ = [
     "metadata",
     "non_request_row",
     "non_request_traces",
+    "rag_trace_from_record",
     "schema_version",
     "storable_text",
     "to_utc",
     "trace_context",
     "trace_contexts",
+    "trace_counted",
     "trace_record",
     "trace_row",
+    "trace_spans",
     "traces",
 ]
 
@@ -239,6 +245,39 @@ fanout_outbox = sa.Table(
     sa.Index("ix_fanout_outbox_created_at", "created_at"),
 )
 
+# The spans of each trace the span assembler flushed, for `assembler.late_window_s` after its first
+# flush: spans that arrive later complete the trace from here (service/store/span_archive.py), in
+# whichever process they arrive. `spans` holds OTLP ExportTraceServiceRequest messages and `events`
+# ExportLogsServiceRequest messages, each appended to (a concatenation of such messages is one
+# message); both become NULL and `expired` true once the window closed: a span for the trace that
+# comes later still is dropped and counted. The row goes with the trace's retention.
+trace_spans = sa.Table(
+    "trace_spans",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("trace_id", sa.String(32), primary_key=True),
+    sa.Column("spans", sa.LargeBinary),
+    sa.Column("events", sa.LargeBinary),
+    sa.Column("items", sa.Integer, nullable=False),  # distinct spans and events kept
+    sa.Column("first_flushed_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Column("expired", sa.Boolean, nullable=False),
+    sa.Index("ix_trace_spans_first_flushed_at", "first_flushed_at"),
+)
+
+# What the fan-out after the store counted for a trace that a later version replaced
+# (`service.corrections.Counted` as JSON): the baseline its corrections are made against. Written
+# when a stored trace is first updated, rewritten by every update's fan-out.
+trace_counted = sa.Table(
+    "trace_counted",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("trace_id", sa.String(32), primary_key=True),
+    sa.Column("counted", sa.Text, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Index("ix_trace_counted_updated_at", "updated_at"),
+)
+
 # Records a sink refused for good. `id` orders them (newest last) and pages the read API; a record
 # refused again (a redelivery, a client resending it) keeps its first row.
 dead_letters = sa.Table(
@@ -384,6 +423,8 @@ def trace_context(trace: RagTrace) -> dict[str, Any]:
     retrieval = trace.retrieval
     embedding = trace.query_embedding
     return {
+        # which version of the trace this is: a later one built from more spans replaces it
+        "revision": trace.revision,
         "retriever": _text(retrieval.retriever),
         "k": retrieval.k,
         "filter": _text(retrieval.filter),
@@ -504,6 +545,76 @@ def trace_record(
     if feedback is not None:
         record["feedback"] = [feedback_record(f) for f in feedback]
     return record
+
+
+def rag_trace_from_record(record: dict[str, Any]) -> RagTrace:
+    """Rebuild a `RagTrace` from a stored record (`trace_record` with its context): what a judge
+    reads (query, answer, context, identity), its timings, usage and revision.
+
+    The query vector is not stored, so `query_embedding` carries only its model
+    and no vector.
+    """
+    context = record.get("context") or {}
+
+    def chunks(key: str) -> tuple[Chunk, ...]:
+        return tuple(
+            Chunk(
+                id=c["id"],
+                rank=c.get("rank", i),
+                score=c.get("score"),
+                content=c.get("content"),
+                metadata=c.get("metadata"),
+            )
+            for i, c in enumerate(context.get(key) or [])
+        )
+
+    flags = record.get("flags", {})
+    embedding = context.get("query_embedding")
+    return RagTrace(
+        trace_id=record["trace_id"],
+        tenant=record["tenant"],
+        app=record["app"],
+        release=record.get("release"),
+        intent=record.get("intent"),
+        session_id=record.get("session_id"),
+        user_hash=record.get("user_hash"),
+        start_time=datetime.fromisoformat(record["start_time"]),
+        query=record.get("query"),
+        query_embedding=None
+        if not embedding
+        else QueryEmbedding(model=embedding.get("model"), vector=(0.0,)),
+        retrieval=Retrieval(
+            retriever=context.get("retriever"),
+            k=context.get("k"),
+            chunks=chunks("chunks"),
+            filter=context.get("filter"),
+            excluded_ids=tuple(context.get("excluded_ids") or ()),
+            reranker_input=chunks("reranker_input"),
+            reranker_output=chunks("reranker_output"),
+        ),
+        answer=record.get("answer"),
+        cited_chunk_ids=tuple(context.get("cited_chunk_ids") or ()),
+        timings=Timings(**record.get("timings", {})),
+        usage=tuple(
+            ModelUsage(
+                model=u["model"],
+                kind=u.get("kind", "llm"),
+                input_tokens=u.get("input_tokens", 0),
+                output_tokens=u.get("output_tokens", 0),
+                cost_usd=u.get("cost_usd"),
+                cost_source=u.get("cost_source", "unpriced"),
+            )
+            for u in context.get("usage") or ()
+        ),
+        is_regeneration=bool(flags.get("is_regeneration")),
+        regeneration_source=flags.get("regeneration_source"),
+        probe_run_id=flags.get("probe_run_id"),
+        probe_question_id=flags.get("probe_question_id"),
+        partial=bool(flags.get("partial")),
+        span_count=record.get("span_count", 0),
+        revision=context.get("revision", 0),
+        source=record.get("source", "otlp"),
+    )
 
 
 # ---------------------------------------------------------------- dead letters

@@ -9,7 +9,9 @@ Guarantees every method keeps:
 
 * Idempotent writes: a trace is stored once per (tenant, trace_id) and a
   feedback event once per (tenant, event_id) (`INSERT ... ON CONFLICT DO
-  NOTHING`); the first delivered version wins. Each batch is one transaction:
+  NOTHING`). A stored trace is replaced only by a version of it with a
+  higher `RagTrace.revision` (its late spans arrived: trace_updates.py);
+  a redelivery, or an older version that arrives last, changes nothing. Each batch is one transaction:
   all of it is written, or none. New traces take a faster road to the same
   rows (service/store/row_insert.py says why): on SQLite the batch's stored
   keys are read under the write lock and only the others inserted, by plain
@@ -51,6 +53,7 @@ import math
 import os
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
@@ -64,8 +67,10 @@ from sqlalchemy.schema import CreateTable
 
 from service.config import masked_url
 from service.consumer import FeedbackConsumer, TraceConsumer
+from service.corrections import Counted, TraceUpdate, UpdateConsumer
 from service.errors import InvalidInput, StoreUnavailable
 from service.model import Feedback, FeedbackKind, RagTrace
+from service.store import trace_updates
 from service.store.row_insert import CopyRows, PlainInsert
 from service.store.tables import (
     SCHEMA_VERSION,
@@ -78,17 +83,29 @@ from service.store.tables import (
     metadata,
     non_request_row,
     non_request_traces,
+    rag_trace_from_record,
     schema_version,
     storable_text,
     to_utc,
     trace_context,
     trace_contexts,
+    trace_counted,
     trace_record,
     trace_row,
+    trace_spans,
     traces,
 )
+from service.store.trace_updates import FanoutState
 
-__all__ = ["MAX_PAGE_SIZE", "Store", "StoreSink", "TraceFilters", "decode_cursor", "encode_cursor"]
+__all__ = [
+    "MAX_PAGE_SIZE",
+    "Store",
+    "StoreSink",
+    "StoredTraces",
+    "TraceFilters",
+    "decode_cursor",
+    "encode_cursor",
+]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +134,14 @@ def transaction(engine: Engine, *, writes: bool = False) -> Iterator[Connection]
             conn.execution_options(**{WRITES_OPTION: True})
         with conn.begin():
             yield conn
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTraces:
+    """What `Store.store_traces` did: the ids of the new traces, the keys of the replaced ones."""
+
+    new: list[str]
+    updated: list[tuple[str, str]]
 
 
 class TraceFilters(TypedDict, total=False):
@@ -581,20 +606,108 @@ class Store:
         not stored before; a redelivered trace changes nothing and is left out,
         so the same batch twice returns [] the second time. With `outbox`, each
         new trace also gets a `fanout_outbox` row in the same transaction.
+        A stored trace is replaced by a version of higher revision (`store_traces`).
         """
+        return self.store_traces(batch, outbox=outbox).new
+
+    def store_traces(self, batch: Sequence[RagTrace], *, outbox: bool = False) -> StoredTraces:
+        """Store a batch of traces in one transaction: new ones are inserted, and a stored trace is
+        replaced by a fuller version of it (a higher `revision`: its late spans arrived;
+        service/store/trace_updates.py). Returns the new trace ids (batch order, as `insert_traces`)
+        and the (tenant, trace_id) of the replaced ones. With `outbox`, each new trace gets a
+        `fanout_outbox` row of kind `trace` and each replaced one a row of kind `update`."""
         if not batch:
-            return []
+            return StoredTraces([], [])
         created_at = datetime.now(UTC)
         pending: dict[tuple[str, str], RagTrace] = {}
         for trace in batch:
-            pending.setdefault((storable_text(trace.tenant), trace.trace_id), trace)
+            key = (storable_text(trace.tenant), trace.trace_id)
+            seen = pending.get(key)
+            if seen is None or trace.revision > seen.revision:
+                pending[key] = trace
         with self._write("insert traces") as conn:
             new = self._insert_new_traces(conn, pending, created_at)
             for tenant, keys in keys_by_group(new):
                 conn.execute(_MARK_FEEDBACK_REGENERATIONS, {"for_tenant": tenant, "keys": keys})
             if outbox and new:
                 self._outbox_add(conn, "trace", new, created_at)
-        return [trace_id for (tenant, trace_id) in pending if (tenant, trace_id) in new]
+            stored = {k: t for k, t in pending.items() if k not in new and t.revision > 0}
+            updated = (
+                trace_updates.replace_stored(conn, self._dialect_module, stored, created_at, outbox=outbox)
+                if stored
+                else []
+            )
+        return StoredTraces(
+            [trace_id for (tenant, trace_id) in pending if (tenant, trace_id) in new], updated
+        )
+
+    @property
+    def _dialect_module(self) -> Any:
+        return postgresql if self.dialect == "postgresql" else sqlite
+
+    def fanout_state(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], FanoutState]:
+        """Where the fan-out of these stored traces stands (service/store/trace_updates.py)."""
+        with self._read("read the fan-out state") as conn:
+            return trace_updates.fanout_state(conn, keys)
+
+    def finish_new(self, fanned: Sequence[RagTrace]) -> None:
+        """The first fan-out of these traces returned: their outbox rows go (`trace_updates.finish_new`)."""
+        if fanned:
+            with self._write("finish the fan-out of new traces") as conn:
+                trace_updates.finish_new(conn, self._dialect_module, fanned, datetime.now(UTC))
+
+    def finish_updates(self, done: Sequence[tuple[tuple[str, str], datetime, str]]) -> None:
+        """The fan-out of these updates returned (`trace_updates.finish_updates`)."""
+        if done:
+            with self._write("finish the fan-out of updated traces") as conn:
+                trace_updates.finish_updates(conn, self._dialect_module, done, datetime.now(UTC))
+
+    def stored_partial(self, keys: Iterable[tuple[str, str]]) -> list[RagTrace]:
+        """The stored traces among `keys` that are partial (no root span), as records."""
+        found: list[RagTrace] = []
+        with self._read("read partial traces") as conn:
+            for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
+                rows = conn.execute(
+                    sa.select(traces, trace_contexts.c.context)
+                    .select_from(
+                        traces.outerjoin(
+                            trace_contexts,
+                            sa.and_(
+                                trace_contexts.c.tenant == traces.c.tenant,
+                                trace_contexts.c.trace_id == traces.c.trace_id,
+                            ),
+                        )
+                    )
+                    .where(
+                        traces.c.tenant == tenant, traces.c.trace_id.in_(ids), traces.c.partial == sa.true()
+                    )
+                ).mappings()
+                for row in rows:
+                    found.append(rag_trace_from_record(trace_record(row, context=row["context"] or {})))
+        return found
+
+    def forget_counted(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Delete what was counted for these traces: no later version of them can come."""
+        with self._write("forget counted traces") as conn:
+            for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
+                conn.execute(
+                    sa.delete(trace_counted).where(
+                        trace_counted.c.tenant == tenant, trace_counted.c.trace_id.in_(ids)
+                    )
+                )
+
+    @contextmanager
+    def writing(self, action: str) -> Iterator[Connection]:
+        """A write transaction with this store's timeouts and error translation (`StoreUnavailable`,
+        `InvalidInput`), for tables kept beside the traces (span_archive.py)."""
+        with self._write(action) as conn:
+            yield conn
+
+    @contextmanager
+    def reading(self, action: str) -> Iterator[Connection]:
+        """A connection for reads, with this store's error translation."""
+        with self._read(action) as conn:
+            yield conn
 
     def _insert_new_traces(
         self, conn: Connection, pending: dict[tuple[str, str], RagTrace], created_at: datetime
@@ -953,9 +1066,13 @@ class Store:
             traces,
             "trace_id",
             traces.c.start_time < cutoff,
-            (trace_contexts, feedback, traces),
+            (trace_contexts, feedback, trace_spans, trace_counted, traces),
             chunk_size,
         )
+        # what non-request traces kept, and tombstones of traces deleted before
+        with self._write("delete old kept spans") as conn:
+            conn.execute(sa.delete(trace_spans).where(trace_spans.c.first_flushed_at < cutoff))
+            conn.execute(sa.delete(trace_counted).where(trace_counted.c.updated_at < cutoff))
         with self._write("delete old non-request traces") as conn:
             conn.execute(sa.delete(non_request_traces).where(non_request_traces.c.start_time < cutoff))
         with self._write("delete old dead letters") as conn:
@@ -1008,6 +1125,12 @@ class StoreSink:
     redelivery will not repeat it (at most once downstream). The sink does not
     own the store: `stop` leaves it open.
 
+    A trace stored before is replaced by a fuller version of it (a higher
+    revision: its late spans arrived); `updated_traces` then gets the version
+    with what was counted for the trace before (`TraceUpdate`), once per
+    update, so the sinks correct their counts instead of counting it again
+    (service/corrections.py, service/store/trace_updates.py).
+
     `dead_letter` is the bus's dead-letter handler (`MemoryBus(dead_letters=...)`):
     it keeps records the sink refused for good in the store's `dead_letters`.
     """
@@ -1018,10 +1141,12 @@ class StoreSink:
         *,
         new_traces: TraceConsumer | None = None,
         new_feedback: FeedbackConsumer | None = None,
+        updated_traces: UpdateConsumer | None = None,
     ) -> None:
         self.store = store
         self.new_traces = new_traces
         self.new_feedback = new_feedback
+        self.updated_traces = updated_traces
         self._in_flight = 0
         self._fanning: set[tuple[str, str, str]] = set()  # (kind, tenant, id) being fanned out now
         self._idle = asyncio.Event()
@@ -1050,8 +1175,12 @@ class StoreSink:
 
     async def store_traces(self, batch: Sequence[RagTrace]) -> list[str]:
         """Insert the batch; return the ids of traces not stored before."""
+        return (await self.store_versions(batch)).new
+
+    async def store_versions(self, batch: Sequence[RagTrace]) -> StoredTraces:
+        """Insert the batch, replacing stored traces by fuller versions (`Store.store_traces`)."""
         outbox = self.new_traces is not None
-        return await self._in_thread(lambda b: self.store.insert_traces(b, outbox=outbox), batch)
+        return await self._in_thread(lambda b: self.store.store_traces(b, outbox=outbox), batch)
 
     async def store_feedback(self, batch: Sequence[Feedback]) -> list[str]:
         """Insert the batch; return the event ids not stored before."""
@@ -1065,9 +1194,18 @@ class StoreSink:
         await self._in_thread(lambda batch: self.store.insert_dead_letters(batch, text), records)
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
-        new_ids = set(await self.store_traces(batch))
+        stored = await self.store_versions(batch)
         if self.new_traces is None:
             return
+        new_ids = set(stored.new)
+        if stored.updated:
+            updated = set(stored.updated)
+            versions: dict[tuple[str, str], RagTrace] = {}
+            for trace in batch:
+                key = (storable_text(trace.tenant), trace.trace_id)
+                if key in updated and (key not in versions or trace.revision > versions[key].revision):
+                    versions[key] = trace
+            await self.fan_out_updates(list(versions.values()))
         keys = {(t.tenant, t.trace_id) for t in batch}
         if len(new_ids) < len(keys):  # stored before: its fan-out may not have finished (a replay)
             unfinished = await self._in_thread(lambda k: self.store.outboxed("trace", k), list(keys))
@@ -1078,7 +1216,11 @@ class StoreSink:
                 new_ids.discard(trace.trace_id)
                 new.append(trace)
         done = await self._fan_out(
-            "trace", new, [(t.tenant, t.trace_id) for t in new], self.new_traces.consume_traces
+            "trace",
+            new,
+            [(t.tenant, t.trace_id) for t in new],
+            self.new_traces.consume_traces,
+            finish=lambda fanned: self.store.finish_new(fanned),
         )
         if done and new and self.new_feedback is not None:
             # feedback that came before its trace joins now, counted and reviewed under the trace's app
@@ -1113,12 +1255,55 @@ class StoreSink:
             "feedback", joined, [(f.tenant, f.event_id) for f in joined], self.new_feedback.consume_feedback
         )
 
+    async def fan_out_updates(self, versions: Sequence[RagTrace]) -> bool:
+        """Hand the sinks these stored versions as updates (`TraceUpdate`), each with what was counted
+        for its trace before, then record what is counted now; False when a sink failed (the outbox
+        rows stay for the sweep). A trace whose first fan-out is still pending, or that another lane
+        is fanning out now, is left to the outbox sweep: it runs them one after the other."""
+        if self.updated_traces is None or not versions:
+            return True
+        mine = [t for t in versions if ("trace", t.tenant, t.trace_id) not in self._fanning]
+        claimed = {("trace", t.tenant, t.trace_id) for t in mine}
+        if not mine:
+            return True
+        self._fanning |= claimed
+        try:
+            keys = [(storable_text(t.tenant), t.trace_id) for t in mine]
+            states = await self._in_thread(self.store.fanout_state, keys)
+            todo: list[tuple[TraceUpdate, datetime]] = []
+            for trace, key in zip(mine, keys, strict=True):
+                state = states.get(key)
+                if state is None or state.update_queued_at is None or state.new_pending:
+                    continue
+                if state.counted is None:
+                    log.error("update of trace %s has no counted baseline; counting it as stored", key[1])
+                    state_counted = Counted.of(trace)
+                else:
+                    state_counted = state.counted
+                todo.append((TraceUpdate(trace, state_counted), state.update_queued_at))
+            if not todo:
+                return True
+            try:
+                await self.updated_traces.consume_updates([u for u, _ in todo])
+            except Exception:
+                log.exception("fan-out of %d updated traces failed; the outbox sweep will retry", len(todo))
+                return False
+            done = [
+                ((storable_text(u.trace.tenant), u.trace.trace_id), queued_at, u.after.to_json())
+                for u, queued_at in todo
+            ]
+            await self._in_thread(self.store.finish_updates, done)
+            return True
+        finally:
+            self._fanning -= claimed
+
     async def _fan_out(
         self,
         kind: str,
         records: Sequence[Any],
         keys: list[tuple[str, str]],
         consume: Callable[[Any], Awaitable[None]],
+        finish: Callable[[Sequence[Any]], None] | None = None,
     ) -> bool:
         """Hand new records on, then forget their outbox rows; False when a sink failed. The records
         are stored already, so a failing sink does not fail the delivery: its outbox rows stay, and
@@ -1144,7 +1329,10 @@ class StoreSink:
                     "fan-out of %d stored %s records failed; the outbox sweep will retry", len(todo), kind
                 )
                 return False
-            await self._in_thread(lambda k: self.store.clear_outbox(kind, k), [k for _, k in todo])
+            if finish is not None:
+                await self._in_thread(finish, [r for r, _ in todo])
+            else:
+                await self._in_thread(lambda k: self.store.clear_outbox(kind, k), [k for _, k in todo])
             return True
         finally:
             self._fanning -= claimed

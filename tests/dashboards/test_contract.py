@@ -130,7 +130,7 @@ def _distributed_declared() -> set[str]:
     KafkaBus(config, metrics)
     BacklogWatcher(config, metrics)  # in ingest and in sinks workers
     KafkaReceiver(config, None, metrics, spans=None, offsets=None)  # type: ignore[arg-type]
-    offsets = SpanOffsets(30.0, metrics)
+    offsets = SpanOffsets(metrics)
     KafkaReceiver(config, None, metrics, group="other", spans=object(), offsets=offsets)  # type: ignore[arg-type]
     return Exposition(generate_latest(metrics.registry).decode()).declared()
 

@@ -532,3 +532,28 @@ def test_bad_arguments_are_rejected(queue: SqlJudgeQueue, engine: Engine) -> Non
         SqlJudgeQueue(engine, max_attempts=0)
     with pytest.raises(TypeError):
         queue.enqueue(["not an item"])  # type: ignore[list-item]
+
+
+def test_rejudge_queues_judged_and_failed_items_again_and_leaves_the_rest(queue: SqlJudgeQueue) -> None:
+    queue.enqueue([item(i, p=0.25, stratum="low_retrieval") for i in range(4)] + [item(9, skip="budget")])
+    done, failed, leased = queue.claim(3, lease_s=30, worker="w1")
+    queue.complete(done.key)
+    queue.fail(failed.key, worker="w1", reason="no_answer", permanent=True)
+    pending = item(3).key
+    keys = [done.key, failed.key, leased.key, pending, item(9).key, item(42).key]
+    assert queue.rejudge(keys) == {done.key, failed.key}
+    for key in (done.key, failed.key):
+        record = queue.get(key)
+        assert record is not None
+        assert (record.state, record.attempts, record.completed_at, record.last_error) == (
+            "pending",
+            0,
+            None,
+            None,
+        )
+        # the sampling design is the trace's: one sample, same stratum and inclusion probability
+        assert (record.item.stratum, record.item.inclusion_probability) == ("low_retrieval", 0.25)
+    assert queue.get(leased.key).state == "leased"  # type: ignore[union-attr]
+    assert queue.get(item(9).key).state == "skipped"  # type: ignore[union-attr]
+    assert queue.rejudge(keys) == set()  # pending now: nothing more
+    assert queue.stats().depth == 4

@@ -1,4 +1,6 @@
-"""SpanAssembler: completion by root + grace, timeout, bounded buffer, late spans, out-of-order arrival."""
+"""SpanAssembler alone (no span archive): completion by root + grace, by activity (idle, maximum age), the
+bounded buffer (503 or eviction), late children, out-of-order arrival. Completion of flushed traces from
+the span archive: tests/service/test_late_completion.py."""
 
 from __future__ import annotations
 
@@ -6,15 +8,25 @@ import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from service.assemble import EMIT_CHUNK, SpanAssembler, SpanGroups, in_thread
 from service.config import AssemblerConfig
+from service.conventions.pricing import PriceTable
 from service.conventions.spans import Span
+from service.errors import StoreUnavailable
+from service.ingest import otlp
+from service.ingest.pool import IngestPool
+from service.ingest.span_codec import OtlpSpanCodec
 from service.metrics import Metrics
 from service.model import RagTrace
+from service.pipeline import ArchiveKeeper
+from service.store.span_archive import SpanArchive
+from service.store.trace_store import Store
 from tests.consumers import SinkConsumer
+from tests.rag_spans import RagRequest, body
 
 
 class FakeClock:
@@ -51,7 +63,7 @@ def span(trace: int, n: int, root: bool = False, size: int = 100, tenant: str = 
 def make(config: AssemblerConfig | None = None) -> tuple[SpanAssembler, SinkConsumer, FakeClock, Metrics]:
     sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
     assembler = SpanAssembler(
-        config or AssemblerConfig(grace_s=0.5, timeout_s=10), sink, in_thread(build), metrics, clock
+        config or AssemblerConfig(grace_s=0.5, idle_s=10), sink, in_thread(build), metrics, clock
     )
     return assembler, sink, clock, metrics
 
@@ -76,47 +88,96 @@ async def test_trace_emitted_once_after_root_and_grace_with_children_from_later_
     assert assembler.open_traces == 0 and assembler.open_spans == 0 and assembler.open_bytes == 0
 
 
-async def test_trace_without_root_is_emitted_partial_after_timeout() -> None:
-    assembler, sink, clock, metrics = make()
-    await assembler.consume_spans([span(2, 1), span(2, 2)])
-    clock.now += 9.9
+async def test_trace_without_root_stays_open_while_its_spans_keep_coming_then_goes_idle() -> None:
+    assembler, sink, clock, metrics = make()  # idle_s=10
+    for n in range(5):  # a span every 9 s: 36 s in all, never idle
+        await assembler.consume_spans([span(2, n + 1)])
+        clock.now += 9
+        await assembler.flush_due()
+    assert sink.traces == [] and assembler.open_traces == 1
+    clock.now += 1.1  # 10.1 s since the last span
+    await assembler.flush_due()
+    assert [(t.span_count, t.partial) for t in sink.traces] == [(5, True)]
+    assert counter(metrics, "ragmon_assembled_traces_total", reason="idle") == 1
+
+
+async def test_a_40_s_request_is_flushed_whole_with_the_default_idle_timeout() -> None:
+    # the retrieval span comes at once, the LLM call and the root 40 s later: one trace, whole
+    assembler, sink, clock, _ = make(AssemblerConfig())
+    await assembler.consume_spans([span(9, 1)])
+    clock.now += 40
     await assembler.flush_due()
     assert sink.traces == []
-    clock.now += 0.2
+    await assembler.consume_spans([span(9, 2), span(9, 0, root=True)])
+    clock.now += 0.6
     await assembler.flush_due()
-    assert len(sink.traces) == 1 and sink.traces[0].partial is True
-    assert counter(metrics, "ragmon_assembled_traces_total", reason="timeout") == 1
+    assert [(t.span_count, t.partial) for t in sink.traces] == [(3, False)]
 
 
-async def test_full_buffer_evicts_oldest_trace_as_partial_and_counts_it() -> None:
-    assembler, sink, _, metrics = make(AssemblerConfig(max_spans=4, grace_s=1, timeout_s=100))
+async def test_a_trace_whose_spans_keep_coming_is_flushed_at_its_maximum_age() -> None:
+    assembler, sink, clock, metrics = make(AssemblerConfig(grace_s=0.5, idle_s=10, max_age_s=60))
+    for n in range(7):  # a span every 9 s, for 63 s
+        await assembler.consume_spans([span(3, n + 1)])
+        clock.now += 9
+        await assembler.flush_due()
+    assert [(t.span_count, t.partial) for t in sink.traces] == [(7, True)]
+    assert counter(metrics, "ragmon_assembled_traces_total", reason="max_age") == 1
+    await assembler.consume_spans([span(3, 20)])  # later spans open it again (completed from the archive)
+    assert assembler.open_traces == 1
+
+
+async def test_a_full_buffer_refuses_and_the_tick_flushes_the_least_recently_active_traces() -> None:
+    assembler, sink, clock, metrics = make(
+        AssemblerConfig(max_spans=10, grace_s=1, idle_s=100, evict_above=0.6)
+    )
+    for trace in range(1, 6):
+        await assembler.consume_spans([span(trace, 1), span(trace, 2)])
+        clock.now += 1
+    await assembler.consume_spans([span(1, 3)])  # trace 1 is active again: 2 is the least recently active
+    # 11 spans of a 10-span bound: full (ingest answers 503), nothing flushed or lost yet
+    assert assembler.full and assembler.open_spans == 11 and sink.traces == []
+    await assembler.flush_due()
+    assert [t.trace_id for t in sink.traces] == [f"{n:032x}" for n in (2, 3, 4)]
+    assert all(t.partial for t in sink.traces)
+    assert assembler.open_spans == 5 and not assembler.full
+    assert counter(metrics, "ragmon_assembled_traces_total", reason="evicted") == 3
+
+
+async def test_a_kafka_worker_buffer_evicts_at_once_as_nobody_can_be_refused() -> None:
+    sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
+    config = AssemblerConfig(max_spans=4, grace_s=1, idle_s=100)
+    assembler = SpanAssembler(config, sink, in_thread(build), metrics, clock, evict_when_full=True)
     for trace in range(1, 4):
         await assembler.consume_spans([span(trace, 1), span(trace, 2)])
-    # 6 spans offered to a 4-span buffer: the oldest trace (1) was emitted early, nothing lost
-    assert [t.trace_id for t in sink.traces] == [f"{1:032x}"]
-    assert sink.traces[0].partial is True
-    assert assembler.open_spans == 4
-    assert counter(metrics, "ragmon_assembled_traces_total", reason="evicted") == 1
+    # the 4-span buffer is full at the second trace and at the third: each time the least recently
+    # active trace goes early, down to evict_above (3.6 spans); nothing lost
+    assert [t.trace_id for t in sink.traces] == [f"{1:032x}", f"{2:032x}"]
+    assert all(t.partial for t in sink.traces)
+    assert assembler.open_spans == 2 and not assembler.full
+    assert counter(metrics, "ragmon_assembled_traces_total", reason="evicted") == 2
 
 
 async def test_byte_bound_is_enforced_too() -> None:
-    assembler, sink, _, _ = make(AssemblerConfig(max_bytes=1000, grace_s=1, timeout_s=100))
-    for trace in range(1, 6):
+    assembler, sink, _, _ = make(AssemblerConfig(max_bytes=1000, grace_s=1, idle_s=100))
+    for trace in range(1, 4):
         await assembler.consume_spans([span(trace, 1, size=400)])
-    assert assembler.open_bytes <= 1000
-    assert len(sink.traces) + assembler.open_traces == 5
+    assert assembler.full and assembler.open_bytes == 1200
+    await assembler.flush_due()
+    assert assembler.open_bytes <= 900
+    assert len(sink.traces) + assembler.open_traces == 3
 
 
-async def test_late_span_after_emission_is_counted_not_reassembled() -> None:
-    assembler, sink, clock, metrics = make()
+async def test_a_late_child_of_a_trace_flushed_with_its_root_waits_only_the_grace_period() -> None:
+    # without a span archive the late child becomes a trace of its own; with one it completes the
+    # stored trace (test_late_completion.py). Either way it is flushed after grace_s, not idle_s.
+    assembler, sink, clock, _ = make()
     await assembler.consume_spans([span(3, 0, root=True)])
     clock.now += 1
     await assembler.flush_due()
     await assembler.consume_spans([span(3, 5)])
-    clock.now += 100
+    clock.now += 0.6
     await assembler.flush_due()
-    assert len(sink.traces) == 1
-    assert counter(metrics, "ragmon_late_spans_total") == 1
+    assert [t.span_count for t in sink.traces] == [1, 1]
 
 
 async def test_same_trace_id_in_two_tenants_stays_separate() -> None:
@@ -150,6 +211,7 @@ async def test_builder_failure_is_counted_and_other_traces_survive() -> None:
     await assembler.flush_due()
     assert [t.trace_id[-1] for t in sink.traces] == ["8"]
     assert counter(metrics, "ragmon_assembly_failures_total") == 1
+    assert counter(metrics, "ragmon_dropped_spans_total", reason="build_failed") == 1
 
 
 async def test_build_runs_off_the_event_loop_and_a_cancelled_emission_loses_nothing() -> None:
@@ -165,7 +227,7 @@ async def test_build_runs_off_the_event_loop_and_a_cancelled_emission_loses_noth
 
     sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
     assembler = SpanAssembler(
-        AssemblerConfig(grace_s=0.5, timeout_s=10), sink, in_thread(slow_build), metrics, clock
+        AssemblerConfig(grace_s=0.5, idle_s=10), sink, in_thread(slow_build), metrics, clock
     )
     await assembler.consume_spans([span(7, 0, root=True), span(7, 1)])
     clock.now += 1
@@ -192,7 +254,7 @@ async def test_backlog_counts_traces_taken_but_not_yet_handed_on() -> None:
 
     sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
     assembler = SpanAssembler(
-        AssemblerConfig(grace_s=0.5, timeout_s=10), sink, in_thread(slow_build), metrics, clock
+        AssemblerConfig(grace_s=0.5, idle_s=10), sink, in_thread(slow_build), metrics, clock
     )
     await assembler.consume_spans([span(1, 0, root=True), span(2, 0, root=True), span(3, 1)])
     # 1 and 2 are complete but in their grace period (normal flight, not behind); 3 has no root
@@ -215,18 +277,30 @@ async def test_backlog_counts_traces_taken_but_not_yet_handed_on() -> None:
     assert (assembler.backlog, len(sink.traces)) == (0, 3)
 
 
-async def test_emitted_ids_are_forgotten_after_timeout_so_memory_does_not_grow_per_trace() -> None:
-    assembler, sink, clock, metrics = make()  # timeout_s=10
+async def test_flushed_roots_are_forgotten_after_the_late_window_so_memory_does_not_grow() -> None:
+    assembler, sink, clock, _ = make(AssemblerConfig(grace_s=0.5, idle_s=10, late_window_s=20))
     await assembler.consume_spans([span(4, 0, root=True)])
     clock.now += 1
     await assembler.flush_due()
-    clock.now += 10.5  # the id was emitted 10.5 s ago: past timeout_s, so it is no longer remembered
+    clock.now += 20.5  # flushed 20.5 s ago: past late_window_s, so it is no longer remembered
     await assembler.flush_due()
     await assembler.consume_spans([span(4, 6)])
-    clock.now += 10.5
+    clock.now += 0.6
     await assembler.flush_due()
-    assert counter(metrics, "ragmon_late_spans_total") == 0
+    assert len(sink.traces) == 1  # the child waits idle_s now, as for any trace never seen
+    clock.now += 10
+    await assembler.flush_due()
     assert [(t.span_count, t.partial) for t in sink.traces] == [(1, False), (1, True)]
+
+
+async def test_the_maximum_age_entries_of_flushed_traces_are_dropped_so_memory_does_not_grow() -> None:
+    assembler, sink, clock, _ = make(AssemblerConfig(grace_s=0.1, idle_s=10, max_age_s=10_000))
+    for n in range(3000):
+        await assembler.consume_spans([span(n + 1, 0, root=True)])
+        clock.now += 0.2
+        await assembler.flush_due()
+    assert len(sink.traces) == 3000 and assembler.open_traces <= 1
+    assert len(assembler._age_deadlines) <= 1024 + 2
 
 
 async def _until(condition: Callable[[], bool]) -> None:
@@ -248,7 +322,7 @@ async def test_an_emission_hands_each_chunk_on_when_built_and_a_cancel_loses_not
         return [build(list(spans), partial) for spans, partial in groups]  # type: ignore[arg-type]
 
     sink, clock, metrics = SinkConsumer(), FakeClock(), Metrics()
-    assembler = SpanAssembler(AssemblerConfig(grace_s=0.5, timeout_s=10), sink, gated, metrics, clock)
+    assembler = SpanAssembler(AssemblerConfig(grace_s=0.5, idle_s=10), sink, gated, metrics, clock)
     n = 2 * EMIT_CHUNK + 5
     await assembler.consume_spans([span(i, 0, root=True) for i in range(1, n + 1)])
     clock.now += 1
@@ -274,16 +348,52 @@ async def test_an_emission_hands_each_chunk_on_when_built_and_a_cancel_loses_not
     assert counter(metrics, "ragmon_assembled_traces_total", reason="complete") == n
 
 
-async def test_emitted_ids_are_remembered_up_to_a_count_whatever_the_rate(
+async def test_flushed_roots_are_remembered_up_to_a_count_whatever_the_rate(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("service.assemble._RECENT_LIMIT", 2)
-    assembler, sink, clock, metrics = make()
+    assembler, sink, clock, _ = make()
     await assembler.consume_spans([span(n, 0, root=True) for n in (1, 2, 3)])
     clock.now += 1
     await assembler.flush_due()
     assert len(sink.traces) == 3
-    await assembler.consume_spans([span(3, 7)])  # still remembered: late
-    assert counter(metrics, "ragmon_late_spans_total") == 1
-    await assembler.consume_spans([span(1, 7)])  # the oldest was forgotten: a new (partial) trace
-    assert counter(metrics, "ragmon_late_spans_total") == 1 and assembler.open_traces == 1
+    await assembler.consume_spans([span(3, 7), span(1, 7)])  # 3 is remembered; 1, the oldest, is not
+    clock.now += 0.6
+    await assembler.flush_due()
+    assert [t.trace_id for t in sink.traces[3:]] == [f"{3:032x}"] and assembler.open_traces == 1
+
+
+class FlakyKeeper:
+    """The span archive (real, on SQLite) behind a store that is down for the first `times` merges."""
+
+    def __init__(self, keeper: object, times: int) -> None:
+        self.keeper = keeper
+        self.times = times
+        self.calls = 0
+
+    async def merge(self, groups: object) -> object:
+        self.calls += 1
+        if self.calls <= self.times:
+            raise StoreUnavailable("the store is restarting")
+        return await self.keeper.merge(groups)  # type: ignore[attr-defined]
+
+
+async def test_an_archive_that_cannot_be_reached_holds_the_emission_up_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("service.assemble._MIN_BACKOFF_S", 0.001)
+    store = Store(f"sqlite:///{tmp_path / 'ragmon.db'}")
+    store.create_schema()
+    metrics = Metrics()
+    keeper = FlakyKeeper(ArchiveKeeper(SpanArchive(store, OtlpSpanCodec(), late_window_s=600)), times=2)
+    sink, clock = SinkConsumer(), FakeClock()
+    pool = IngestPool(0, PriceTable.default(), metrics)
+    assembler = SpanAssembler(AssemblerConfig(), sink, pool.build_traces, metrics, clock, keeper=keeper)
+    request = RagRequest(duration_s=3)
+    wire = otlp.screen_protobuf(body(request.retrieve, request.generate, request.root), "default").spans
+    await assembler.consume_spans(wire)
+    clock.now += 1
+    await assembler.flush_due()
+    assert [(t.span_count, t.answer) for t in sink.traces] == [(3, request.answer)]
+    assert counter(metrics, "ragmon_sink_failures_total", sink="span_archive", kind="retryable") == 2
+    store.close()

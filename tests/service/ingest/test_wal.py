@@ -145,20 +145,39 @@ def test_a_full_disk_refuses_with_503_and_loses_nothing_acknowledged(tiny_disk: 
     assert [r.seq for r in WriteAheadLog(tiny_disk).open()] == acked
 
 
-def test_the_ledger_holds_until_the_end_and_lets_late_holds_go() -> None:
+def test_the_ledger_holds_each_request_until_the_version_of_its_trace_that_carries_it_ends() -> None:
     ledger = AckLedger()
+    a, b, c = ("t", "a"), ("t", "b"), ("t", "c")
     assert ledger.watermark(7) == 7
-    ledger.hold([("t", "a"), ("t", "b")], 3)
-    ledger.hold([("t", "a")], 5)  # a second request with spans of trace a
-    ledger.hold([("t", "c")], 6)
+    ledger.hold([a, b], 3)
+    ledger.hold([a], 5)  # a second request with spans of trace a
+    ledger.hold([c], 6)
     assert ledger.watermark(9) == 3
-    ledger.late(("t", "a"))  # request 5's spans came after a was handed on: a is still held by 3
-    ledger.done([("t", "b")])
+    ledger.taken([a, b])  # a's first version carries requests 3 and 5
+    ledger.hold([a], 8)  # a late span of a, acknowledged after the flush: the next version's
+    ledger.done([b])
     assert ledger.watermark(9) == 3 and len(ledger) == 2
-    ledger.done([("t", "a")])  # stored
+    ledger.done([a])  # a's first version is stored: request 8 is not in it and stays held
     assert ledger.watermark(9) == 6
-    ledger.late(("t", "c"))
+    ledger.done([c])  # never taken (a JSON-API trace): let go of whole
+    assert ledger.watermark(9) == 8
+    ledger.taken([a])
+    ledger.taken([a])  # taken again before the first one ended: two versions in flight
+    ledger.done([a, a])
     assert ledger.watermark(9) == 9 and len(ledger) == 0
+
+
+def test_versions_ending_out_of_order_only_keep_more_of_the_log() -> None:
+    ledger = AckLedger()
+    a = ("t", "a")
+    ledger.hold([a], 1)
+    ledger.taken([a])
+    ledger.hold([a], 2)
+    ledger.taken([a])
+    ledger.done([a])  # whichever version ended, the oldest one's request is let go of
+    assert ledger.watermark(9) == 2
+    ledger.done([a])
+    assert ledger.watermark(9) == 9
 
 
 def test_a_full_log_disk_answers_503_through_the_server_and_every_200_is_stored(
