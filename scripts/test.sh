@@ -36,7 +36,8 @@ if [[ -z "${DATABASE_URL:-}" ]] && find /usr/lib/postgresql -maxdepth 3 -name pg
 fi
 
 set +e
-python -m pytest -q -p no:cacheprovider "$@"
+# -rs: every skipped test is listed with its reason (the component or data it lacks)
+python -m pytest -q -rs -p no:cacheprovider "$@"
 rc=$?
 set -e
 [[ $rc -eq 5 ]] && rc=0   # no tests collected is not a failure of the suite
