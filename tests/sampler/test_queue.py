@@ -28,6 +28,7 @@ from sampler.queue import (
     metadata,
 )
 from service.errors import StoreUnavailable
+from service.store.trace_store import Store
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -85,11 +86,15 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def engine(db_url: str) -> Iterator[Engine]:
-    eng = create_engine(db_url)
-    metadata.drop_all(eng)
-    create_tables(eng)
-    yield eng
-    eng.dispose()
+    """The engine ragmon runs the queue on: the store's (`pipeline.py`), on SQLite in WAL mode with
+    synchronous=NORMAL and the store's busy timeout. A bare `create_engine` keeps SQLite's rollback
+    journal, where every commit fsyncs and four threads took turns at the write lock for up to 2 s
+    a call on a loaded machine, past pysqlite's 5 s busy timeout at worst ('database is locked')."""
+    store = Store(db_url)
+    metadata.drop_all(store.engine)
+    create_tables(store.engine)
+    yield store.engine
+    store.close()
 
 
 @pytest.fixture
@@ -407,10 +412,10 @@ def test_items_survive_a_restart_and_leases_expire(db_url: str, engine: Engine, 
     leased = queue.claim(2, lease_s=60, worker="before-restart")
     engine.dispose()
 
-    fresh = create_engine(db_url)
+    fresh = Store(db_url)
     try:
-        create_tables(fresh)  # what a restarting service does: must keep the rows
-        restarted = SqlJudgeQueue(fresh, clock=clock)
+        create_tables(fresh.engine)  # what a restarting service does: must keep the rows
+        restarted = SqlJudgeQueue(fresh.engine, clock=clock)
         assert restarted.depth() == 4
         assert [r.worker for r in (restarted.get(r.key) for r in leased) if r] == ["before-restart"] * 2
         waiting = restarted.claim(10, lease_s=600, worker="after-restart")
@@ -420,7 +425,7 @@ def test_items_survive_a_restart_and_leases_expire(db_url: str, engine: Engine, 
         assert sorted(r.key for r in reclaimed) == sorted(r.key for r in leased)
         assert all(r.attempts == 2 for r in reclaimed)
     finally:
-        fresh.dispose()
+        fresh.close()
 
 
 def test_concurrent_workers_never_share_an_item(engine: Engine, clock: ManualClock) -> None:
