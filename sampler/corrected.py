@@ -68,15 +68,18 @@ from typing import Literal
 import numpy as np
 
 from sampler.estimate import (
-    GROUPINGS,
     FaithfulnessEstimate,
     Grouping,
     JudgedSample,
     SampleCell,
     admitted_shares,
     cells_of,
+    check_grouping,
+    check_inclusion_probability,
+    group_key,
     hajek_cells,
 )
+from sampler.interval import NEGLIGIBLE_VARIANCE, normal_quantile, wilson
 
 __all__ = [
     "ASSUMED_RESIDUAL_VARIANCE",
@@ -95,7 +98,6 @@ __all__ = [
 ASSUMED_RESIDUAL_VARIANCE = 0.25
 # A plan measures the residual variance from at least this many labels, else it assumes the above.
 _PLAN_MIN_LABELS = 10
-_NEGLIGIBLE_VARIANCE = 1e-20
 _WEEK_S = 7 * 86400.0
 
 
@@ -120,9 +122,7 @@ class LabelledSample:
     intent: str | None = None
 
     def __post_init__(self) -> None:
-        pi = self.inclusion_probability
-        if not (math.isfinite(pi) and 0.0 < pi <= 1.0):
-            raise ValueError(f"inclusion_probability must be in (0, 1], got {pi!r}")
+        check_inclusion_probability(self.inclusion_probability)
         for name in ("judge_score", "human_score"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= 1.0):
@@ -170,17 +170,6 @@ def corrected(
     return corrected_cells(cells_of(judged), labelled, confidence=confidence, min_labels=min_labels)
 
 
-def _check(confidence: float, min_labels: int) -> float:
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    if min_labels < 2:
-        raise ValueError(f"min_labels must be >= 2, got {min_labels}")
-    # SciPy here, not at the top: `service.config` imports this package (see estimate.py)
-    from scipy.stats import norm
-
-    return float(norm.ppf(0.5 + confidence / 2.0))
-
-
 def corrected_cells(
     cells: Iterable[SampleCell],
     labelled: Iterable[LabelledSample],
@@ -193,7 +182,9 @@ def corrected_cells(
     Raises ValueError when a label's (stratum, inclusion probability) has no admitted judged item in
     the cells, or when there are more labels than scored items: a label outside the judged sample
     cannot be part of its random subsample."""
-    z = _check(confidence, min_labels)
+    z = normal_quantile(confidence)
+    if min_labels < 2:
+        raise ValueError(f"min_labels must be >= 2, got {min_labels}")
     cells = list(cells)
     labels = list(labelled)
     judge = hajek_cells(cells, confidence=confidence)
@@ -244,9 +235,9 @@ def corrected_cells(
     variance = v1 + v2
     estimate = min(1.0, max(0.0, theta))
     method: Literal["two_phase", "wilson_kish"] = "two_phase"
-    if variance <= _NEGLIGIBLE_VARIANCE:
+    if variance <= NEGLIGIBLE_VARIANCE:
         n_eff = total**2 / float(np.dot(a, a))
-        lower, upper = _wilson(estimate, n_eff, z)
+        lower, upper = wilson(estimate, n_eff, z)
         method = "wilson_kish"
     else:
         # Student's t on Kish's effective size of the labelled sample, not the normal quantile: the
@@ -286,16 +277,15 @@ def corrected_by(
     """`corrected_cells` per group (as `estimate_cells_by` groups), over a window's cells and labels.
 
     Every group with a judged cell gets an entry (with a `reason` where it has too few labels)."""
-    if grouping not in GROUPINGS:
-        raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+    check_grouping(grouping)
     cell_groups: dict[tuple[str, ...], list[SampleCell]] = defaultdict(list)
     label_groups: dict[tuple[str, ...], list[LabelledSample]] = defaultdict(list)
     for c in cells:
-        key = _group_key(c, grouping)
+        key = group_key(c, grouping)
         if key is not None:
             cell_groups[key].append(c)
     for s in labelled:
-        key = _group_key(s, grouping)
+        key = group_key(s, grouping)
         if key is not None:
             label_groups[key].append(s)
     orphans = set(label_groups) - set(cell_groups)
@@ -305,20 +295,6 @@ def corrected_by(
         key: corrected_cells(group, label_groups.get(key, ()), confidence=confidence, min_labels=min_labels)
         for key, group in sorted(cell_groups.items())
     }
-
-
-def _group_key(s: SampleCell | LabelledSample, grouping: Grouping) -> tuple[str, ...] | None:
-    if grouping == "app":
-        return (s.app,)
-    extra = s.release if grouping == "app_release" else s.intent
-    return None if extra is None else (s.app, extra)
-
-
-def _wilson(p: float, n: float, z: float) -> tuple[float, float]:
-    z2n = z * z / n
-    centre = (p + z2n / 2.0) / (1.0 + z2n)
-    half = z / (1.0 + z2n) * math.sqrt(p * (1.0 - p) / n + z2n / (4.0 * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +341,7 @@ def plan_labels(
         raise ValueError(f"half_width must be in (0, 0.5), got {half_width!r}")
     if not window_s > 0:
         raise ValueError(f"window_s must be positive, got {window_s!r}")
-    z = _check(estimate.confidence, 2)
+    z = normal_quantile(estimate.confidence)
     n1 = estimate.n_judged
     measured = (
         estimate.residual_variance is not None

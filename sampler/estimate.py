@@ -53,10 +53,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 
+from sampler.interval import NEGLIGIBLE_VARIANCE, check_confidence, normal_quantile, wilson
 from sampler.queue import QueueRecord
 
 __all__ = [
@@ -64,13 +65,17 @@ __all__ = [
     "OUTCOMES",
     "FaithfulnessEstimate",
     "Grouping",
+    "HasGroupFields",
     "JudgedSample",
     "Outcome",
     "SampleCell",
     "admitted_shares",
     "cells_of",
+    "check_grouping",
+    "check_inclusion_probability",
     "estimate_by",
     "estimate_cells_by",
+    "group_key",
     "hajek",
     "hajek_cells",
 ]
@@ -85,10 +90,15 @@ Grouping = Literal["app", "app_release", "app_intent"]
 GROUPINGS: tuple[Grouping, ...] = get_args(Grouping)
 
 
-def _check_design(inclusion_probability: float, outcome: str) -> None:
-    """Raise ValueError unless the probability is in (0, 1] and the outcome is known."""
+def check_inclusion_probability(inclusion_probability: float) -> None:
+    """Raise ValueError unless the probability is in (0, 1]."""
     if not (math.isfinite(inclusion_probability) and 0.0 < inclusion_probability <= 1.0):
         raise ValueError(f"inclusion_probability must be in (0, 1], got {inclusion_probability!r}")
+
+
+def _check_design(inclusion_probability: float, outcome: str) -> None:
+    """Raise ValueError unless the probability is in (0, 1] and the outcome is known."""
+    check_inclusion_probability(inclusion_probability)
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
 
@@ -176,11 +186,6 @@ class FaithfulnessEstimate:
     n_pending: int = 0
 
 
-# Equal scores (all 0.7, say) leave a variance of ~1e-33 from rounding where it is 0; below this
-# the linearization interval is narrower than 1e-10, a point, and Wilson's is used instead.
-_NEGLIGIBLE_VARIANCE = 1e-20
-
-
 @dataclass(frozen=True, slots=True)
 class SampleCell:
     """Samples of one outcome that share a group, a stratum and an inclusion probability, summed.
@@ -250,8 +255,7 @@ def hajek_cells(
     cells: Iterable[SampleCell], *, confidence: float = 0.95, min_n: int = 30
 ) -> FaithfulnessEstimate:
     """`hajek` over samples already summed into cells (their group fields are not read)."""
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    check_confidence(confidence)
     if min_n < 2:
         raise ValueError(f"min_n must be >= 2, got {min_n}")
     cells = list(cells)
@@ -293,18 +297,13 @@ def hajek_cells(
     # Σ over a cell of (y - p̂)² = its own squared deviations + n·(mean - p̂)²
     squares = m2 + n * (y_sum / n - p_hat) ** 2
     variance = float(np.sum((1.0 - pi) * w * w * squares)) / total**2
-    # SciPy here, not at the top: `service.config` imports this package, and with it every
-    # `ragmon` command, which must not pay for importing SciPy (most of a second) to read its settings
-    from scipy.stats import norm
-
-    z = float(norm.ppf(0.5 + confidence / 2.0))
-
+    z = normal_quantile(confidence)
     half = z * math.sqrt(variance)
     lower, upper = p_hat - half, p_hat + half
     method: Literal["linearization", "wilson_kish"] = "linearization"
     n_judged = int(n.sum())
-    if n_judged < min_n or variance <= _NEGLIGIBLE_VARIANCE or lower < 0.0 or upper > 1.0:
-        lower, upper = _wilson(p_hat, n_eff, z)
+    if n_judged < min_n or variance <= NEGLIGIBLE_VARIANCE or lower < 0.0 or upper > 1.0:
+        lower, upper = wilson(p_hat, n_eff, z)
         method = "wilson_kish"
     # Rounding can put p̂ a hair outside its own Wilson interval at the edges.
     lower, upper = min(lower, p_hat), max(upper, p_hat)
@@ -360,8 +359,7 @@ def estimate_by(
     release or intent a grouping needs, or without a trace time, are left
     out of that grouping. The budget adjustment is computed within each group.
     """
-    if grouping not in GROUPINGS:
-        raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+    check_grouping(grouping)
     if window <= timedelta(0):
         raise ValueError(f"window must be positive, got {window}")
     if now.tzinfo is None:
@@ -371,7 +369,7 @@ def estimate_by(
     for s in samples:
         if s.trace_time is None or not (start < s.trace_time <= now):
             continue
-        key = _group_key(s, grouping)
+        key = group_key(s, grouping)
         if key is not None:
             groups[key].append(s)
     return {k: hajek(v, confidence=confidence, min_n=min_n) for k, v in sorted(groups.items())}
@@ -381,25 +379,35 @@ def estimate_cells_by(
     cells: Iterable[SampleCell], grouping: Grouping, *, confidence: float = 0.95, min_n: int = 30
 ) -> dict[tuple[str, ...], FaithfulnessEstimate]:
     """`estimate_by` over cells already limited to the window (what a database sums, see `SampleCell`)."""
-    if grouping not in GROUPINGS:
-        raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+    check_grouping(grouping)
     groups: dict[tuple[str, ...], list[SampleCell]] = defaultdict(list)
     for c in cells:
-        key = _group_key(c, grouping)
+        key = group_key(c, grouping)
         if key is not None:
             groups[key].append(c)
     return {k: hajek_cells(v, confidence=confidence, min_n=min_n) for k, v in sorted(groups.items())}
 
 
-def _group_key(s: JudgedSample | SampleCell, grouping: Grouping) -> tuple[str, ...] | None:
+class HasGroupFields(Protocol):
+    """Anything that carries the group fields: a sample, a cell, a labelled sample."""
+
+    @property
+    def app(self) -> str: ...
+    @property
+    def release(self) -> str | None: ...
+    @property
+    def intent(self) -> str | None: ...
+
+
+def check_grouping(grouping: str) -> None:
+    """Raise ValueError unless `grouping` is one of `GROUPINGS`."""
+    if grouping not in GROUPINGS:
+        raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+
+
+def group_key(s: HasGroupFields, grouping: Grouping) -> tuple[str, ...] | None:
+    """(app,), (app, release) or (app, intent) of `s`; None when it lacks the field the grouping needs."""
     if grouping == "app":
         return (s.app,)
     extra = s.release if grouping == "app_release" else s.intent
     return None if extra is None else (s.app, extra)
-
-
-def _wilson(p: float, n: float, z: float) -> tuple[float, float]:
-    z2n = z * z / n
-    centre = (p + z2n / 2.0) / (1.0 + z2n)
-    half = z / (1.0 + z2n) * math.sqrt(p * (1.0 - p) / n + z2n / (4.0 * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
