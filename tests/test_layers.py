@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("metrics", "consumer"),
     ("conventions", "config"),
     ("sampler", "detectors"),
-    ("model", "errors", "labels", "lifecycle", "runtime"),
+    ("model", "errors", "labels", "lifecycle", "runtime", "throttled_log"),
 )
 RANK = {unit: len(LAYERS) - i for i, layer in enumerate(LAYERS) for unit in layer}
 

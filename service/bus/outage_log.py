@@ -3,8 +3,9 @@
 A client that retries with backoff fails many times a minute while a broker or a database is down;
 a line per failure buries everything else in the log (a worker without Kafka once printed 140 lines
 in 45 s). `OutageLog` turns the failures into one warning when the outage starts, at most one line
-per `every_s` while it lasts (how long, how many retries, the latest error) and one info line when
-the dependency answers again. Counting is the caller's job (metrics); this is only the log.
+per `every_s` while it lasts (how long, how many retries, the latest error: `ThrottledLog`) and one
+info line when the dependency answers again. Counting is the caller's job (metrics); this is only
+the log.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ import logging
 import time
 from collections.abc import Callable
 
+from service.throttled_log import REPORT_EVERY_S, ThrottledLog
+
 __all__ = ["REPORT_EVERY_S", "OutageLog"]
 
-REPORT_EVERY_S = 30.0
-"""While a dependency is unreachable, ragmon says so once, then at most once per this many seconds."""
 
-
-class OutageLog:
+class OutageLog(ThrottledLog):
     """The log lines of one dependency's outages (see the module docstring). Not thread-safe: one
     loop reports to it."""
 
@@ -31,15 +31,10 @@ class OutageLog:
         every_s: float = REPORT_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if every_s <= 0:
-            raise ValueError(f"every_s must be positive, got {every_s}")
-        self.log = log
+        super().__init__(log, every_s=every_s, clock=clock)
         self.what = what
-        self.every_s = every_s
-        self.clock = clock
         self.since: float | None = None  # when the outage began; None while reachable
         self.retries = 0
-        self._said_at = 0.0
 
     @property
     def down(self) -> bool:
@@ -49,7 +44,7 @@ class OutageLog:
         """One failed attempt: logs the outage's start, or a progress line once `every_s` has passed."""
         now = self.clock()
         if self.since is None:
-            self.since, self._said_at, self.retries = now, now, 0
+            self.since, self.said_at, self.retries = now, now, 0
             self.log.warning(
                 "%s is unreachable (%s); retrying with backoff, next report in %.0f s",
                 self.what,
@@ -58,8 +53,8 @@ class OutageLog:
             )
             return
         self.retries += 1
-        if now - self._said_at >= self.every_s:
-            self._said_at = now
+        if self.due(now):
+            self.said_at = now
             self.log.warning(
                 "%s still unreachable after %.0f s and %d retries (%s)",
                 self.what,

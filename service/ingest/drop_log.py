@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable
 
 from service.ingest.decoded import DecodedBatch
+from service.throttled_log import REPORT_EVERY_S, ThrottledLog
 
 __all__ = ["REPORT_EVERY_S", "DropLog"]
 
-REPORT_EVERY_S = 30.0
 _KEY_CHARS = 100
 
 
-class DropLog:
+class DropLog(ThrottledLog):
     """The log lines of one process's dropped and truncated attribute values (see the module
     docstring). Not thread-safe: the event loop reports to it."""
 
@@ -38,13 +38,8 @@ class DropLog:
         every_s: float = REPORT_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if every_s <= 0:
-            raise ValueError(f"every_s must be positive, got {every_s}")
-        self.log = log
-        self.every_s = every_s
-        self.clock = clock
+        super().__init__(log, every_s=every_s, clock=clock)
         self.unsaid = 0  # values dropped or truncated since the last line
-        self._said_at: float | None = None
 
     def note(self, decoded: DecodedBatch) -> None:
         """Report what one request (or one build) dropped and truncated, if anything."""
@@ -53,11 +48,11 @@ class DropLog:
             return
         self.unsaid += count
         now = self.clock()
-        if self._said_at is not None and now - self._said_at < self.every_s:
+        if not self.due(now):
             return
         where, key, reason = decoded.drops[-1] if decoded.drops else ("?", "?", "?")
         shown = key if len(key) <= _KEY_CHARS else f"{key[:_KEY_CHARS]}..."
-        if self._said_at is None:
+        if self.said_at is None:
             self.log.warning(
                 "ingest dropped or truncated %d attribute value%s, e.g. %r of %s (%s); such values are "
                 "counted in ragmon_ingest_rejected_total and ragmon_ingest_truncated_values_total, "
@@ -74,10 +69,10 @@ class DropLog:
                 "ingest dropped or truncated %d attribute value%s in the last %.0f s; latest: %r of %s (%s)",
                 self.unsaid,
                 "" if self.unsaid == 1 else "s",
-                now - self._said_at,
+                now - self.said_at,
                 shown,
                 where,
                 reason,
             )
-        self._said_at = now
+        self.said_at = now
         self.unsaid = 0
