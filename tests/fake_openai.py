@@ -11,9 +11,10 @@ from a script. Control endpoints:
 * `GET /_control/requests` lists every chat request received (body and headers);
 * `POST /_control/reset` forgets all of the above.
 
-`FakeOpenAI` runs it in a background thread (tests); `python tests/fake_openai.py
---port N` runs it as its own process (benchmarks). Replies can be delayed, carry
-any status and headers, omit usage, or be a raw non-JSON body.
+`FakeOpenAI` runs it in a background thread (tests); `python -m tests.fake_openai
+--port N` (from the repository root) runs it as its own process (benchmarks).
+Replies can be delayed, carry any status and headers, omit usage, or be a raw
+non-JSON body.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import threading
 import time
 import uuid
 from collections import deque
@@ -33,11 +32,9 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FakeOpenAI", "Gullible", "Reply", "create_app"]
+from tests.openai_wire import KEEP_ALIVE_S, LoopbackServer, chat_completion, token_usage
 
-# Longer than any pause between a client's bursts: uvicorn's default (5 s) closes pooled connections that a
-# client may be reusing at that instant, and the client then sees a read error the real API would not cause.
-KEEP_ALIVE_S = 120
+__all__ = ["FakeOpenAI", "Gullible", "Reply", "create_app"]
 
 
 class Reply(BaseModel):
@@ -109,27 +106,15 @@ class _State:
 
 
 def _completion(reply: Reply, model: str) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "finish_reason": reply.finish_reason,
-                "logprobs": None,
-                "message": {"role": "assistant", "content": reply.content, "refusal": reply.refusal},
-            }
-        ],
-    }
-    if reply.usage:
-        body["usage"] = {
-            "prompt_tokens": reply.prompt_tokens,
-            "completion_tokens": reply.completion_tokens,
-            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
-        }
-    return body
+    return chat_completion(
+        call_id=f"chatcmpl-{uuid.uuid4().hex[:16]}",
+        created=int(time.time()),
+        model=model,
+        content=reply.content,
+        usage=token_usage(reply.prompt_tokens, reply.completion_tokens) if reply.usage else None,
+        finish_reason=reply.finish_reason,
+        refusal=reply.refusal,
+    )
 
 
 def create_app() -> FastAPI:
@@ -193,48 +178,19 @@ def create_app() -> FastAPI:
     return app
 
 
-class FakeOpenAI:
+class FakeOpenAI(LoopbackServer):
     """The fake server in a background thread on a free loopback port; a context manager.
 
     Control methods go through the HTTP control endpoints, like any other client.
     """
 
     def __init__(self) -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
-        self.port: int = self._sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.base_url = f"{self.url}/v1"
-        config = uvicorn.Config(
-            create_app(), log_level="warning", lifespan="off", ws="none", timeout_keep_alive=KEEP_ALIVE_S
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
+        super().__init__(create_app(), name="fake OpenAI server")
         self._control = httpx.Client(base_url=self.url, timeout=10.0)
 
-    def start(self) -> FakeOpenAI:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("fake OpenAI server did not start")
-            time.sleep(0.01)
-        return self
-
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        super().stop()
         self._control.close()
-        self._sock.close()
-
-    def __enter__(self) -> FakeOpenAI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def script(self, *replies: Reply) -> None:
         self._control.post(

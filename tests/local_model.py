@@ -15,22 +15,21 @@ does with `response_format` is set by its mode:
   sentence of prose, as chat-tuned models do when they are asked for JSON in words only.
 
 `GET /_local/requests` lists every chat request received; `PUT /_local/mode` changes the mode.
-`LocalModel` runs it in a background thread on a free port; a context manager.
+`LocalModel` runs it in a background thread on a free port; a context manager (`openai_wire.py`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
 import time
 from typing import Any, Literal
 
 import httpx
 import jsonschema
-import uvicorn
 from fastapi import FastAPI, Request, Response
+
+from tests.openai_wire import LoopbackServer, chat_completion, token_usage
 
 __all__ = ["LocalModel", "Mode"]
 
@@ -61,20 +60,13 @@ def _judge(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _completion(model: str, content: str, prompt_tokens: int) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-local-{time.monotonic_ns()}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": len(content.split()),
-            "total_tokens": prompt_tokens + len(content.split()),
-        },
-    }
+    return chat_completion(
+        call_id=f"chatcmpl-local-{time.monotonic_ns()}",
+        created=int(time.time()),
+        model=model,
+        content=content,
+        usage=token_usage(prompt_tokens, len(content.split())),
+    )
 
 
 def create_app(state: dict[str, Any]) -> FastAPI:
@@ -122,37 +114,16 @@ def create_app(state: dict[str, Any]) -> FastAPI:
     return app
 
 
-class LocalModel:
+class LocalModel(LoopbackServer):
     """The server in a background thread on a free loopback port (see the module docstring)."""
 
     def __init__(self, mode: Mode = "structured") -> None:
         self.state: dict[str, Any] = {"mode": mode, "requests": [], "validated": 0}
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
-        config = uvicorn.Config(create_app(self.state), log_level="warning", lifespan="off", ws="none")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
-
-    def __enter__(self) -> LocalModel:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("local model server did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
+        super().__init__(create_app(self.state), name="local model server")
 
     def set_mode(self, mode: Mode) -> None:
         """Through the HTTP endpoint, like any other client of the server."""
-        httpx.put(self.base_url.removesuffix("/v1") + "/_local/mode", json={"mode": mode}).raise_for_status()
+        httpx.put(f"{self.url}/_local/mode", json={"mode": mode}).raise_for_status()
 
     @property
     def validated(self) -> int:

@@ -69,7 +69,8 @@ def free_port() -> int:
 
 def start_stub(delay: float) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_openai.py"), "--port", str(port)])
+    # as a module from the repository root: it imports tests/openai_wire.py
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fake_openai", "--port", str(port)], cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 15
     while True:

@@ -25,7 +25,8 @@ Everything is a pure function of the request, so two runs of a client produce th
   the documents it shares words with first and cosine scores are reproducible; the ColBERTv2
   search ranks the indexed passages by that cosine (its `score`).
 
-Run it in a thread (`Stub`, tests) or as a process: `python tests/conformance/openai_stub.py --port N`.
+Run it in a thread (`Stub`, tests) or as a process from the repository root:
+`python -m tests.conformance.openai_stub --port N`.
 """
 
 from __future__ import annotations
@@ -37,16 +38,16 @@ import hashlib
 import json
 import math
 import re
-import socket
 import struct
 import threading
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+
+from tests.openai_wire import KEEP_ALIVE_S, LoopbackServer, chat_completion, token_usage
 
 DIM = 16
 CREATED = 1_764_000_000  # fixed, so the same request gets a byte-identical response
@@ -179,8 +180,7 @@ def create_app() -> FastAPI:
             content, answer = dspy_reply(messages, fields)
         else:
             content = answer = answer_for(messages)
-        usage = {"prompt_tokens": prompt_tokens(messages), "completion_tokens": len(content.split())}
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        usage = token_usage(prompt_tokens(messages), len(content.split()))
         stream = bool(body.get("stream"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         call_id = "chatcmpl-" + hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
@@ -199,22 +199,14 @@ def create_app() -> FastAPI:
         )
         if not stream:
             return JSONResponse(
-                {
-                    "id": call_id,
-                    "object": "chat.completion",
-                    "created": CREATED,
-                    "model": model,
-                    "system_fingerprint": "fp_stub",
-                    "choices": [
-                        {
-                            "index": 0,
-                            "finish_reason": "stop",
-                            "logprobs": None,
-                            "message": {"role": "assistant", "content": content, "refusal": None},
-                        }
-                    ],
-                    "usage": usage,
-                }
+                chat_completion(
+                    call_id=call_id,
+                    created=CREATED,
+                    model=model,
+                    content=content,
+                    usage=usage,
+                    system_fingerprint="fp_stub",
+                )
             )
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
@@ -333,42 +325,20 @@ def create_app() -> FastAPI:
     return app
 
 
-class Stub:
+class Stub(LoopbackServer):
     """The stub in a background thread on a free loopback port; a context manager."""
 
     def __init__(self) -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
-        self.port: int = self._sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.base_url = f"{self.url}/v1"
-        config = uvicorn.Config(create_app(), log_level="warning", lifespan="off", timeout_keep_alive=120)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
-
-    def __enter__(self) -> Stub:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("OpenAI stub did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
+        super().__init__(create_app(), name="OpenAI stub")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="deterministic OpenAI-compatible stub")
     parser.add_argument("--port", type=int, default=29400)
     args = parser.parse_args()
-    uvicorn.run(create_app(), host="127.0.0.1", port=args.port, log_level="warning", timeout_keep_alive=120)
+    uvicorn.run(
+        create_app(), host="127.0.0.1", port=args.port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S
+    )
 
 
 if __name__ == "__main__":
