@@ -33,6 +33,7 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.pool import NullPool
 
+from tests.distributed.traffic import otlp_body
 from tests.live_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -324,6 +325,46 @@ def kafka_settings(bootstrap: str, tag: str) -> dict[str, Any]:
         "delivery_timeout_s": 15,
         "poll_timeout_s": 0.2,
     }
+
+
+def distributed_settings(bootstrap: str, store_url: str, tmp_path: Path, **sections: Any) -> dict[str, Any]:
+    """The settings of one test's ragmon processes in Kafka mode: its own topics and group on
+    `bootstrap`, the store at `store_url`, judging and drift off, no ingest worker processes; each
+    of `sections` is merged over the section of its name."""
+    settings: dict[str, Any] = {
+        "data_dir": str(tmp_path / "data"),
+        "bus": {"kind": "kafka"},
+        "kafka": kafka_settings(bootstrap, uuid.uuid4().hex[:12]),
+        "store": {"url": store_url, "timeout_s": 5},
+        "judging": {"enabled": False},
+        "drift": {"enabled": False},
+        "server": {"ingest_processes": 0},
+    }
+    for name, values in sections.items():
+        settings[name] = {**settings.get(name, {}), **values}
+    return settings
+
+
+def until(check: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
+    """Wait until `check()` holds, polling every 0.2 s; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached in {timeout}s")
+        time.sleep(0.2)
+
+
+PROTOBUF = {"Content-Type": "application/x-protobuf"}
+
+
+def post_spans(url: str, ids: list[str], part: str = "all", per_request: int = 50) -> None:
+    """Send one part of the traces' spans ("all", "root" or "children"; `traffic.otlp_body`) as OTLP
+    protobuf to the ingest at `url`, `per_request` traces a request; each must be answered 200."""
+    with httpx.Client(timeout=30) as client:
+        for start in range(0, len(ids), per_request):
+            body = otlp_body(ids[start : start + per_request], part)
+            response = client.post(f"{url}/v1/traces", content=body, headers=PROTOBUF)
+            assert response.status_code == 200, response.text
 
 
 def env_from(settings: dict[str, Any], prefix: str = "RAGMON") -> dict[str, str]:

@@ -8,7 +8,6 @@ become one stored trace.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,43 +16,22 @@ import httpx
 import pytest
 
 from tests.distributed.conftest import (
+    PROTOBUF,
     Broker,
     IngestProcess,
     WorkerProcess,
     count_rows,
-    kafka_settings,
+    distributed_settings,
+    post_spans,
     stored_ids,
+    until,
 )
 from tests.distributed.sender import Sender
 from tests.distributed.traffic import otlp_body, trace_ids
 
 pytestmark = pytest.mark.slow
 
-PROTOBUF = {"Content-Type": "application/x-protobuf"}
-
-
-def settings_for(bootstrap: str, store_url: str, tmp_path: Path, **sections: Any) -> dict[str, Any]:
-    settings: dict[str, Any] = {
-        "data_dir": str(tmp_path / "data"),
-        "bus": {"kind": "kafka"},
-        "kafka": kafka_settings(bootstrap, uuid.uuid4().hex[:12]),
-        "store": {"url": store_url, "timeout_s": 5},
-        "judging": {"enabled": False},
-        "drift": {"enabled": False},
-        "server": {"ingest_processes": 0},
-        "assembler": {"grace_s": 0.5, "timeout_s": 10},
-    }
-    for name, values in sections.items():
-        settings[name] = {**settings.get(name, {}), **values}
-    return settings
-
-
-def until(check: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout}s")
-        time.sleep(0.2)
+ASSEMBLER = {"grace_s": 0.5, "timeout_s": 10}
 
 
 def test_spans_of_one_trace_sent_to_two_ingest_replicas_become_one_trace(
@@ -63,24 +41,15 @@ def test_spans_of_one_trace_sent_to_two_ingest_replicas_become_one_trace(
     ingests: Callable[[dict[str, Any]], IngestProcess],
     workers: Callable[..., WorkerProcess],
 ) -> None:
-    settings = settings_for(kafka_bootstrap, pg_url, tmp_path)
+    settings = distributed_settings(kafka_bootstrap, pg_url, tmp_path, assembler=ASSEMBLER)
     a, b = ingests(settings), ingests(settings)
     worker = workers(settings, "sinks")
     a.wait_ready()
     b.wait_ready()
     ids = trace_ids(40)
-    with httpx.Client(timeout=30) as client:
-        # the children reach one replica, the roots (which end the traces) the other
-        assert (
-            client.post(
-                f"{a.url}/v1/traces", content=otlp_body(ids, "children"), headers=PROTOBUF
-            ).status_code
-            == 200
-        )
-        assert (
-            client.post(f"{b.url}/v1/traces", content=otlp_body(ids, "root"), headers=PROTOBUF).status_code
-            == 200
-        )
+    # the children reach one replica, the roots (which end the traces) the other, in one request each
+    post_spans(a.url, ids, "children", per_request=len(ids))
+    post_spans(b.url, ids, "root", per_request=len(ids))
     until(lambda: count_rows(pg_url) == len(ids), what="traces stored")
     time.sleep(1.0)
     assert stored_ids(pg_url) == dict.fromkeys(ids, 1)
@@ -130,10 +99,11 @@ def test_broker_stopped_under_traffic_every_acknowledged_trace_is_stored(
     Kubernetes Service keeps its endpoints and clients get that answer, not connection errors) and
     live, and every process says the broker is unreachable; afterwards every acknowledged trace is
     stored once."""
-    settings = settings_for(
+    settings = distributed_settings(
         durable_broker.bootstrap,
         pg_url,
         tmp_path,
+        assembler=ASSEMBLER,
         kafka={"publish_timeout_s": 3, "delivery_timeout_s": 12, "backlog_interval_s": 0.5},
     )
     replicas = [ingests(settings), ingests(settings)]
@@ -200,7 +170,7 @@ def test_ingest_replica_killed_right_after_acks_nothing_acknowledged_is_lost(
     ingests: Callable[[dict[str, Any]], IngestProcess],
     workers: Callable[..., WorkerProcess],
 ) -> None:
-    settings = settings_for(kafka_bootstrap, pg_url, tmp_path)
+    settings = distributed_settings(kafka_bootstrap, pg_url, tmp_path, assembler=ASSEMBLER)
     a, b = ingests(settings), ingests(settings)
     worker = workers(settings, "sinks")
     a.wait_ready()

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,29 +31,16 @@ from tests.distributed.conftest import (
     Postgres,
     WorkerProcess,
     count_rows,
-    kafka_settings,
+    distributed_settings,
+    post_spans,
     stored_ids,
+    until,
 )
-from tests.distributed.traffic import json_traces, otlp_body, trace_ids, traces
+from tests.distributed.traffic import json_traces, trace_ids, traces
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.live_server import free_port, live_server
 
 pytestmark = pytest.mark.slow
-
-
-def _settings(bootstrap: str, store_url: str, tmp_path: Path, **sections: Any) -> dict[str, Any]:
-    settings: dict[str, Any] = {
-        "data_dir": str(tmp_path / "data"),
-        "bus": {"kind": "kafka"},
-        "kafka": kafka_settings(bootstrap, uuid.uuid4().hex[:12]),
-        "store": {"url": store_url, "timeout_s": 5},
-        "judging": {"enabled": False},
-        "drift": {"enabled": False},
-        "server": {"ingest_processes": 0},
-    }
-    for name, values in sections.items():
-        settings[name] = {**settings.get(name, {}), **values}
-    return settings
 
 
 def _publish(settings: dict[str, Any], n: int) -> None:
@@ -67,26 +53,6 @@ def _publish(settings: dict[str, Any], n: int) -> None:
         await bus.stop()
 
     asyncio.run(run())
-
-
-def _until(check: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout}s")
-        time.sleep(0.2)
-
-
-def _post_spans(ingest: IngestProcess, ids: list[str], per_request: int = 50) -> None:
-    """Send the traces' spans (OTLP protobuf) to `ingest`; each request must be acknowledged (200)."""
-    with httpx.Client(timeout=30) as client:
-        for start in range(0, len(ids), per_request):
-            response = client.post(
-                f"{ingest.url}/v1/traces",
-                content=otlp_body(ids[start : start + per_request]),
-                headers={"Content-Type": "application/x-protobuf"},
-            )
-            assert response.status_code == 200, response.text
 
 
 def _counted(*workers: WorkerProcess) -> float:
@@ -130,7 +96,7 @@ def test_worker_killed_mid_batch_another_takes_over_nothing_lost_or_doubled(
     # Every trace is sampled, so each batch writes the judge queue after storing its traces and before
     # counting them (writers first, counters last: service/pipeline.py); blocking that table stops both
     # workers between "stored" and "counted, offsets committed", where the fan-out outbox must carry it.
-    settings = _settings(
+    settings = distributed_settings(
         kafka_bootstrap,
         pg_url,
         tmp_path,
@@ -145,7 +111,7 @@ def test_worker_killed_mid_batch_another_takes_over_nothing_lost_or_doubled(
     ingest.wait_ready()
     # spans, traces and feedback topics
     total_partitions = 3 * settings["kafka"]["partitions"]
-    _until(
+    until(
         lambda: (
             _partitions(a) > 0 and _partitions(b) > 0 and _partitions(a) + _partitions(b) == total_partitions
         ),
@@ -156,8 +122,8 @@ def test_worker_killed_mid_batch_another_takes_over_nothing_lost_or_doubled(
         blocker.execute(sa.text("LOCK TABLE judge_queue IN EXCLUSIVE MODE"))
         # through ingest: a 200 is the broker's acknowledgement; the workers assemble the spans
         ids = trace_ids(n)
-        _post_spans(ingest, ids)
-        _until(lambda: _lock_waiters(pg_url) >= 2, what="both workers blocked mid-batch")
+        post_spans(ingest.url, ids)
+        until(lambda: _lock_waiters(pg_url) >= 2, what="both workers blocked mid-batch")
         killed_counted = a.metric("ragmon_traces_total")
         stored_before_kill = count_rows(pg_url)
         assert killed_counted == 0 and 0 < stored_before_kill < n
@@ -165,27 +131,15 @@ def test_worker_killed_mid_batch_another_takes_over_nothing_lost_or_doubled(
     finally:
         blocker.rollback()
         blocker.close()
-    _until(lambda: _partitions(b) == total_partitions, what="the survivor takes over every partition")
-    _until(lambda: count_rows(pg_url) == n, what=f"{n} traces stored")
-    _until(lambda: killed_counted + b.metric("ragmon_traces_total") >= n, what=f"{n} traces counted")
+    until(lambda: _partitions(b) == total_partitions, what="the survivor takes over every partition")
+    until(lambda: count_rows(pg_url) == n, what=f"{n} traces stored")
+    until(lambda: killed_counted + b.metric("ragmon_traces_total") >= n, what=f"{n} traces counted")
     time.sleep(1.0)  # anything redelivered late would show up as a count above n
     assert stored_ids(pg_url) == dict.fromkeys(ids, 1)
     assert killed_counted + b.metric("ragmon_traces_total") == n
-    _until(lambda: b.metric("ragmon_kafka_consumer_lag") == 0, timeout=10, what="no lag")
-    _until(lambda: b.metric("ragmon_kafka_spans_held_records") == 0, timeout=10, what="nothing held")
+    until(lambda: b.metric("ragmon_kafka_consumer_lag") == 0, timeout=10, what="no lag")
+    until(lambda: b.metric("ragmon_kafka_spans_held_records") == 0, timeout=10, what="nothing held")
     print(f"\nsinks worker SIGKILLed mid-batch: sent {n}, acked {n}, stored {count_rows(pg_url)}")
-
-
-def _post_part(ingest: IngestProcess, ids: list[str], part: str, per_request: int = 50) -> None:
-    """Send one part of the traces ("all", "root" or "children"); each request must be answered 200."""
-    with httpx.Client(timeout=30) as client:
-        for start in range(0, len(ids), per_request):
-            response = client.post(
-                f"{ingest.url}/v1/traces",
-                content=otlp_body(ids[start : start + per_request], part),
-                headers={"Content-Type": "application/x-protobuf"},
-            )
-            assert response.status_code == 200, response.text
 
 
 def test_a_dead_workers_backlog_is_measured_through_the_gap_and_drains_to_zero(
@@ -200,7 +154,7 @@ def test_a_dead_workers_backlog_is_measured_through_the_gap_and_drains_to_zero(
     the group's committed offset) by ingest and by every sinks worker, so it equals the acknowledged
     traces not stored before the kill, during the gap while the dead worker's partitions have no
     owner, and drains to 0 once the survivor has stored them all."""
-    settings = _settings(
+    settings = distributed_settings(
         kafka_bootstrap,
         pg_url,
         tmp_path,
@@ -214,7 +168,7 @@ def test_a_dead_workers_backlog_is_measured_through_the_gap_and_drains_to_zero(
     b = workers(settings, "sinks")
     ingest.wait_ready()
     total_partitions = 3 * settings["kafka"]["partitions"]
-    _until(
+    until(
         lambda: (
             _partitions(a) > 0 and _partitions(b) > 0 and _partitions(a) + _partitions(b) == total_partitions
         ),
@@ -228,21 +182,21 @@ def test_a_dead_workers_backlog_is_measured_through_the_gap_and_drains_to_zero(
 
     # 100 whole traces: stored, and their records committed
     stored_first = trace_ids(100)
-    _post_part(ingest, stored_first, "all")
-    _until(lambda: count_rows(pg_url) == 100, what="the first traces stored")
-    _until(lambda: backlog(ingest) == 0 and backlog(b) == 0, timeout=20, what="their records committed")
+    post_spans(ingest.url, stored_first, "all")
+    until(lambda: count_rows(pg_url) == 100, what="the first traces stored")
+    until(lambda: backlog(ingest) == 0 and backlog(b) == 0, timeout=20, what="their records committed")
     assert ingest.metric("ragmon_kafka_reachable") == 1.0
 
     # 400 traces whose root has not arrived: acknowledged, read by the workers, open, not stored
     open_ids = trace_ids(400)
-    _post_part(ingest, open_ids, "children")  # one record per trace and request: 400 records
+    post_spans(ingest.url, open_ids, "children")  # one record per trace and request: 400 records
     acked = len(stored_first) + len(open_ids)
     held = "ragmon_kafka_spans_held_records"
-    _until(lambda: a.metric(held) + b.metric(held) == len(open_ids), what="every open trace read and held")
+    until(lambda: a.metric(held) + b.metric(held) == len(open_ids), what="every open trace read and held")
     # what the per-worker lag shows: nothing left to read ...
     assert a.metric("ragmon_kafka_consumer_lag") == 0 and b.metric("ragmon_kafka_consumer_lag") == 0
     # ... while the backlog is every acknowledged trace that is not stored
-    _until(
+    until(
         lambda: backlog(ingest) == backlog(a) == backlog(b) == len(open_ids),
         timeout=10,
         what="ingest and both workers measure the backlog",
@@ -269,7 +223,7 @@ def test_a_dead_workers_backlog_is_measured_through_the_gap_and_drains_to_zero(
     assert gap_checks >= 2, "the gap was not observed"
 
     # the roots arrive: the survivor completes its own traces, then the dead worker's once it owns them
-    _post_part(ingest, open_ids, "root")
+    post_spans(ingest.url, open_ids, "root")
     acked_records = len(stored_first) + 2 * len(open_ids)
     recovery_checks = 0
     while count_rows(pg_url) < acked:
@@ -279,8 +233,8 @@ def test_a_dead_workers_backlog_is_measured_through_the_gap_and_drains_to_zero(
         assert latest is not None and acked - stored <= latest <= acked_records, (latest, stored)
         recovery_checks += 1
         time.sleep(0.3)
-    _until(lambda: _partitions(b) == total_partitions, what="the survivor owns every partition")
-    _until(lambda: backlog(ingest) == 0 and backlog(b) == 0, timeout=20, what="the backlog drained")
+    until(lambda: _partitions(b) == total_partitions, what="the survivor owns every partition")
+    until(lambda: backlog(ingest) == 0 and backlog(b) == 0, timeout=20, what="the backlog drained")
     time.sleep(1.0)
     assert stored_ids(pg_url) == dict.fromkeys(stored_first + open_ids, 1)
     assert counted_by_a + b.metric("ragmon_traces_total") == acked
@@ -299,13 +253,13 @@ def test_postgres_restart_workers_retry_and_resume(
     workers: Callable[..., WorkerProcess],
     ingests: Callable[[dict[str, Any]], IngestProcess],
 ) -> None:
-    settings = _settings(kafka_bootstrap, pg_url, tmp_path)
+    settings = distributed_settings(kafka_bootstrap, pg_url, tmp_path)
     ingest = ingests(settings)
     a = workers(settings, "sinks")
     b = workers(settings, "sinks")
     ingest.wait_ready()
     _publish(settings, 150)
-    _until(lambda: count_rows(pg_url) == 150, what="first traces stored")
+    until(lambda: count_rows(pg_url) == 150, what="first traces stored")
     assert a.readiness() == b.readiness() == (200, "ok")
     postgres.stop()
     try:
@@ -313,8 +267,8 @@ def test_postgres_restart_workers_retry_and_resume(
         # ingest in Kafka mode does not need the store to take spans: it stays ready and answers 200
         assert ingest.readiness() == (200, "ok")
         span_ids = trace_ids(100)
-        _post_spans(ingest, span_ids)
-        _until(
+        post_spans(ingest.url, span_ids)
+        until(
             lambda: (
                 a.metric("ragmon_sink_failures_total", sink="kafka", kind="retryable")
                 + b.metric("ragmon_sink_failures_total", sink="kafka", kind="retryable")
@@ -328,9 +282,9 @@ def test_postgres_restart_workers_retry_and_resume(
         assert a.health()["status"] == "ok"
     finally:
         postgres.start()
-    _until(lambda: a.readiness()[0] == b.readiness()[0] == 200, what="ready again after the restart")
-    _until(lambda: count_rows(pg_url) == 500, what="all traces stored after the restart")
-    _until(lambda: _counted(a, b) >= 500, what="all traces counted")
+    until(lambda: a.readiness()[0] == b.readiness()[0] == 200, what="ready again after the restart")
+    until(lambda: count_rows(pg_url) == 500, what="all traces stored after the restart")
+    until(lambda: _counted(a, b) >= 500, what="all traces counted")
     time.sleep(1.0)
     stored = stored_ids(pg_url)
     assert len(stored) == 500 and set(span_ids) <= set(stored) and set(stored.values()) == {1}
@@ -350,11 +304,11 @@ def test_a_worker_stuck_on_a_frozen_postgres_fails_liveness_and_loses_nothing(
     /healthz said ok and the pod was never restarted; now a turn older than 2 x
     max_poll_interval_s fails liveness. Once the server resumes, every trace is stored once."""
     url = private_postgres.database()
-    settings = _settings(kafka_bootstrap, url, tmp_path, kafka={"max_poll_interval_s": 5})
+    settings = distributed_settings(kafka_bootstrap, url, tmp_path, kafka={"max_poll_interval_s": 5})
     worker = workers(settings, "sinks")
     worker.wait(lambda h: bool(h["partitions"]), timeout=60)
     _publish(settings, 60)
-    _until(lambda: count_rows(url) == 60, what="first traces stored")
+    until(lambda: count_rows(url) == 60, what="first traces stored")
     assert worker.health()["status"] == "ok"
     frozen = private_postgres.processes()
     for pid in frozen:
@@ -370,8 +324,8 @@ def test_a_worker_stuck_on_a_frozen_postgres_fails_liveness_and_loses_nothing(
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
     worker.wait(lambda h: h["status"] == "ok", timeout=60)
-    _until(lambda: count_rows(url) == 150, what="all traces stored once the server resumed")
-    _until(lambda: _counted(worker) >= 150, what="all traces counted")
+    until(lambda: count_rows(url) == 150, what="all traces stored once the server resumed")
+    until(lambda: _counted(worker) >= 150, what="all traces counted")
     stored = stored_ids(url)
     assert len(stored) == 150 and set(stored.values()) == {1}
     assert _counted(worker) == 150
@@ -387,15 +341,15 @@ def test_ingest_starts_and_takes_spans_while_its_postgres_is_unreachable(
 ) -> None:
     # Distributed ingest only publishes: a PostgreSQL outage at its start (a rollout during a
     # database restart) must not keep it from answering 200 for what the brokers acknowledged.
-    settings = _settings(kafka_bootstrap, pg_url, tmp_path)
+    settings = distributed_settings(kafka_bootstrap, pg_url, tmp_path)
     nowhere = f"postgresql+psycopg://ragmon:secret-pw@127.0.0.1:{free_port()}/ragmon"
     ingest = ingests({**settings, "store": {**settings["store"], "url": nowhere}})
     ingest.wait_ready(timeout=60)
     assert ingest.readiness() == (200, "ok")
     ids = trace_ids(120)
-    _post_spans(ingest, ids, per_request=40)
+    post_spans(ingest.url, ids, per_request=40)
     worker = workers(settings, "sinks")  # its store answers: it stores what ingest published
-    _until(lambda: count_rows(pg_url) == len(ids), what="every acknowledged trace stored")
+    until(lambda: count_rows(pg_url) == len(ids), what="every acknowledged trace stored")
     stored = stored_ids(pg_url)
     assert set(stored) == set(ids) and set(stored.values()) == {1}
     assert worker.metric("ragmon_traces_total") == len(ids)
@@ -410,7 +364,7 @@ def test_broker_down_at_ingest_503_yet_ready_then_200_once_it_returns(
     broker_factory: Callable[[], Broker], pg_url: str, tmp_path: Path, workers: Callable[..., WorkerProcess]
 ) -> None:
     broker = broker_factory()  # its port is chosen; nothing listens there yet
-    settings = _settings(broker.bootstrap, pg_url, tmp_path, kafka={"publish_timeout_s": 2})
+    settings = distributed_settings(broker.bootstrap, pg_url, tmp_path, kafka={"publish_timeout_s": 2})
     ingest_settings = {k: v for k, v in settings.items() if k != "data_dir"}
     accepted = 0
     with live_server(tmp_path / "ingest", **ingest_settings) as server, server.client() as client:
@@ -426,10 +380,10 @@ def test_broker_down_at_ingest_503_yet_ready_then_200_once_it_returns(
         assert client.get("/healthz").json() == {"status": "ok"}
         assert server.metric("ragmon_ingest_rejected_total", reason="queue_full") >= 3
         # nothing is kept for later: the refused records leave the buffer once the failed send returns
-        _until(lambda: server.metric("ragmon_kafka_buffer_records") == 0, timeout=30, what="buffer empty")
+        until(lambda: server.metric("ragmon_kafka_buffer_records") == 0, timeout=30, what="buffer empty")
 
         broker.start()
-        _until(lambda: client.get("/readyz").json()["detail"] == "ok", what="ingest ok once it is back")
+        until(lambda: client.get("/readyz").json()["detail"] == "ok", what="ingest ok once it is back")
         for _ in range(2):
             response = client.post("/api/v1/traces", json={"traces": json_traces(50)})
             assert response.status_code == 200, response.text
@@ -441,8 +395,8 @@ def test_broker_down_at_ingest_503_yet_ready_then_200_once_it_returns(
         assert server.metric("ragmon_traces_total", app="shop") == 0
 
     worker = workers(settings, "sinks")
-    _until(lambda: count_rows(pg_url) >= accepted, what=f"{accepted} traces stored")
-    _until(lambda: _counted(worker) >= accepted, what="traces counted")
+    until(lambda: count_rows(pg_url) >= accepted, what=f"{accepted} traces stored")
+    until(lambda: _counted(worker) >= accepted, what="traces counted")
     time.sleep(1.0)
     # what was refused before its timeout may have reached the broker; nothing acknowledged is missing
     assert count_rows(pg_url) >= accepted
@@ -480,7 +434,7 @@ def test_judge_endpoint_down_the_queue_holds_the_work_until_it_returns(
     n = 30
     fake = FakeOpenAI()  # its port is bound but nothing answers until start(): the endpoint is down
     try:
-        settings = _settings(
+        settings = distributed_settings(
             kafka_bootstrap,
             pg_url,
             tmp_path,
@@ -499,9 +453,9 @@ def test_judge_endpoint_down_the_queue_holds_the_work_until_it_returns(
         )
         worker = workers(settings, "sinks", "judge")
         _publish(settings, n)
-        _until(lambda: count_rows(pg_url) == n, what="traces stored")
-        _until(lambda: sum(_queue_states(pg_url).values()) == n, what="every trace queued for judging")
-        _until(
+        until(lambda: count_rows(pg_url) == n, what="traces stored")
+        until(lambda: sum(_queue_states(pg_url).values()) == n, what="every trace queued for judging")
+        until(
             lambda: worker.metric("ragmon_judge_failures_total") > 0,
             what="the worker meets the dead endpoint",
         )
@@ -511,7 +465,7 @@ def test_judge_endpoint_down_the_queue_holds_the_work_until_it_returns(
         assert states.get("failed", 0) == 0 and states.get("done", 0) == 0, states
         fake.start()
         fake.set_default(Reply(content=FAITHFUL))
-        _until(lambda: _queue_states(pg_url).get("done", 0) == n, what="every queued trace judged")
+        until(lambda: _queue_states(pg_url).get("done", 0) == n, what="every queued trace judged")
         assert count_rows(pg_url, "judgments") == n
         assert count_rows(pg_url) == n
         assert _counted(worker) == n
@@ -535,7 +489,7 @@ def test_judge_worker_killed_mid_judgment_no_item_lost_or_judged_twice(
     with FakeOpenAI() as fake:
         # each judgment takes a while, so the killed worker dies holding leased items mid-call
         fake.set_default(Reply(content=FAITHFUL, delay_s=0.5))
-        settings = _settings(
+        settings = distributed_settings(
             kafka_bootstrap,
             pg_url,
             tmp_path,
@@ -549,15 +503,15 @@ def test_judge_worker_killed_mid_judgment_no_item_lost_or_judged_twice(
         doomed = workers(settings, "judge")
         ingest.wait_ready()
         ids = trace_ids(n)
-        _post_spans(ingest, ids, per_request=10)
-        _until(lambda: count_rows(pg_url) == n, what="traces stored")
-        _until(lambda: _queue_states(pg_url).get("leased", 0) > 0, what="items leased by the doomed worker")
-        _until(lambda: count_rows(pg_url, "judgments") >= 5, what="the doomed worker judges")
+        post_spans(ingest.url, ids, per_request=10)
+        until(lambda: count_rows(pg_url) == n, what="traces stored")
+        until(lambda: _queue_states(pg_url).get("leased", 0) > 0, what="items leased by the doomed worker")
+        until(lambda: count_rows(pg_url, "judgments") >= 5, what="the doomed worker judges")
         doomed.kill()
         judged_by_doomed = count_rows(pg_url, "judgments")
         assert judged_by_doomed < n
         survivor = workers(settings, "judge")
-        _until(lambda: _queue_states(pg_url).get("done", 0) == n, timeout=90, what="every item judged")
+        until(lambda: _queue_states(pg_url).get("done", 0) == n, timeout=90, what="every item judged")
         time.sleep(1.0)
         states = _queue_states(pg_url)
         assert states == {"done": n}, states
@@ -582,7 +536,7 @@ def test_a_poison_record_on_kafka_costs_no_other_record(
 ) -> None:
     """A trace that decodes but that PostgreSQL refuses (a token count past BIGINT) amid 199 good ones
     of two tenants: the sinks worker splits the batch, stores every good one and dead-letters the one."""
-    settings = _settings(kafka_bootstrap, pg_url, tmp_path, kafka={"max_poll_records": 500})
+    settings = distributed_settings(kafka_bootstrap, pg_url, tmp_path, kafka={"max_poll_records": 500})
     good = traces(200)
     poison_id = good[100].trace_id
     mixed = [t.model_copy(update={"tenant": "other"}) if i % 2 else t for i, t in enumerate(good)]
@@ -600,8 +554,8 @@ def test_a_poison_record_on_kafka_costs_no_other_record(
 
     asyncio.run(publish())
     worker = workers(settings, "sinks")
-    _until(lambda: count_rows(pg_url) == 199, what="the 199 good traces stored")
-    _until(lambda: count_rows(pg_url, "dead_letters") == 1, what="the poison trace dead-lettered")
+    until(lambda: count_rows(pg_url) == 199, what="the 199 good traces stored")
+    until(lambda: count_rows(pg_url, "dead_letters") == 1, what="the poison trace dead-lettered")
     engine = sa.create_engine(pg_url, poolclass=NullPool)
     with engine.connect() as conn:
         stored = set(conn.execute(sa.text("SELECT tenant, trace_id FROM traces")).all())
@@ -618,22 +572,22 @@ def test_a_worker_without_the_broker_says_so_once_and_consumes_once_it_appears(
     """The outage is one line (not one per retry, nor kafka-python's per attempt), its end one line,
     and the worker then consumes without a restart."""
     broker = broker_factory()  # its port is chosen; nothing listens there yet
-    settings = _settings(broker.bootstrap, f"sqlite:///{tmp_path / 'worker.db'}", tmp_path)
+    settings = distributed_settings(broker.bootstrap, f"sqlite:///{tmp_path / 'worker.db'}", tmp_path)
     worker = workers(settings, "sinks")
 
     def kafka_lines() -> list[str]:
         text = worker.log_path.read_text(errors="replace")
         return [line for line in text.splitlines() if "Kafka" in line or " kafka." in line]
 
-    _until(lambda: len(kafka_lines()) > 0, timeout=30, what="the outage reported")
+    until(lambda: len(kafka_lines()) > 0, timeout=30, what="the outage reported")
     time.sleep(10)  # more retries: none of them may add a line (the next report is due after 30 s)
     down = kafka_lines()
     assert len(down) == 1 and "is unreachable" in down[0], worker.log_tail()
 
     broker.start()
-    _until(lambda: any("reachable again" in line for line in kafka_lines()), what="the recovery said")
+    until(lambda: any("reachable again" in line for line in kafka_lines()), what="the recovery said")
     _publish(settings, 20)
-    _until(lambda: _counted(worker) >= 20, what="20 traces consumed after the broker appeared")
+    until(lambda: _counted(worker) >= 20, what="20 traces consumed after the broker appeared")
     lines = kafka_lines()
     # one start line; a "still unreachable" progress line is allowed only if the outage outlasted 30 s
     assert [line for line in lines if "is unreachable" in line] == down, worker.log_tail()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -29,37 +28,21 @@ from sqlalchemy.pool import NullPool
 
 from service.config import load_config
 from service.worker import Worker
-from tests.distributed.conftest import IngestProcess, WorkerProcess, count_rows, kafka_settings, stored_ids
+from tests.distributed.conftest import (
+    PROTOBUF,
+    IngestProcess,
+    WorkerProcess,
+    count_rows,
+    distributed_settings,
+    stored_ids,
+    until,
+)
 from tests.rag_spans import RagRequest, body
 
 pytestmark = pytest.mark.slow
 
-PROTOBUF = {"Content-Type": "application/x-protobuf"}
 N = 12
-
-
-def _settings(bootstrap: str, store_url: str, tmp_path: Path, **sections: Any) -> dict[str, Any]:
-    settings: dict[str, Any] = {
-        "data_dir": str(tmp_path / "data"),
-        "bus": {"kind": "kafka"},
-        "kafka": kafka_settings(bootstrap, uuid.uuid4().hex[:12]),
-        "store": {"url": store_url, "timeout_s": 5},
-        "judging": {"enabled": False},
-        "drift": {"enabled": False},
-        "server": {"ingest_processes": 0},
-        "assembler": {"grace_s": 0.5, "idle_s": 120, "max_age_s": 900, "late_window_s": 1800},
-    }
-    for name, values in sections.items():
-        settings[name] = {**settings.get(name, {}), **values}
-    return settings
-
-
-def _until(check: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout}s")
-        time.sleep(0.2)
+ASSEMBLER = {"grace_s": 0.5, "idle_s": 120, "max_age_s": 900, "late_window_s": 1800}
 
 
 def _send(replica: IngestProcess, *bodies: bytes) -> None:
@@ -132,7 +115,7 @@ def test_a_trace_over_two_ingest_replicas_minutes_apart_is_completed_from_its_st
     tmp_path: Path,
     ingests: Callable[[dict[str, Any]], IngestProcess],
 ) -> None:
-    settings = _settings(kafka_bootstrap, pg_url, tmp_path)
+    settings = distributed_settings(kafka_bootstrap, pg_url, tmp_path, assembler=ASSEMBLER)
     a, b = ingests(settings), ingests(settings)
     clock = Clock()
     requests = [RagRequest(duration_s=300) for _ in range(N)]
@@ -141,18 +124,18 @@ def test_a_trace_over_two_ingest_replicas_minutes_apart_is_completed_from_its_st
         b.wait_ready()
         assembler = worker.pipeline.assembler
         _send(a, body(*(r.retrieve for r in requests)))  # the retriever's service exports to replica a
-        _until(lambda: assembler.open_traces == N, what="the retrieval spans read by the worker")
+        until(lambda: assembler.open_traces == N, what="the retrieval spans read by the worker")
         clock.now += 121  # five minutes of LLM call: nothing comes; the traces go idle
         call(assembler.flush_due())
-        _until(lambda: len(_rows(pg_url)) == N, what="the partial traces stored")
+        until(lambda: len(_rows(pg_url)) == N, what="the partial traces stored")
         assert set(_rows(pg_url).values()) == {(1, True, None, 0)}
         assert _metric(worker, "ragmon_partial_traces_total", app="shop") == N
         clock.now += 179
         _send(b, body(*(s for r in requests for s in (r.generate, r.root))))  # the frontend: replica b
-        _until(lambda: assembler.open_traces == N, what="the late spans read by the worker")
+        until(lambda: assembler.open_traces == N, what="the late spans read by the worker")
         clock.now += 0.6
         call(assembler.flush_due())
-        _until(
+        until(
             lambda: set(_rows(pg_url).values()) == {(3, False, requests[0].answer, 1000)},
             what="the stored traces completed",
         )
@@ -167,7 +150,7 @@ def test_a_trace_over_two_ingest_replicas_minutes_apart_is_completed_from_its_st
         assert _metric(worker, "ragmon_stage_duration_seconds_count", app="shop", stage="total") == N
         assert _metric(worker, "ragmon_late_spans_total") == 2 * N
         # every record of the spans topic is committed once its trace is stored
-        _until(lambda: worker.pipeline.span_offsets.held == 0, what="nothing held")  # type: ignore[union-attr]
+        until(lambda: worker.pipeline.span_offsets.held == 0, what="nothing held")  # type: ignore[union-attr]
 
 
 def test_a_worker_killed_before_merging_late_spans_loses_nothing_and_counts_nothing_twice(
@@ -177,7 +160,7 @@ def test_a_worker_killed_before_merging_late_spans_loses_nothing_and_counts_noth
     ingests: Callable[[dict[str, Any]], IngestProcess],
     workers: Callable[..., WorkerProcess],
 ) -> None:
-    base = _settings(kafka_bootstrap, pg_url, tmp_path)
+    base = distributed_settings(kafka_bootstrap, pg_url, tmp_path, assembler=ASSEMBLER)
     # the first worker flushes a trace whose root has not come after 1 s, and then waits a minute
     # after a root: it holds the late spans open when it is killed
     first = workers({**base, "assembler": {**base["assembler"], "idle_s": 1, "grace_s": 60}}, "sinks")
@@ -186,14 +169,14 @@ def test_a_worker_killed_before_merging_late_spans_loses_nothing_and_counts_noth
     b.wait_ready()
     requests = [RagRequest(duration_s=200) for _ in range(N)]
     _send(a, body(*(r.retrieve for r in requests)))
-    _until(lambda: len(_rows(pg_url)) == N, what="the partial traces stored by the first worker")
+    until(lambda: len(_rows(pg_url)) == N, what="the partial traces stored by the first worker")
     assert first.metric("ragmon_traces_total") == N
     _send(b, body(*(s for r in requests for s in (r.generate, r.root))))
-    _until(lambda: first.metric("ragmon_open_traces") == N, what="the late spans read and held open")
+    until(lambda: first.metric("ragmon_open_traces") == N, what="the late spans read and held open")
     first.kill()  # SIGKILL: acknowledged by the broker, read, not merged, not committed
     assert set(_rows(pg_url).values()) == {(1, True, None, 0)}
     second = workers(base, "sinks")
-    _until(
+    until(
         lambda: set(_rows(pg_url).values()) == {(3, False, requests[0].answer, 1000)},
         timeout=90,
         what="the stored traces completed by the successor",
@@ -205,4 +188,4 @@ def test_a_worker_killed_before_merging_late_spans_loses_nothing_and_counts_noth
     assert second.metric("ragmon_traces_total") == 0
     assert second.metric("ragmon_traces_updated_total") == N
     assert second.metric("ragmon_tokens_total", kind="input") == 1000 * N
-    _until(lambda: second.metric("ragmon_kafka_spans_held_records") == 0, timeout=20, what="nothing held")
+    until(lambda: second.metric("ragmon_kafka_spans_held_records") == 0, timeout=20, what="nothing held")

@@ -31,14 +31,20 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from sqlalchemy.pool import NullPool
 
 from service.ingest.span_size import MAX_SPAN_BYTES, truncation_note
-from tests.distributed.conftest import IngestProcess, WorkerProcess, count_rows
-from tests.distributed.test_durable_ingest import settings_for, until
+from tests.distributed.conftest import (
+    PROTOBUF,
+    IngestProcess,
+    WorkerProcess,
+    count_rows,
+    distributed_settings,
+    until,
+)
 from tests.distributed.traffic import otlp_body, trace_ids
 from tests.live_server import live_server
 
 pytestmark = pytest.mark.slow
 
-PROTOBUF = {"Content-Type": "application/x-protobuf"}
+ASSEMBLER = {"grace_s": 0.5, "timeout_s": 10}
 BIG = 10 * 2**20  # bytes of the oversize attribute
 
 
@@ -114,7 +120,7 @@ def test_the_same_bytes_get_the_same_answer_and_rows_embedded_and_distributed(
     oversize, out_of_range = _oversize_request(oversize_ids), _out_of_range_request(range_ids)
     assert len(oversize) > BIG
 
-    settings = settings_for(kafka_bootstrap, pg_url, tmp_path)
+    settings = distributed_settings(kafka_bootstrap, pg_url, tmp_path, assembler=ASSEMBLER)
     ingest = ingests(settings)
     worker = workers(settings, "sinks")
     ingest.wait_ready()
@@ -193,7 +199,7 @@ def test_a_json_api_record_too_large_for_one_kafka_record_is_rejected_alone(
 ) -> None:
     """Such a record used to reach the producer, fail its send (over `max_request_size`), mark the bus
     unavailable and keep ingest answering 503 for the whole batch. Now it alone is refused, with why."""
-    settings = settings_for(kafka_bootstrap, pg_url, tmp_path)
+    settings = distributed_settings(kafka_bootstrap, pg_url, tmp_path, assembler=ASSEMBLER)
     ingest = ingests(settings)
     workers(settings, "sinks")
     ingest.wait_ready()
