@@ -5,11 +5,8 @@ nothing twice; a clean stop leaves an empty write-ahead log."""
 from __future__ import annotations
 
 import gzip
-import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -26,10 +23,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.live_server import free_port
 from tests.processes import descendants, wait_gone
+from tests.serve_process import start_serve, wait_ready
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[3]
+SETTINGS = {"RAGMON_SERVER__INGEST_PROCESSES": "1", "RAGMON_ASSEMBLER__GRACE_S": "1"}
 PROTOBUF = {"content-type": "application/x-protobuf"}
 TRACES_PER_REQUEST = 50
 OTLP_REQUESTS = 56  # 2,800 traces by OTLP
@@ -87,44 +85,6 @@ def _json_traces(first: int) -> tuple[dict, list[str]]:
     return {"traces": records}, ids
 
 
-def _serve(data_dir: Path, port: int) -> subprocess.Popen[str]:
-    env = {**os.environ, "RAGMON_SERVER__INGEST_PROCESSES": "1", "RAGMON_ASSEMBLER__GRACE_S": "1"}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--grpc-port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _ready(url: str, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert process.poll() is None, (
-            f"ragmon serve exited: {process.stderr.read() if process.stderr else ''}"
-        )
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("ragmon serve never became ready")
-
-
 def _rows(db: Path, query: str) -> list[tuple]:
     with sqlite3.connect(db) as conn:
         return conn.execute(query).fetchall()
@@ -134,8 +94,8 @@ def test_sigkill_right_after_the_last_200_loses_nothing_acknowledged(tmp_path: P
     data_dir = tmp_path / "data"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = _serve(data_dir, port)
-    _ready(url, server)
+    server = start_serve(data_dir, port, SETTINGS)
+    wait_ready(url, server)
     template = _template()
     acked_traces: set[str] = set()
     acked_feedback: set[str] = set()
@@ -184,9 +144,9 @@ def test_sigkill_right_after_the_last_200_loses_nothing_acknowledged(tmp_path: P
     assert len(acked_traces) + refused * TRACES_PER_REQUEST >= 3_000 - FEEDBACK_REQUESTS * TRACES_PER_REQUEST
     assert len(acked_traces) > 2_500, f"only {len(acked_traces)} acknowledged ({refused} refused)"
 
-    server = _serve(data_dir, port)
+    server = start_serve(data_dir, port, SETTINGS)
     try:
-        _ready(url, server)
+        wait_ready(url, server)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             stored = {r[0] for r in _rows(db, "SELECT trace_id FROM traces")}

@@ -5,11 +5,9 @@ service/ingest/ledger.py); nothing is counted twice."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,17 +17,16 @@ import pytest
 from tests.live_server import free_port
 from tests.processes import descendants, wait_gone
 from tests.rag_spans import RagRequest, body
+from tests.serve_process import start_serve, wait_ready
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[3]
 PROTOBUF = {"content-type": "application/x-protobuf"}
 N = 20
 
 
 def _serve(data_dir: Path, port: int, wait_s: float) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
+    settings = {
         "RAGMON_SERVER__INGEST_PROCESSES": "0",
         "RAGMON_ASSEMBLER__GRACE_S": str(wait_s),
         "RAGMON_ASSEMBLER__IDLE_S": str(wait_s),
@@ -38,30 +35,7 @@ def _serve(data_dir: Path, port: int, wait_s: float) -> subprocess.Popen[str]:
         "RAGMON_WAL__CHECKPOINT_S": "0.1",
         "RAGMON_JUDGING__ENABLED": "false",
     }
-    args = ["serve", "--port", str(port), "--grpc-port", "0", "--data-dir", str(data_dir)]
-    return subprocess.Popen(
-        [sys.executable, "-m", "service.cli", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _ready(url: str, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert process.poll() is None, (
-            f"ragmon serve exited: {process.stderr.read() if process.stderr else ''}"
-        )
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("ragmon serve never became ready")
+    return start_serve(data_dir, port, settings)
 
 
 def _rows(db: Path) -> dict[str, tuple[int, bool, str | None, int]]:
@@ -93,7 +67,7 @@ def test_late_spans_acknowledged_and_killed_before_the_merge_complete_the_trace_
     requests = [RagRequest(duration_s=200) for _ in range(N)]
     server = _serve(data_dir, port, wait_s=0.5)  # the retrieval spans: flushed idle, stored partial
     try:
-        _ready(url, server)
+        wait_ready(url, server)
         with httpx.Client(base_url=url, timeout=30, headers=PROTOBUF) as client:
             assert client.post("/v1/traces", content=body(*(r.retrieve for r in requests))).status_code == 200
         _until(lambda: len(_rows(db)) == N, what="the partial traces stored")
@@ -104,7 +78,7 @@ def test_late_spans_acknowledged_and_killed_before_the_merge_complete_the_trace_
     # waiting ten minutes for more spans: the late parts stay open until the kill
     server = _serve(data_dir, port, wait_s=600)
     try:
-        _ready(url, server)
+        wait_ready(url, server)
         late = body(*(s for r in requests for s in (r.generate, r.root)))
         with httpx.Client(base_url=url, timeout=30, headers=PROTOBUF) as client:
             assert client.post("/v1/traces", content=late).status_code == 200
@@ -119,7 +93,7 @@ def test_late_spans_acknowledged_and_killed_before_the_merge_complete_the_trace_
 
     server = _serve(data_dir, port, wait_s=0.5)
     try:
-        _ready(url, server)
+        wait_ready(url, server)
         whole = (3, False, requests[0].answer, 1000)
         _until(
             lambda: set(_rows(db).values()) == {whole}, what="the stored traces completed after the restart"
