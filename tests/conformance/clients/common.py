@@ -215,3 +215,24 @@ SYSTEM_PROMPT: str = SPEC["system_prompt"]
 
 def user_prompt(question: str, contents: list[str]) -> str:
     return "Context:\n" + "\n\n".join(contents) + f"\n\nQuestion: {question}"
+
+
+def chat_answer(client: Any, question: Question, contents: list[str]) -> str:
+    """The answer of the chat model through an OpenAI SDK `client` (the clients that call the SDK
+    themselves): the system prompt, then the question with the retrieved `contents`; streamed, with
+    the usage chunk, when the question is."""
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": user_prompt(question.text, contents)},
+    ]
+    if not question.stream:
+        completion = client.chat.completions.create(model=CHAT_MODEL, messages=messages)
+        return str(completion.choices[0].message.content or "")
+    answer = ""
+    stream = client.chat.completions.create(
+        model=CHAT_MODEL, messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            answer += chunk.choices[0].delta.content
+    return answer

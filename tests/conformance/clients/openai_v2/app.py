@@ -17,15 +17,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import (
-    CHAT_MODEL,
     DOCS,
     EMBEDDING_MODEL,
     QUESTIONS,
-    SYSTEM_PROMPT,
     TOP_K,
     InMemoryStore,
     Run,
-    user_prompt,
+    chat_answer,
 )
 from openai import OpenAI
 from opentelemetry._logs import set_logger_provider
@@ -84,21 +82,7 @@ def main() -> None:
                         ),
                     }
                 )
-            messages = [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": user_prompt(question.text, [c for _, _, c in hits])},
-            ]
-            if question.stream:
-                answer = ""
-                stream = client.chat.completions.create(
-                    model=CHAT_MODEL, messages=messages, stream=True, stream_options={"include_usage": True}
-                )
-                for chunk in stream:
-                    if chunk.choices and chunk.choices[0].delta.content:
-                        answer += chunk.choices[0].delta.content
-            else:
-                completion = client.chat.completions.create(model=CHAT_MODEL, messages=messages)
-                answer = completion.choices[0].message.content or ""
+            answer = chat_answer(client, question, [c for _, _, c in hits])
             record.result(answer=answer, docs=hits)
 
     # log records first: they carry the answer, and a monitor can only join them to a trace it

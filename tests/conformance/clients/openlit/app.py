@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import chromadb
 import openlit
 from chromadb.utils.embedding_functions import OpenAIEmbeddingFunction
-from common import CHAT_MODEL, DOCS, EMBEDDING_MODEL, QUESTIONS, SYSTEM_PROMPT, TOP_K, Run, user_prompt
+from common import DOCS, EMBEDDING_MODEL, QUESTIONS, TOP_K, Run, chat_answer
 from openai import OpenAI
 from opentelemetry import trace
 
@@ -59,21 +59,7 @@ def main() -> None:
                     found["ids"][0], found["distances"][0], found["documents"][0], strict=True
                 )
             ]
-            messages = [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": user_prompt(question.text, [c for _, _, c in hits])},
-            ]
-            if question.stream:
-                answer = ""
-                stream = client.chat.completions.create(
-                    model=CHAT_MODEL, messages=messages, stream=True, stream_options={"include_usage": True}
-                )
-                for chunk in stream:
-                    if chunk.choices and chunk.choices[0].delta.content:
-                        answer += chunk.choices[0].delta.content
-            else:
-                completion = client.chat.completions.create(model=CHAT_MODEL, messages=messages)
-                answer = completion.choices[0].message.content or ""
+            answer = chat_answer(client, question, [c for _, _, c in hits])
             request.set_result(answer)
             record.result(answer=answer, docs=hits)
 

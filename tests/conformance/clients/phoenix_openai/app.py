@@ -13,15 +13,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import (
-    CHAT_MODEL,
     DOCS,
     EMBEDDING_MODEL,
     QUESTIONS,
-    SYSTEM_PROMPT,
     TOP_K,
     InMemoryStore,
     Run,
-    user_prompt,
+    chat_answer,
 )
 from openai import OpenAI
 from openinference.semconv.trace import DocumentAttributes, SpanAttributes
@@ -65,21 +63,7 @@ def main() -> None:
                     span.set_attribute(prefix + DocumentAttributes.DOCUMENT_ID, doc_id)
                     span.set_attribute(prefix + DocumentAttributes.DOCUMENT_SCORE, score)
                     span.set_attribute(prefix + DocumentAttributes.DOCUMENT_CONTENT, content)
-            messages = [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": user_prompt(question.text, [c for _, _, c in hits])},
-            ]
-            if question.stream:
-                answer = ""
-                stream = client.chat.completions.create(
-                    model=CHAT_MODEL, messages=messages, stream=True, stream_options={"include_usage": True}
-                )
-                for chunk in stream:
-                    if chunk.choices and chunk.choices[0].delta.content:
-                        answer += chunk.choices[0].delta.content
-            else:
-                completion = client.chat.completions.create(model=CHAT_MODEL, messages=messages)
-                answer = completion.choices[0].message.content or ""
+            answer = chat_answer(client, question, [c for _, _, c in hits])
             root.set_output(answer)
             record.result(answer=answer, docs=hits)
 
