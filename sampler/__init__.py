@@ -66,9 +66,9 @@ from sampler.queue import (
     JudgeQueue,
     QueueRecord,
     QueueStats,
-    SqlJudgeQueue,
-    create_tables,
 )
+from sampler.queue_table import create_tables
+from sampler.sql_queue import SqlJudgeQueue
 
 __all__ = [
     "EXPIRED",

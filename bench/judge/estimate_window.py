@@ -44,7 +44,7 @@ from sampler import (  # noqa: E402
     create_tables,
     estimate_cells_by,
 )
-from sampler.queue import judge_queue  # noqa: E402
+from sampler.queue_table import judge_queue  # noqa: E402
 from service.judge.store import JudgmentStore, judgments  # noqa: E402
 from service.store.trace_store import Store  # noqa: E402
 from tests.service.judge.record_by_record import record_by_record  # noqa: E402

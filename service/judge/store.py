@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from sampler.estimate import SampleCell
-from sampler.queue import judge_queue
+from sampler.queue_table import judge_queue
 from service.errors import StoreUnavailable
 from service.judge.judgment import Judgment
 from service.store.tables import UtcDateTime

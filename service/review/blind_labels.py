@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from sampler.corrected import LabelledSample
-from sampler.queue import judge_queue
+from sampler.queue_table import judge_queue
 from service.errors import StoreUnavailable
 from service.judge.store import Reading, judgments
 from service.review.records import ReviewIn, ReviewVerdict

@@ -18,7 +18,9 @@ from sqlalchemy import create_engine
 from sampler.budget import BudgetConfig, JudgeBudget
 from sampler.estimate import FaithfulnessEstimate, JudgedSample, estimate_by, hajek
 from sampler.policy import SamplerConfig, StrataRates, TraceSampler, TraceSummary
-from sampler.queue import JudgeItem, SqlJudgeQueue, create_tables
+from sampler.queue import JudgeItem
+from sampler.queue_table import create_tables
+from sampler.sql_queue import SqlJudgeQueue
 from service.model import Chunk, Feedback, RagTrace, Retrieval
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)

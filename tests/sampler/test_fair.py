@@ -12,7 +12,9 @@ from sqlalchemy import create_engine
 
 from sampler.budget import BudgetConfig, JudgeBudget
 from sampler.fair import FairAdmission, FairShares
-from sampler.queue import JudgeItem, SqlJudgeQueue, create_tables
+from sampler.queue import JudgeItem
+from sampler.queue_table import create_tables
+from sampler.sql_queue import SqlJudgeQueue
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 

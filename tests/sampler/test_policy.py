@@ -19,7 +19,8 @@ from sampler.policy import (
     TraceSummary,
     selection_u,
 )
-from sampler.queue import SqlJudgeQueue, create_tables
+from sampler.queue_table import create_tables
+from sampler.sql_queue import SqlJudgeQueue
 from service.model import Chunk, Feedback, RagTrace, Retrieval
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)

@@ -1,4 +1,5 @@
-"""Tests for sampler/queue.py: the durable judge queue on SQLite and (with DATABASE_URL) PostgreSQL."""
+"""Tests for sampler/queue.py, queue_table.py and sql_queue.py: the durable judge queue on SQLite and (with
+DATABASE_URL) PostgreSQL."""
 
 from __future__ import annotations
 
@@ -23,10 +24,9 @@ from sampler.queue import (
     JudgeItem,
     JudgeQueue,
     QueueRecord,
-    SqlJudgeQueue,
-    create_tables,
-    metadata,
 )
+from sampler.queue_table import create_tables, metadata
+from sampler.sql_queue import SqlJudgeQueue
 from service.errors import StoreUnavailable
 from service.store.trace_store import Store
 
