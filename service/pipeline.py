@@ -70,7 +70,8 @@ from service.review.records import ReviewRecord
 from service.review.store import ReviewStore
 from service.span_expiry import SpanExpiry
 from service.store.span_archive import SpanArchive
-from service.store.trace_store import Store, StoreSink
+from service.store.store_sink import StoreSink
+from service.store.trace_store import Store
 
 if TYPE_CHECKING:
     from service.bus.backlog import BacklogWatcher

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from service.api.deps import PipelineDep, TenantDep
-from service.store.trace_store import MAX_PAGE_SIZE
+from service.store.trace_query import MAX_PAGE_SIZE
 
 router = APIRouter(prefix="/api/v1", tags=["dead letters"])
 

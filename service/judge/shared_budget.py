@@ -55,7 +55,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from sampler.budget import REFUSAL_REASONS, BudgetConfig, BudgetCounts, JudgeBudget, RefusalReason
 from service.errors import StoreUnavailable
-from service.store.trace_store import transaction
+from service.store.engine import transaction
 
 __all__ = [
     "SharedJudgeBudget",

@@ -26,8 +26,8 @@ from sampler.estimate import SampleCell
 from sampler.queue_table import judge_queue
 from service.errors import StoreUnavailable
 from service.judge.judgment import Judgment
+from service.store.keys import keys_by_group
 from service.store.tables import UtcDateTime
-from service.store.trace_store import keys_by_group
 
 FlagReason = Literal["unfaithful", "low_faithfulness", "judge_failure", "retrieval_failure"]
 FLAG_REASONS: tuple[FlagReason, ...] = (
@@ -105,7 +105,7 @@ def flags_for(judgment: Judgment, threshold: float) -> list[Flag]:
 
 
 # compiled once, per (tenant, judge version) with an IN list of trace ids
-# (service.store.trace_store.keys_by_group)
+# (service.store.keys.keys_by_group)
 _OUTCOMES_OF_TRACES = sa.select(judgments.c.trace_id, judgments.c.outcome, judgments.c.faithfulness).where(
     judgments.c.tenant == sa.bindparam("for_tenant"),
     judgments.c.judge_version == sa.bindparam("for_version"),

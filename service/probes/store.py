@@ -33,8 +33,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from service.errors import InvalidInput, StoreUnavailable
 from service.probes.golden import GoldenSet, GoldenText, parse_golden
+from service.store.engine import transaction
 from service.store.tables import UtcDateTime, trace_contexts, trace_record, traces
-from service.store.trace_store import transaction
 
 __all__ = ["GoldenInfo", "GoldenStore", "ProbeRun", "metadata"]
 

@@ -50,8 +50,8 @@ from service.review.records import (
     ReviewRecord,
     severity_of,
 )
+from service.store.engine import transaction
 from service.store.tables import UtcDateTime, to_utc
-from service.store.trace_store import transaction
 
 __all__ = ["ReviewStore", "metadata", "review_claim_labels", "review_items", "review_reasons", "reviews"]
 

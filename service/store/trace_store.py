@@ -1,9 +1,12 @@
-"""`Store`: ragmon's persistence layer, and `StoreSink`, the pipeline stage that feeds it.
+"""`Store`: ragmon's persistence layer for traces and feedback.
 
 One code path for SQLite (a file in WAL mode, the embedded default) and
 PostgreSQL (`postgresql+psycopg://...`), written in SQLAlchemy Core (one
 exception, for speed: new traces, under "Idempotent writes"). Table shapes and
-the record ↔ row converters live in `service.store.tables`.
+the record ↔ row converters live in `service.store.tables`, the engines and
+their transactions in `engine.py`, listing filters and cursors in
+`trace_query.py`; `StoreSink` (`store_sink.py`) is the pipeline stage that
+feeds the store.
 
 Guarantees every method keeps:
 
@@ -44,33 +47,27 @@ never overwritten.
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import json
 import logging
 import math
 import os
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, TypedDict, TypeVar, Unpack
+from typing import Any, Literal, Unpack
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.pool import StaticPool
 from sqlalchemy.schema import CreateTable
 
 from service.config import masked_url
-from service.consumer import FeedbackConsumer, TraceConsumer
-from service.corrections import Counted, TraceUpdate, UpdateConsumer
 from service.errors import InvalidInput, StoreUnavailable
-from service.model import Feedback, FeedbackKind, RagTrace
+from service.model import Feedback, RagTrace
 from service.store import trace_updates
+from service.store.engine import postgres_engine, sqlite_engine, transaction
+from service.store.keys import keys_by_group, keys_in
 from service.store.row_insert import CopyRows, PlainInsert
 from service.store.tables import (
     SCHEMA_VERSION,
@@ -95,45 +92,19 @@ from service.store.tables import (
     trace_spans,
     traces,
 )
+from service.store.trace_query import (
+    MAX_PAGE_SIZE,
+    TraceFilters,
+    decode_cursor,
+    encode_cursor,
+    regenerate_feedback,
+    trace_conditions,
+)
 from service.store.trace_updates import FanoutState
 
-__all__ = [
-    "MAX_PAGE_SIZE",
-    "Store",
-    "StoreSink",
-    "StoredTraces",
-    "TraceFilters",
-    "decode_cursor",
-    "encode_cursor",
-]
+__all__ = ["Store", "StoredTraces"]
 
 log = logging.getLogger(__name__)
-
-MAX_PAGE_SIZE = 1000
-_FEEDBACK_KINDS: frozenset[str] = frozenset({"up", "down", "regenerate"})
-_R = TypeVar("_R")
-# Prepared statements each pooled SQLite connection keeps (Python's default: 128). A batch
-# insert's multi-row VALUES statement differs with the batch's length and IN lists with their
-# size, so the cache filled with large one-off programs: the server process grew ~25 MiB over
-# 200k traces (bench/ingest --long); with 16 it stays flat and throughput is unchanged.
-SQLITE_CACHED_STATEMENTS = 16
-# WAL pages between automatic checkpoints (~40 MB of 4 KiB pages; SQLite's default is 1,000)
-SQLITE_CHECKPOINT_PAGES = 10_000
-# Marks a connection whose transaction will write: on SQLite it takes the
-# write lock at BEGIN, so a later read-then-write cannot deadlock on upgrade.
-WRITES_OPTION = "ragmon_writes"  # execution option: open the SQLite transaction with BEGIN IMMEDIATE
-
-
-@contextmanager
-def transaction(engine: Engine, *, writes: bool = False) -> Iterator[Connection]:
-    """One transaction on `engine`. With `writes`, SQLite opens it with BEGIN IMMEDIATE (through the
-    begin hook of `Store`), so a read-then-write queues for the write lock instead of failing to
-    upgrade its read lock while another connection writes."""
-    with engine.connect() as conn:
-        if writes:
-            conn.execution_options(**{WRITES_OPTION: True})
-        with conn.begin():
-            yield conn
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,62 +113,6 @@ class StoredTraces:
 
     new: list[str]
     updated: list[tuple[str, str]]
-
-
-class TraceFilters(TypedDict, total=False):
-    """Filters shared by `Store.list_traces` and `Store.count_traces`; all are ANDed.
-
-    `since` is inclusive and `until` exclusive, on the trace start time.
-    `regeneration` counts regenerate feedback as well as the row flag.
-    `has_feedback`: True any feedback, False none, or a feedback kind.
-    `probe`: True only golden-set probe traffic, False only real traffic.
-    """
-
-    app: str
-    release: str
-    intent: str
-    session_id: str
-    since: datetime
-    until: datetime
-    regeneration: bool
-    partial: bool
-    has_feedback: bool | FeedbackKind
-    probe: bool
-
-
-def encode_cursor(start_time: datetime, trace_id: str) -> str:
-    """The opaque page cursor that resumes a listing after (start_time, trace_id)."""
-    raw = json.dumps([to_utc(start_time).isoformat(), trace_id], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The (start_time, trace_id) inside a cursor; raises `InvalidInput` for a malformed one."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        start, trace_id = json.loads(raw)
-        if not isinstance(start, str) or not isinstance(trace_id, str):
-            raise TypeError("cursor fields are not strings")
-        return to_utc(datetime.fromisoformat(start)), trace_id
-    except (binascii.Error, UnicodeDecodeError, ValueError, TypeError) as exc:
-        raise InvalidInput(f"malformed page cursor: {cursor[:64]!r}") from exc
-
-
-def _regenerate_feedback() -> sa.Exists:
-    """EXISTS a `regenerate` feedback event for the current `traces` row."""
-    return sa.exists().where(
-        feedback.c.tenant == traces.c.tenant,
-        feedback.c.trace_id == traces.c.trace_id,
-        feedback.c.kind == "regenerate",
-    )
-
-
-# How many keys one expanding IN list carries: far below SQLite's 32,766 host parameters and
-# PostgreSQL's 65,535.
-_KEYS_PER_STATEMENT = 500
-
-
-Group = TypeVar("Group", str, tuple[str, str])
 
 
 def _feedback_of(row: Any) -> Feedback:
@@ -220,20 +135,6 @@ def _outbox_rows(tenant: str, kind: str, ids: Sequence[str]) -> tuple[sa.ColumnE
         fanout_outbox.c.kind == kind,
         fanout_outbox.c.record_id.in_(ids),
     )
-
-
-def keys_by_group(keys: Iterable[tuple[Group, str]]) -> Iterator[tuple[Group, list[str]]]:
-    """(group, up to `_KEYS_PER_STATEMENT` sorted keys) for statements that take one group (a
-    tenant, or a tenant and judge version) and an expanding list of keys: such a statement is
-    compiled once, where a fresh `_keys_in` expression is built and compiled for every call, and
-    SQLite answers a row-value IN of whole keys with a scan."""
-    grouped: dict[Group, list[str]] = {}
-    for group, key in keys:
-        grouped.setdefault(group, []).append(key)
-    for group, members in sorted(grouped.items()):
-        members.sort()
-        for start in range(0, len(members), _KEYS_PER_STATEMENT):
-            yield group, members[start : start + _KEYS_PER_STATEMENT]
 
 
 # Statements of the ingest path, compiled once (see `keys_by_group`).
@@ -262,7 +163,7 @@ _MARK_FEEDBACK_REGENERATIONS = (
         traces.c.tenant == sa.bindparam("for_tenant"),
         traces.c.trace_id.in_(sa.bindparam("keys", expanding=True)),
         traces.c.is_regeneration == sa.false(),
-        _regenerate_feedback(),
+        regenerate_feedback(),
     )
     .values(is_regeneration=True, regeneration_source="feedback")
 )
@@ -274,69 +175,6 @@ _FEEDBACK_OF_TRACES = (
     )
     .order_by(feedback.c.time, feedback.c.event_id)
 )
-
-
-def _keys_in(
-    tenant: sa.Column[str], key: sa.Column[str], keys: Iterable[tuple[str, str]]
-) -> sa.ColumnElement[bool]:
-    """`(tenant, key) IN keys`, spelled as per-tenant `key IN (...)`.
-
-    SQLite answers a row-value IN list with a full table scan; this form
-    uses the primary key (or index) on both databases.
-    """
-    by_tenant: dict[str, list[str]] = {}
-    for t, k in keys:
-        by_tenant.setdefault(t, []).append(k)
-    return sa.or_(*(sa.and_(tenant == t, key.in_(sorted(ks))) for t, ks in sorted(by_tenant.items())))
-
-
-def _trace_conditions(tenant: str, filters: TraceFilters) -> list[sa.ColumnElement[bool]]:
-    unknown = set(filters) - set(TraceFilters.__annotations__)
-    if unknown:
-        raise TypeError(f"unknown trace filters: {sorted(unknown)}")
-    c = traces.c
-    where: list[sa.ColumnElement[bool]] = [c.tenant == tenant]
-    for name in ("app", "release", "intent", "session_id"):
-        if name in filters:
-            where.append(c[name] == filters[name])
-    if "since" in filters:
-        where.append(c.start_time >= filters["since"])
-    if "until" in filters:
-        where.append(c.start_time < filters["until"])
-    if "regeneration" in filters:
-        flagged = sa.or_(c.is_regeneration == sa.true(), _regenerate_feedback())
-        where.append(flagged if filters["regeneration"] else sa.not_(flagged))
-    if "partial" in filters:
-        where.append(c.partial == filters["partial"])
-    if "probe" in filters:
-        where.append(c.probe_run_id.is_not(None) if filters["probe"] else c.probe_run_id.is_(None))
-    if "has_feedback" in filters:
-        wanted = filters["has_feedback"]
-        any_feedback = sa.exists().where(feedback.c.tenant == c.tenant, feedback.c.trace_id == c.trace_id)
-        if wanted is True:
-            where.append(any_feedback)
-        elif wanted is False:
-            where.append(sa.not_(any_feedback))
-        elif wanted in _FEEDBACK_KINDS:
-            where.append(any_feedback.where(feedback.c.kind == wanted))
-        else:
-            raise ValueError(f"has_feedback must be a bool or one of {sorted(_FEEDBACK_KINDS)}")
-    return where
-
-
-# For what orjson refuses (integers over 64 bits, non-string keys). One encoder object:
-# `json.dumps` with options builds a new one per call.
-_STDLIB_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
-
-
-def json_text(value: Any) -> str:
-    """The text of a JSON column value. orjson encodes a trace's context ~3x faster than the
-    stdlib (46 -> 15 us a trace; bench/RESULTS.md, ingest); it writes NaN and infinities as
-    null where the stdlib encoder would refuse the whole row."""
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:  # orjson.JSONEncodeError is a TypeError
-        return _STDLIB_JSON(value)
 
 
 def _context_row(key: tuple[str, str], trace: RagTrace) -> dict[str, Any]:
@@ -405,97 +243,45 @@ class Store:
         self.connect_timeout_s = connect_timeout_s
         self.statement_timeout_s = statement_timeout_s
         self._closed = False
-        serializer = json_text
         # new trace rows and contexts through the driver's executemany (SQLite) or COPY (PostgreSQL):
         # service/store/row_insert.py
         self._plain_inserts: tuple[PlainInsert, PlainInsert] | None = None
         self._copies: tuple[CopyRows, CopyRows] | None = None
         if parsed.get_backend_name() == "sqlite":
-            self._engine = self._sqlite_engine(parsed, serializer)
+            self._engine = sqlite_engine(
+                parsed,
+                pool_size=pool_size,
+                max_overflow=max_overflow,
+                pool_timeout_s=pool_timeout_s,
+                statement_timeout_s=statement_timeout_s,
+            )
             dialect = self._engine.dialect
             self._plain_inserts = (PlainInsert(traces, dialect), PlainInsert(trace_contexts, dialect))
         elif parsed.drivername == "postgresql+psycopg":
-            self._engine = self._postgres_engine(parsed, serializer)
+            self._engine = postgres_engine(
+                parsed,
+                pool_size=pool_size,
+                max_overflow=max_overflow,
+                pool_timeout_s=pool_timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                statement_timeout_s=statement_timeout_s,
+            )
+            self._on_connect_create_staging()
             dialect = self._engine.dialect
             self._copies = (CopyRows(traces, dialect), CopyRows(trace_contexts, dialect))
         else:
             raise ValueError(f"unsupported store URL {self.url!r}: use sqlite:/// or postgresql+psycopg://")
 
-    def _sqlite_engine(self, url: sa.URL, serializer: Any) -> Engine:
-        in_memory = url.database in (None, "", ":memory:")
-        options: dict[str, Any] = (
-            {"poolclass": StaticPool}
-            if in_memory
-            else {
-                "pool_size": self.pool_size,
-                "max_overflow": self.max_overflow,
-                "pool_timeout": self.pool_timeout_s,
-            }
-        )
-        engine = sa.create_engine(
-            url,
-            # `timeout` is SQLite's busy timeout: how long a writer waits for the lock.
-            connect_args={
-                "timeout": self.statement_timeout_s,
-                "check_same_thread": False,
-                "cached_statements": SQLITE_CACHED_STATEMENTS,
-            },
-            json_serializer=serializer,
-            **options,
-        )
+    def _on_connect_create_staging(self) -> None:
+        """PostgreSQL: each new connection creates its session's staging table (`_STAGED_TRACES`), in
+        a committed transaction of its own: created in a batch's, a rolled-back batch would drop it."""
+        staging = str(CreateTable(_STAGED_TRACES).compile(dialect=self._engine.dialect))
 
-        @sa.event.listens_for(engine, "connect")
-        def _configure(dbapi_connection: Any, _record: Any) -> None:
-            # pysqlite's own implicit BEGIN is switched off; `_begin` issues ours.
-            dbapi_connection.isolation_level = None
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            # NORMAL: a commit reaches the WAL file without an fsync; what an acknowledgement
-            # needs to survive power loss is fsynced by `sync_to_disk` before the ingest log lets
-            # go of it. Checkpoints every SQLITE_CHECKPOINT_PAGES, not SQLite's 1,000: index pages
-            # rewritten by every batch are copied back once per checkpoint (bench/RESULTS.md).
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute(f"PRAGMA wal_autocheckpoint={SQLITE_CHECKPOINT_PAGES}")
-            cursor.close()
-
-        @sa.event.listens_for(engine, "begin")
-        def _begin(connection: Connection) -> None:
-            writes = connection.get_execution_options().get(WRITES_OPTION, False)
-            connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
-
-        return engine
-
-    def _postgres_engine(self, url: sa.URL, serializer: Any) -> Engine:
-        timeout_ms = max(1, round(self.statement_timeout_s * 1000))
-        # Server options given in the URL (`?options=-csearch_path%3Dx`) are kept; ours come last and win.
-        given = url.query.get("options", "")
-        given = " ".join(given) if isinstance(given, tuple) else given
-        options = f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms} -c TimeZone=UTC"
-        engine = sa.create_engine(
-            url,
-            pool_size=self.pool_size,
-            max_overflow=self.max_overflow,
-            pool_timeout=self.pool_timeout_s,
-            # A restarted server leaves dead pooled connections; ping before use.
-            pool_pre_ping=True,
-            json_serializer=serializer,
-            # psycopg re-parses every long multi-row INSERT; positional markers parse faster than named ones.
-            paramstyle="format",
-            connect_args={
-                "connect_timeout": max(2, math.ceil(self.connect_timeout_s)),
-                "options": f"{given} {options}".strip(),
-            },
-        )
-        staging = str(CreateTable(_STAGED_TRACES).compile(dialect=engine.dialect))
-
-        @sa.event.listens_for(engine, "connect")
+        @sa.event.listens_for(self._engine, "connect")
         def _create_staging(dbapi_connection: Any, _record: Any) -> None:
-            # its own committed transaction: created in a batch's, a rolled-back batch would drop it
             with dbapi_connection.cursor() as cursor:
                 cursor.execute(staging)
             dbapi_connection.commit()
-
-        return engine
 
     @property
     def dialect(self) -> str:
@@ -879,7 +665,7 @@ class Store:
                 conn.execute(
                     sa.update(traces)
                     .where(
-                        _keys_in(traces.c.tenant, traces.c.trace_id, regenerated),
+                        keys_in(traces.c.tenant, traces.c.trace_id, regenerated),
                         traces.c.is_regeneration == sa.false(),
                     )
                     .values(is_regeneration=True, regeneration_source="feedback")
@@ -995,7 +781,7 @@ class Store:
         if not wanted:
             return {}
         query = sa.select(traces.c.trace_id, traces.c.app, traces.c.intent).where(
-            _keys_in(traces.c.tenant, traces.c.trace_id, wanted)
+            keys_in(traces.c.tenant, traces.c.trace_id, wanted)
         )
         with self._read("read trace labels") as conn:
             return {trace_id: (app, intent) for trace_id, app, intent in conn.execute(query)}
@@ -1018,7 +804,7 @@ class Store:
         """
         if not 1 <= limit <= MAX_PAGE_SIZE:
             raise ValueError(f"limit must be within 1..{MAX_PAGE_SIZE}, got {limit}")
-        where = _trace_conditions(tenant, filters)
+        where = trace_conditions(tenant, filters)
         if cursor is not None:
             after_time, after_id = decode_cursor(cursor)
             where.append(
@@ -1028,7 +814,7 @@ class Store:
                 )
             )
         query = (
-            sa.select(traces, _regenerate_feedback().label("regenerate_feedback"))
+            sa.select(traces, regenerate_feedback().label("regenerate_feedback"))
             .where(*where)
             .order_by(traces.c.start_time.desc(), traces.c.trace_id.desc())
             .limit(limit + 1)
@@ -1045,7 +831,7 @@ class Store:
 
     def count_traces(self, tenant: str, **filters: Unpack[TraceFilters]) -> int:
         """How many of a tenant's traces match the filters (the same ones as `list_traces`)."""
-        query = sa.select(sa.func.count()).select_from(traces).where(*_trace_conditions(tenant, filters))
+        query = sa.select(sa.func.count()).select_from(traces).where(*trace_conditions(tenant, filters))
         with self._read("count traces") as conn:
             return int(conn.execute(query).scalar_one())
 
@@ -1103,236 +889,7 @@ class Store:
                     )
                 ]
                 for table in tables if keys else ():
-                    conn.execute(sa.delete(table).where(_keys_in(table.c.tenant, table.c[key], keys)))
+                    conn.execute(sa.delete(table).where(keys_in(table.c.tenant, table.c[key], keys)))
             deleted += len(keys)
             if len(keys) < chunk_size:
                 return deleted
-
-
-class StoreSink:
-    """The pipeline sink that writes traces and feedback to a `Store`.
-
-    Implements `TraceConsumer` and `FeedbackConsumer`. Inserts run in a worker
-    thread so the event loop never blocks on the database. Returning means
-    the whole batch is durable in the store; errors are those of `Store`
-    (`StoreUnavailable` is retryable; redelivery is harmless).
-
-    `store_traces` returns the trace ids that were new. When `new_traces` is
-    given, `consume_traces` hands it just the new traces (first occurrence in
-    the batch), so a downstream counter sees each trace once however often the
-    bus redelivers it; `new_feedback` gets the new feedback events likewise.
-    That hand-off happens after the commit: if it fails, a
-    redelivery will not repeat it (at most once downstream). The sink does not
-    own the store: `stop` leaves it open.
-
-    A trace stored before is replaced by a fuller version of it (a higher
-    revision: its late spans arrived); `updated_traces` then gets the version
-    with what was counted for the trace before (`TraceUpdate`), once per
-    update, so the sinks correct their counts instead of counting it again
-    (service/corrections.py, service/store/trace_updates.py).
-
-    `dead_letter` is the bus's dead-letter handler (`MemoryBus(dead_letters=...)`):
-    it keeps records the sink refused for good in the store's `dead_letters`.
-    """
-
-    def __init__(
-        self,
-        store: Store,
-        *,
-        new_traces: TraceConsumer | None = None,
-        new_feedback: FeedbackConsumer | None = None,
-        updated_traces: UpdateConsumer | None = None,
-    ) -> None:
-        self.store = store
-        self.new_traces = new_traces
-        self.new_feedback = new_feedback
-        self.updated_traces = updated_traces
-        self._in_flight = 0
-        self._fanning: set[tuple[str, str, str]] = set()  # (kind, tenant, id) being fanned out now
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    async def start(self) -> None:
-        """Nothing to start: the store connects lazily. Present for the pipeline's lifecycle."""
-
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        """Wait up to `timeout_s` for inserts in flight to finish. Safe twice and before start."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
-        except TimeoutError:
-            pass
-
-    async def _in_thread(self, call: Callable[[Sequence[Any]], _R], batch: Sequence[Any]) -> _R:
-        self._in_flight += 1
-        self._idle.clear()
-        try:
-            return await asyncio.to_thread(call, batch)
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-
-    async def store_traces(self, batch: Sequence[RagTrace]) -> list[str]:
-        """Insert the batch; return the ids of traces not stored before."""
-        return (await self.store_versions(batch)).new
-
-    async def store_versions(self, batch: Sequence[RagTrace]) -> StoredTraces:
-        """Insert the batch, replacing stored traces by fuller versions (`Store.store_traces`)."""
-        outbox = self.new_traces is not None
-        return await self._in_thread(lambda b: self.store.store_traces(b, outbox=outbox), batch)
-
-    async def store_feedback(self, batch: Sequence[Feedback]) -> list[str]:
-        """Insert the batch; return the event ids not stored before."""
-        outbox = self.new_feedback is not None
-        return await self._in_thread(lambda b: self.store.insert_feedback(b, outbox=outbox), batch)
-
-    async def dead_letter(self, records: Sequence[RagTrace | Feedback], error: Exception) -> None:
-        """Keep records refused for good, with the error, in the store's `dead_letters`; raises
-        `StoreUnavailable` (retryable) when the store cannot take them now."""
-        text = f"{type(error).__name__}: {error}"
-        await self._in_thread(lambda batch: self.store.insert_dead_letters(batch, text), records)
-
-    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
-        stored = await self.store_versions(batch)
-        if self.new_traces is None:
-            return
-        new_ids = set(stored.new)
-        if stored.updated:
-            updated = set(stored.updated)
-            versions: dict[tuple[str, str], RagTrace] = {}
-            for trace in batch:
-                key = (storable_text(trace.tenant), trace.trace_id)
-                if key in updated and (key not in versions or trace.revision > versions[key].revision):
-                    versions[key] = trace
-            await self.fan_out_updates(list(versions.values()))
-        keys = {(t.tenant, t.trace_id) for t in batch}
-        if len(new_ids) < len(keys):  # stored before: its fan-out may not have finished (a replay)
-            unfinished = await self._in_thread(lambda k: self.store.outboxed("trace", k), list(keys))
-            new_ids.update(i for _, i in unfinished)
-        new: list[RagTrace] = []
-        for trace in batch:
-            if trace.trace_id in new_ids:
-                new_ids.discard(trace.trace_id)
-                new.append(trace)
-        done = await self._fan_out(
-            "trace",
-            new,
-            [(t.tenant, t.trace_id) for t in new],
-            self.new_traces.consume_traces,
-            finish=lambda fanned: self.store.finish_new(fanned),
-        )
-        if done and new and self.new_feedback is not None:
-            # feedback that came before its trace joins now, counted and reviewed under the trace's app
-            waiting = await self._in_thread(
-                self.store.waiting_feedback, [(t.tenant, t.trace_id) for t in new]
-            )
-            await self._fan_out(
-                "feedback",
-                waiting,
-                [(f.tenant, f.event_id) for f in waiting],
-                self.new_feedback.consume_feedback,
-            )
-
-    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
-        new_ids = set(await self.store_feedback(batch))
-        if self.new_feedback is None:
-            return
-        keys = {(f.tenant, f.event_id) for f in batch}
-        if len(new_ids) < len(keys):
-            unfinished = await self._in_thread(lambda k: self.store.outboxed("feedback", k), list(keys))
-            new_ids.update(i for _, i in unfinished)
-        new: list[Feedback] = []
-        for event in batch:
-            if event.event_id in new_ids:
-                new_ids.discard(event.event_id)
-                new.append(event)
-        # feedback whose trace is not stored yet waits in the outbox: the trace's fan-out takes it along
-        # when it comes, the sweep counts it as an orphan if it never does (service/outbox.py)
-        stored = await self._in_thread(self.store.stored_traces, [(f.tenant, f.trace_id) for f in new])
-        joined = [f for f in new if (f.tenant, f.trace_id) in stored]
-        await self._fan_out(
-            "feedback", joined, [(f.tenant, f.event_id) for f in joined], self.new_feedback.consume_feedback
-        )
-
-    async def fan_out_updates(self, versions: Sequence[RagTrace]) -> bool:
-        """Hand the sinks these stored versions as updates (`TraceUpdate`), each with what was counted
-        for its trace before, then record what is counted now; False when a sink failed (the outbox
-        rows stay for the sweep). A trace whose first fan-out is still pending, or that another lane
-        is fanning out now, is left to the outbox sweep: it runs them one after the other."""
-        if self.updated_traces is None or not versions:
-            return True
-        mine = [t for t in versions if ("trace", t.tenant, t.trace_id) not in self._fanning]
-        claimed = {("trace", t.tenant, t.trace_id) for t in mine}
-        if not mine:
-            return True
-        self._fanning |= claimed
-        try:
-            keys = [(storable_text(t.tenant), t.trace_id) for t in mine]
-            states = await self._in_thread(self.store.fanout_state, keys)
-            todo: list[tuple[TraceUpdate, datetime]] = []
-            for trace, key in zip(mine, keys, strict=True):
-                state = states.get(key)
-                if state is None or state.update_queued_at is None or state.new_pending:
-                    continue
-                if state.counted is None:
-                    log.error("update of trace %s has no counted baseline; counting it as stored", key[1])
-                    state_counted = Counted.of(trace)
-                else:
-                    state_counted = state.counted
-                todo.append((TraceUpdate(trace, state_counted), state.update_queued_at))
-            if not todo:
-                return True
-            try:
-                await self.updated_traces.consume_updates([u for u, _ in todo])
-            except Exception:
-                log.exception("fan-out of %d updated traces failed; the outbox sweep will retry", len(todo))
-                return False
-            done = [
-                ((storable_text(u.trace.tenant), u.trace.trace_id), queued_at, u.after.to_json())
-                for u, queued_at in todo
-            ]
-            await self._in_thread(self.store.finish_updates, done)
-            return True
-        finally:
-            self._fanning -= claimed
-
-    async def _fan_out(
-        self,
-        kind: str,
-        records: Sequence[Any],
-        keys: list[tuple[str, str]],
-        consume: Callable[[Any], Awaitable[None]],
-        finish: Callable[[Sequence[Any]], None] | None = None,
-    ) -> bool:
-        """Hand new records on, then forget their outbox rows; False when a sink failed. The records
-        are stored already, so a failing sink does not fail the delivery: its outbox rows stay, and
-        the sweep (service/outbox.py) runs the fan-out again later.
-
-        Exactly once: the trace and feedback lanes may both reach one feedback event (it came before
-        its trace), so a record is fanned out only while this sink is not already fanning it out,
-        and only if its outbox row is still there (no lane finished it before)."""
-        mine = [(r, k) for r, k in zip(records, keys, strict=True) if (kind, *k) not in self._fanning]
-        if not mine:
-            return True
-        claimed = {(kind, *k) for _, k in mine}
-        self._fanning |= claimed
-        try:
-            unfinished = await self._in_thread(lambda k: self.store.outboxed(kind, k), [k for _, k in mine])
-            todo = [(r, k) for r, k in mine if (storable_text(k[0]), k[1]) in unfinished]
-            if not todo:
-                return True
-            try:
-                await consume([r for r, _ in todo])
-            except Exception:
-                log.exception(
-                    "fan-out of %d stored %s records failed; the outbox sweep will retry", len(todo), kind
-                )
-                return False
-            if finish is not None:
-                await self._in_thread(finish, [r for r, _ in todo])
-            else:
-                await self._in_thread(lambda k: self.store.clear_outbox(kind, k), [k for _, k in todo])
-            return True
-        finally:
-            self._fanning -= claimed

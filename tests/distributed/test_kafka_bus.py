@@ -15,7 +15,8 @@ from service.errors import QueueFull, StoreUnavailable
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 from service.pipeline import Fanout, MetricsSink
-from service.store.trace_store import Store, StoreSink
+from service.store.store_sink import StoreSink
+from service.store.trace_store import Store
 from tests.distributed.conftest import Broker, kafka_settings
 from tests.distributed.traffic import feedback_for, traces
 

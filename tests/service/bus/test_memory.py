@@ -20,7 +20,8 @@ from service.config import BusConfig
 from service.errors import RetryableError, StoreUnavailable
 from service.metrics import Metrics
 from service.model import Feedback, ModelUsage, RagTrace
-from service.store.trace_store import Store, StoreSink
+from service.store.store_sink import StoreSink
+from service.store.trace_store import Store
 from tests.consumers import ErrorConsumer, SinkConsumer
 
 T0 = datetime(2025, 6, 1, tzinfo=UTC)

@@ -11,9 +11,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+from service.store.engine import json_text
 from service.store.row_insert import PlainInsert
 from service.store.tables import feedback, metadata, trace_contexts, traces
-from service.store.trace_store import json_text
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)  # microsecond 0: formatted differently by sqlite3 itself
 

@@ -24,15 +24,10 @@ from sqlalchemy.pool import NullPool
 
 from service.errors import InvalidInput, StoreUnavailable
 from service.model import Chunk, Feedback, ModelUsage, QueryEmbedding, RagTrace, Retrieval, Timings
+from service.store.store_sink import StoreSink
 from service.store.tables import SCHEMA_VERSION, feedback, feedback_row, trace_contexts, traces
-from service.store.trace_store import (
-    MAX_PAGE_SIZE,
-    Store,
-    StoreSink,
-    TraceFilters,
-    decode_cursor,
-    encode_cursor,
-)
+from service.store.trace_query import MAX_PAGE_SIZE, TraceFilters, decode_cursor, encode_cursor
+from service.store.trace_store import Store
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 
 from service.corrections import Counted, TraceUpdate
 from service.model import Feedback, ModelUsage, RagTrace, Timings
-from service.store.trace_store import Store, StoreSink
+from service.store.store_sink import StoreSink
+from service.store.trace_store import Store
 
 TRACE = "ab" * 16
 STARTED = datetime(2026, 1, 5, 12, tzinfo=UTC)
