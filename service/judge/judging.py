@@ -44,7 +44,7 @@ from service.judge.store import JudgmentStore, Reading
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
-from service.store.tables import rag_trace_from_record
+from service.store.rows import rag_trace_from_record
 from service.store.trace_store import Store
 
 __all__ = [

@@ -34,7 +34,8 @@ from sqlalchemy.engine import Connection, Engine
 from service.errors import InvalidInput, StoreUnavailable
 from service.probes.golden import GoldenSet, GoldenText, parse_golden
 from service.store.engine import transaction
-from service.store.tables import UtcDateTime, trace_contexts, trace_record, traces
+from service.store.rows import trace_record
+from service.store.tables import UtcDateTime, trace_contexts, traces
 
 __all__ = ["GoldenInfo", "GoldenStore", "ProbeRun", "metadata"]
 

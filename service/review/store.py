@@ -51,7 +51,8 @@ from service.review.records import (
     severity_of,
 )
 from service.store.engine import transaction
-from service.store.tables import UtcDateTime, to_utc
+from service.store.rows import to_utc
+from service.store.tables import UtcDateTime
 
 __all__ = ["ReviewStore", "metadata", "review_claim_labels", "review_items", "review_reasons", "reviews"]
 

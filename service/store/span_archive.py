@@ -50,7 +50,8 @@ from sqlalchemy.engine import Connection
 from service.conventions.spans import AnySpan
 from service.store.keys import keys_by_group
 from service.store.row_insert import PlainInsert
-from service.store.tables import storable_text, trace_spans
+from service.store.rows import storable_text
+from service.store.tables import trace_spans
 from service.store.trace_store import Store
 
 __all__ = ["Merged", "SpanArchive", "SpanCodec"]

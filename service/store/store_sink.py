@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from service.consumer import FeedbackConsumer, TraceConsumer
 from service.corrections import Counted, TraceUpdate, UpdateConsumer
 from service.model import Feedback, RagTrace
-from service.store.tables import storable_text
+from service.store.rows import storable_text
 from service.store.trace_store import Store, StoredTraces
 
 __all__ = ["StoreSink"]

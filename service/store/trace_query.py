@@ -18,7 +18,8 @@ import sqlalchemy as sa
 
 from service.errors import InvalidInput
 from service.model import FeedbackKind
-from service.store.tables import feedback, to_utc, traces
+from service.store.rows import to_utc
+from service.store.tables import feedback, traces
 
 __all__ = [
     "MAX_PAGE_SIZE",

@@ -69,26 +69,28 @@ from service.store import trace_updates
 from service.store.engine import postgres_engine, sqlite_engine, transaction
 from service.store.keys import keys_by_group, keys_in
 from service.store.row_insert import CopyRows, PlainInsert
-from service.store.tables import (
-    SCHEMA_VERSION,
+from service.store.rows import (
     dead_letter_record,
     dead_letter_row,
-    dead_letters,
-    fanout_outbox,
-    feedback,
     feedback_row,
-    metadata,
     non_request_row,
-    non_request_traces,
     rag_trace_from_record,
-    schema_version,
     storable_text,
     to_utc,
     trace_context,
-    trace_contexts,
-    trace_counted,
     trace_record,
     trace_row,
+)
+from service.store.tables import (
+    SCHEMA_VERSION,
+    dead_letters,
+    fanout_outbox,
+    feedback,
+    metadata,
+    non_request_traces,
+    schema_version,
+    trace_contexts,
+    trace_counted,
     trace_spans,
     traces,
 )

@@ -33,17 +33,8 @@ from sqlalchemy.engine import Connection
 
 from service.corrections import Counted
 from service.model import RagTrace
-from service.store.tables import (
-    fanout_outbox,
-    rag_trace_from_record,
-    storable_text,
-    trace_context,
-    trace_contexts,
-    trace_counted,
-    trace_record,
-    trace_row,
-    traces,
-)
+from service.store.rows import rag_trace_from_record, storable_text, trace_context, trace_record, trace_row
+from service.store.tables import fanout_outbox, trace_contexts, trace_counted, traces
 
 __all__ = ["FanoutState", "finish_new", "finish_updates", "pending_fanouts", "replace_stored"]
 

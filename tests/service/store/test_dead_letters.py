@@ -15,7 +15,7 @@ from service.api.app import create_app
 from service.config import load_config
 from service.errors import InvalidInput
 from service.model import Chunk, Feedback, ModelUsage, RagTrace, Retrieval
-from service.store.tables import MAX_DEAD_LETTER_ERROR_CHARS, MAX_DEAD_LETTER_RECORD_CHARS
+from service.store.rows import MAX_DEAD_LETTER_ERROR_CHARS, MAX_DEAD_LETTER_RECORD_CHARS
 from service.store.trace_store import Store
 
 T0 = datetime(2025, 6, 1, tzinfo=UTC)

@@ -24,8 +24,9 @@ from sqlalchemy.pool import NullPool
 
 from service.errors import InvalidInput, StoreUnavailable
 from service.model import Chunk, Feedback, ModelUsage, QueryEmbedding, RagTrace, Retrieval, Timings
+from service.store.rows import feedback_row
 from service.store.store_sink import StoreSink
-from service.store.tables import SCHEMA_VERSION, feedback, feedback_row, trace_contexts, traces
+from service.store.tables import SCHEMA_VERSION, feedback, trace_contexts, traces
 from service.store.trace_query import MAX_PAGE_SIZE, TraceFilters, decode_cursor, encode_cursor
 from service.store.trace_store import Store
 
