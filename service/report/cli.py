@@ -38,7 +38,8 @@ def main(args: argparse.Namespace, config: RagmonConfig) -> int:
     from service.drift.store import DriftStore
     from service.judge.store import JudgmentStore
     from service.report.latest import LATEST_HTML, LATEST_MD, latest_dir
-    from service.report.weekly import build_report, render_html, render_markdown
+    from service.report.render import render_html, render_markdown
+    from service.report.weekly import build_report
     from service.store.trace_store import Store
 
     try:

@@ -16,7 +16,8 @@ import sqlalchemy as sa
 from detectors.regeneration_band import binomial_band
 from service.cli import main as cli_main
 from service.judge.store import judgments
-from service.report.weekly import _count, _when, build_report, mean_interval, quantile_interval, rate_interval
+from service.report.render import _count
+from service.report.weekly import build_report, mean_interval, minute_utc, quantile_interval, rate_interval
 from tests.live_server import live_server
 from tests.service.drift.drift_traffic import send, traces
 
@@ -41,7 +42,7 @@ def test_counts_are_written_singular_for_one() -> None:
     assert [_count(n, "answer") for n in (0, 1, 2)] == ["0 answers", "1 answer", "2 answers"]
     assert _count(1, "detector run") == "1 detector run" and _count(3, "query", "queries") == "3 queries"
     local = datetime(2026, 11, 28, 10, 21, 29, 661298, tzinfo=timezone(timedelta(hours=1)))
-    assert _when(local) == "2026-11-28 09:21 UTC"
+    assert minute_utc(local) == "2026-11-28 09:21 UTC"
 
 
 def test_reports_are_kept_and_served_per_tenant_and_app(tmp_path: Path) -> None:
