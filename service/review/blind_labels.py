@@ -35,7 +35,7 @@ from sampler.queue_table import judge_queue
 from service.errors import StoreUnavailable
 from service.judge.store import Reading, judgments
 from service.review.records import ReviewIn, ReviewVerdict
-from service.review.store import review_claim_labels, reviews
+from service.review.tables import review_claim_labels, reviews
 
 __all__ = ["BlindLabel", "blind_labels"]
 
