@@ -40,8 +40,9 @@ from service.consumer import TraceConsumer
 from service.conventions.pricing import PriceTable
 from service.conventions.spans import AnySpan, LogEvent
 from service.corrections import TraceUpdate, count_updates
-from service.drift.monitor import DriftScheduler, DriftWindowSink
+from service.drift.monitor import DriftScheduler
 from service.drift.store import DriftStore
+from service.drift.window_sink import DriftWindowSink
 from service.errors import QueueFull, StoreUnavailable
 from service.ingest import span_records
 from service.ingest.durable import DurableAcks

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.deps import PipelineDep, TenantDep
-from service.drift.monitor import pin_references
+from service.drift.pinning import pin_references
 from service.ingest.wire import TimeInRange
 
 __all__ = ["PinIn", "RunIn", "router"]

@@ -109,7 +109,7 @@ def _open(config: RagmonConfig) -> tuple[Store, DriftStore]:
 
 
 def _pin(args: argparse.Namespace, config: RagmonConfig, drift: DriftStore) -> int:
-    from service.drift.monitor import pin_references
+    from service.drift.pinning import pin_references
 
     if args.release is None and (args.since is None or args.until is None):
         print("ragmon drift pin: give --from and --to, or --release", file=sys.stderr)

@@ -13,8 +13,9 @@ from detectors import HashingEmbedder, embedding_model_key
 from service.config import DriftConfig
 from service.demo.corpus import SHIFT_TOPICS
 from service.demo.run import run_demo
-from service.drift.monitor import DriftScheduler, DriftWindowSink
+from service.drift.monitor import DriftScheduler
 from service.drift.store import DriftStore
+from service.drift.window_sink import DriftWindowSink
 from service.metrics import Metrics
 from service.model import QueryEmbedding, RagTrace
 from service.store.trace_store import Store

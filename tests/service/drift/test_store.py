@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from detectors import DriftResult
-from service.drift.monitor import pin_references
+from service.drift.pinning import pin_references
 from service.drift.sample import Observation, Sample, draw_counts, merge_counts
 from service.drift.store import BucketBatch, DriftStore, RunRecord, bucket_start
 from service.store.trace_store import Store

@@ -12,8 +12,10 @@ from prometheus_client import Metric
 from detectors import Reference, TextKnnDrift, Window
 from service.config import DriftConfig
 from service.drift.embedders import text_detector
-from service.drift.monitor import TOP_GROUP_LABEL_CHARS, DriftScheduler, DriftWindowSink, pin_references
+from service.drift.monitor import TOP_GROUP_LABEL_CHARS, DriftScheduler
+from service.drift.pinning import pin_references
 from service.drift.store import DriftStore
+from service.drift.window_sink import DriftWindowSink
 from service.metrics import Metrics
 from service.model import RagTrace
 from service.store.trace_store import Store
