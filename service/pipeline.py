@@ -25,21 +25,20 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import TypeAdapter
 
 from sampler import FairAdmission, FairShares, SqlJudgeQueue, TraceSampler, create_tables
-from service.assemble import ArchivedTrace, SpanAssembler
+from service.assemble import SpanAssembler
 from service.bus.leader import exclusive
 from service.bus.memory import MemoryBus
 from service.config import RagmonConfig
 from service.consumer import TraceConsumer
 from service.conventions.pricing import PriceTable
 from service.conventions.spans import AnySpan, LogEvent
-from service.corrections import TraceUpdate, count_updates
 from service.drift.monitor import DriftScheduler
 from service.drift.store import DriftStore
 from service.drift.window_sink import DriftWindowSink
@@ -70,6 +69,7 @@ from service.review.intake import ReviewIntake
 from service.review.records import ReviewRecord
 from service.review.store import ReviewStore
 from service.span_expiry import SpanExpiry
+from service.stages import ArchiveKeeper, Delivered, Fanout, MetricsSink, feedback_keys, trace_keys
 from service.store.span_archive import SpanArchive
 from service.store.store_sink import StoreSink
 from service.store.trace_store import Store
@@ -84,92 +84,6 @@ log = logging.getLogger(__name__)
 _RETENTION_EVERY_S = 3600.0
 _STORE_SETUP_MAX_DELAY_S = 30.0
 _R = TypeVar("_R")
-
-
-class MetricsSink:
-    """Sink: counts NEW traces and feedback (the store in front of it drops redeliveries)."""
-
-    def __init__(self, metrics: Metrics, store: Store) -> None:
-        self.metrics = metrics
-        self.store = store
-
-    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
-        # ~50 us a trace: on the event loop a batch held requests waiting (bench/RESULTS.md, p99)
-        await asyncio.to_thread(self.metrics.count_traces, batch)
-
-    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
-        labels = await asyncio.to_thread(self.store.trace_labels, {(f.tenant, f.trace_id) for f in batch})
-        self.metrics.count_feedback(batch, labels)
-
-    async def consume_updates(self, batch: Sequence[TraceUpdate]) -> None:
-        """Stored traces their late spans completed: corrections, never a second count."""
-        await asyncio.to_thread(count_updates, self.metrics, batch)
-
-
-class Fanout:
-    """One batch to several sinks, in order; a sink's error stops the fan-out and goes to the bus."""
-
-    def __init__(self, sinks: Sequence[Any]) -> None:
-        self.sinks = list(sinks)
-
-    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
-        for sink in self.sinks:
-            await sink.consume_traces(batch)
-
-    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
-        for sink in self.sinks:
-            await sink.consume_feedback(batch)
-
-    async def consume_updates(self, batch: Sequence[TraceUpdate]) -> None:
-        """To the sinks that take updates; the drift windows keep a trace's first version only."""
-        for sink in self.sinks:
-            consume = getattr(sink, "consume_updates", None)
-            if consume is not None:
-                await consume(batch)
-
-
-class ArchiveKeeper:
-    """The span assembler's `SpanKeeper`: the span archive of the store, merged in a worker thread."""
-
-    def __init__(self, archive: SpanArchive) -> None:
-        self.archive = archive
-
-    async def merge(self, groups: Sequence[Sequence[AnySpan]]) -> list[ArchivedTrace]:
-        merged = await asyncio.to_thread(self.archive.merge, groups)
-        return [ArchivedTrace(m.items, m.late, m.duplicates, m.too_late) for m in merged]
-
-
-class Delivered:
-    """What the memory bus delivers to: the store sink, then the write-ahead log lets go of what was
-    stored (a failed delivery raises first, so nothing unstored is let go of)."""
-
-    def __init__(self, sinks: StoreSink, durable: DurableAcks) -> None:
-        self.sinks = sinks
-        self.durable = durable
-
-    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
-        await self.sinks.consume_traces(batch)
-        # one end per version: a batch may carry two versions of one trace
-        self.durable.done([(t.tenant, t.trace_id) for t in batch])
-
-    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
-        await self.sinks.consume_feedback(batch)
-        self.durable.done(feedback_keys(batch))
-
-    async def dead_letter(self, records: Sequence[RagTrace | Feedback], error: Exception) -> None:
-        """Keep records the store refused for good; once kept, the write-ahead log lets go of them."""
-        await self.sinks.dead_letter(records, error)
-        self.durable.done([(r.tenant, r.trace_id) for r in records if isinstance(r, RagTrace)])
-        self.durable.done(feedback_keys(r for r in records if isinstance(r, Feedback)))
-
-
-def trace_keys(items: Iterable[RagTrace | AnySpan]) -> set[tuple[str, str]]:
-    """The ledger keys of traces, or of the traces some spans belong to."""
-    return {(item.tenant, item.trace_id) for item in items}
-
-
-def feedback_keys(events: Iterable[Feedback]) -> set[tuple[str, str, str]]:
-    return {("feedback", event.tenant, event.event_id) for event in events}
 
 
 _TRACES = TypeAdapter(list[RagTrace])

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipeline",),
     ("phoenix", "report", "demo"),
     ("review", "drift"),
-    ("probes", "outbox", "span_expiry"),
+    ("probes", "outbox", "span_expiry", "stages"),
     ("judge", "ingest", "non_requests", "redaction"),
     ("store", "bus", "assemble", "regeneration"),
     ("corrections",),

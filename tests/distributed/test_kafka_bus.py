@@ -14,7 +14,7 @@ from service.config import KafkaConfig
 from service.errors import QueueFull, StoreUnavailable
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
-from service.pipeline import Fanout, MetricsSink
+from service.stages import Fanout, MetricsSink
 from service.store.store_sink import StoreSink
 from service.store.trace_store import Store
 from tests.distributed.conftest import Broker, kafka_settings

@@ -22,7 +22,7 @@ from service.ingest.pool import IngestPool
 from service.ingest.span_codec import OtlpSpanCodec
 from service.metrics import Metrics
 from service.model import RagTrace
-from service.pipeline import ArchiveKeeper
+from service.stages import ArchiveKeeper
 from service.store.span_archive import SpanArchive
 from service.store.trace_store import Store
 from tests.consumers import SinkConsumer
