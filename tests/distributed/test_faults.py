@@ -69,6 +69,14 @@ def _partitions(worker: WorkerProcess) -> int:
         return 0
 
 
+def _until_both_own_partitions(a: WorkerProcess, b: WorkerProcess, total: int) -> None:
+    """Wait until the two workers share all `total` partitions, each owning some."""
+    until(
+        lambda: _partitions(a) > 0 and _partitions(b) > 0 and _partitions(a) + _partitions(b) == total,
+        what="both workers own partitions",
+    )
+
+
 def _lock_waiters(url: str) -> int:
     engine = sa.create_engine(url, poolclass=NullPool)
     try:
@@ -109,14 +117,8 @@ def test_worker_killed_mid_batch_another_takes_over_nothing_lost_or_doubled(
     a = workers(settings, "sinks")
     b = workers(settings, "sinks")
     ingest.wait_ready()
-    # spans, traces and feedback topics
-    total_partitions = 3 * settings["kafka"]["partitions"]
-    until(
-        lambda: (
-            _partitions(a) > 0 and _partitions(b) > 0 and _partitions(a) + _partitions(b) == total_partitions
-        ),
-        what="both workers own partitions",
-    )
+    total_partitions = 3 * settings["kafka"]["partitions"]  # spans, traces and feedback topics
+    _until_both_own_partitions(a, b, total_partitions)
     blocker = sa.create_engine(pg_url, poolclass=NullPool).connect()
     try:
         blocker.execute(sa.text("LOCK TABLE judge_queue IN EXCLUSIVE MODE"))
@@ -167,13 +169,8 @@ def test_a_dead_workers_backlog_is_measured_through_the_gap_and_drains_to_zero(
     a = workers(settings, "sinks")
     b = workers(settings, "sinks")
     ingest.wait_ready()
-    total_partitions = 3 * settings["kafka"]["partitions"]
-    until(
-        lambda: (
-            _partitions(a) > 0 and _partitions(b) > 0 and _partitions(a) + _partitions(b) == total_partitions
-        ),
-        what="both workers own partitions",
-    )
+    total_partitions = 3 * settings["kafka"]["partitions"]  # spans, traces and feedback topics
+    _until_both_own_partitions(a, b, total_partitions)
 
     def backlog(process: IngestProcess | WorkerProcess) -> float | None:
         """The spans topic's backlog as `process` last measured it; None while it has no measurement."""
