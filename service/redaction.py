@@ -53,6 +53,7 @@ import hmac
 import os
 import re
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,8 +63,9 @@ from pydantic import BaseModel
 
 from service.config import RagmonConfig, RedactionConfig
 from service.consumer import TraceConsumer
+from service.conventions.content import CONTENT_ID_PREFIX, content_id
 from service.metrics import Metrics
-from service.model import Feedback, RagTrace
+from service.model import Chunk, Feedback, RagTrace
 
 __all__ = [
     "BUILTIN",
@@ -250,7 +252,9 @@ BUILTIN: dict[str, tuple[re.Pattern[str], Callable[[re.Match[str]], bool] | None
 
 # A mark this module wrote; the text between marks is what is still to redact. The digest is 16
 # letters a-p (hex shifted), so no built-in kind ever matches inside a mark.
-_MARKS = re.compile(r"(\[REDACTED:[^\[\]:]+(?::[a-p]{16})?\])")
+_MARKS = re.compile(r"\[REDACTED:([^\[\]:]+)(?::([a-p]{16}))?\]")
+# What any built-in kind's match, or a mark, must contain: a text without it is left as it is at once.
+_MAYBE = re.compile(r"[@\d\[]|sk[-_]|AKIA|ghp_|xox[abpr]-|Bearer ")
 _DIGEST_LETTERS = str.maketrans("0123456789abcdef", "abcdefghijklmnop")
 _KEY_FILE = "redaction.key"
 
@@ -277,49 +281,160 @@ def redaction_key(config: RagmonConfig) -> bytes:
     return key
 
 
+Edit = tuple[int, int, str]
+"""A replacement in a string: (start, end, what replaces value[start:end])."""
+
+
+def apply_edits(value: str, edits: Sequence[Edit]) -> str:
+    """`value` with `edits` (in order, not overlapping) made."""
+    if not edits:
+        return value
+    parts: list[str] = []
+    end = 0
+    for start, stop, replacement in edits:
+        parts += (value[end:start], replacement)
+        end = stop
+    parts.append(value[end:])
+    return "".join(parts)
+
+
+# A piece of text being redacted: (its text now, where it was in the original: start, end, whether it
+# is a mark this redaction wrote)
+_Segment = tuple[str, int, int, bool]
+
+
+class _Overlap(Exception):
+    """A pattern matched across a mark written earlier (only a custom pattern can)."""
+
+
 def _replace(
     text: str,
     pattern: re.Pattern[str],
     check: Callable[[re.Match[str]], bool] | None,
     mark: Callable[[str], str],
 ) -> tuple[str, int]:
-    """`text` with the matches that pass `check` replaced by `mark(match)`, and how many there were."""
+    """`text` with the matches that pass `check` replaced by `mark(match)`, and how many there were
+    (an empty match replaces nothing)."""
     parts: list[str] = []
     end = count = 0
     for match in pattern.finditer(text):
-        if check is None or check(match):
+        if match.end() > match.start() and (check is None or check(match)):
             parts += (text[end : match.start()], mark(match.group(0)))
             end = match.end()
             count += 1
     return ("".join(parts) + text[end:], count) if count else (text, 0)
 
 
+def _replaced(
+    segments: list[_Segment], matches: Sequence[re.Match[str]], mark: Callable[[str], str]
+) -> list[_Segment]:
+    """`segments` with each match (in their joined text, in order) replaced by its mark; raises
+    `_Overlap` for a match that takes in part of a mark."""
+    out: list[_Segment] = []
+    index = 0
+    position = 0
+    for text, origin, origin_end, is_mark in segments:
+        begin, stop = position, position + len(text)
+        position = stop
+        if is_mark:
+            if index < len(matches) and matches[index].start() < stop:
+                raise _Overlap
+            out.append((text, origin, origin_end, is_mark))
+            continue
+        cut = 0
+        while index < len(matches) and matches[index].start() < stop:
+            match = matches[index]
+            if match.end() > stop:
+                raise _Overlap
+            a, b = match.start() - begin, match.end() - begin
+            if a > cut:
+                out.append((text[cut:a], origin + cut, origin + a, False))
+            out.append((mark(match.group(0)), origin + a, origin + b, True))
+            cut = b
+            index += 1
+        if cut < len(text):
+            out.append((text[cut:], origin + cut, origin_end, False))
+    return out
+
+
 class Redactor:
     """Replaces every match of the configured kinds, in a text, an id, or a record field by field
-    (`FIELDS`), counting each by kind."""
+    (`FIELDS`), counting each by kind: in `metrics`, or, without, in `counts` (a worker process's
+    redactor, whose counts its caller adds to the metrics)."""
 
-    def __init__(self, config: RedactionConfig, metrics: Metrics, key: bytes | None = None) -> None:
+    def __init__(self, config: RedactionConfig, metrics: Metrics | None, key: bytes | None = None) -> None:
         self.config = config
         self.metrics = metrics
+        self.counts: Counter[str] = Counter()
         self._key = key if key is not None else secrets.token_bytes(32)
         self._rules: list[tuple[str, re.Pattern[str], Callable[[re.Match[str]], bool] | None]] = [
             (kind, *BUILTIN[kind]) for kind in BUILTIN if kind in config.builtin
         ]
         self._rules += [(name, re.compile(pattern), None) for name, pattern in config.patterns.items()]
+        # with the built-in kinds alone, a text none of them can match is known at once
+        self._maybe = None if config.patterns else _MAYBE
+
+    def _count(self, kind: str, n: int) -> None:
+        if self.metrics is not None:
+            self.metrics.redactions.labels(kind=kind).inc(n)
+        else:
+            self.counts[kind] += n
+
+    def edits(self, value: str, keyed: bool) -> list[Edit]:
+        """What redacting `value` replaces, as edits of `value` itself: each match by its mark (keyed:
+        `[REDACTED:<kind>:<digest>]`, else `[REDACTED:<kind>]`), and, unkeyed, each keyed mark in it by
+        the mark without its digest (free text never carries a digest). Marks are never redacted again;
+        the kinds run in order over the text between them, each over what the ones before it left.
+
+        Knowing where each replacement sits lets a caller redact the text inside an encoding (a JSON
+        string with escapes) and keep the rest of the encoding as it was (span_redaction.py)."""
+        if not value or (self._maybe is not None and self._maybe.search(value) is None):
+            return []
+        edits: list[Edit] = []
+        end = 0
+        for found in _MARKS.finditer(value):
+            edits += self._piece_edits(value, end, found.start(), keyed)
+            if not keyed and found.group(2):
+                edits.append((found.start(), found.end(), f"[REDACTED:{found.group(1)}]"))
+            end = found.end()
+        edits += self._piece_edits(value, end, len(value), keyed)
+        return edits
+
+    def _piece_edits(self, value: str, start: int, end: int, keyed: bool) -> list[Edit]:
+        """The edits of the text between two marks: each kind replaces its matches in what the kinds
+        before it left (their marks included, as the text they are)."""
+        if start == end:
+            return []
+        segments: list[_Segment] = [(value[start:end], start, end, False)]
+        counts: Counter[str] = Counter()
+        try:
+            for kind, pattern, check in self._rules:
+                text = segments[0][0] if len(segments) == 1 else "".join(s[0] for s in segments)
+                matches = [
+                    m for m in pattern.finditer(text) if m.end() > m.start() and (check is None or check(m))
+                ]
+                if matches:
+                    mark = self._keyed_mark(kind) if keyed else (lambda _, kind=kind: f"[REDACTED:{kind}]")
+                    segments = _replaced(segments, matches, mark)
+                    counts[kind] += len(matches)
+        except _Overlap:
+            return self._overlapping_edits(value, start, end, keyed)
+        for kind, n in counts.items():
+            self._count(kind, n)
+        return [(s[1], s[2], s[0]) for s in segments if s[3]]
+
+    def _overlapping_edits(self, value: str, start: int, end: int, keyed: bool) -> list[Edit]:
+        """A custom pattern matched across a mark: the piece is redacted as one string, one edit."""
+        piece = value[start:end]
+        for kind, pattern, check in self._rules:
+            mark = self._keyed_mark(kind) if keyed else (lambda _, kind=kind: f"[REDACTED:{kind}]")
+            piece, count = _replace(piece, pattern, check, mark)
+            if count:
+                self._count(kind, count)
+        return [(start, end, piece)] if piece != value[start:end] else []
 
     def _redact(self, value: str, keyed: bool) -> str:
-        pieces = _MARKS.split(value)  # marks sit at the odd indices and stay as they are
-        for index in range(0, len(pieces), 2):
-            piece = pieces[index]
-            for kind, pattern, check in self._rules:
-                if not piece:
-                    break
-                mark = self._keyed_mark(kind) if keyed else (lambda _, kind=kind: f"[REDACTED:{kind}]")
-                piece, count = _replace(piece, pattern, check, mark)
-                if count:
-                    self.metrics.redactions.labels(kind=kind).inc(count)
-            pieces[index] = piece
-        return "".join(pieces)
+        return apply_edits(value, self.edits(value, keyed))
 
     def _keyed_mark(self, kind: str) -> Callable[[str], str]:
         def mark(found: str) -> str:
@@ -386,6 +501,10 @@ class Redactor:
             new = self._nested(value) if rule is None else self._field(value, rule.kind)
             if new is not value and new != value:
                 update[name] = new
+        if isinstance(record, Chunk) and _named_by_content(record):
+            # a chunk that came without an id is named by a hash of its text: of the redacted text, as
+            # built from redacted spans (a hash of the raw text would let a guess of it be confirmed)
+            update["id"] = content_id(self._redact(record.content or "", keyed=True))
         if not update:
             return record
         if isinstance(record, BaseModel):
@@ -402,6 +521,16 @@ class Redactor:
     def feedback(self, batch: Iterable[Feedback]) -> list[Feedback]:
         """Feedback with every field `FIELDS` lists redacted."""
         return [self.record(f) for f in batch]
+
+
+def _named_by_content(chunk: Chunk) -> bool:
+    """Whether a chunk's id is the hash of its text (`conventions.content.content_id`)."""
+    if not (chunk.content and chunk.id.startswith(CONTENT_ID_PREFIX)):
+        return False
+    try:
+        return chunk.id == content_id(chunk.content)
+    except UnicodeEncodeError:  # a lone surrogate (a JSON escape) hashes to nothing
+        return False
 
 
 class RedactingFilter:
