@@ -255,6 +255,8 @@ BUILTIN: dict[str, tuple[re.Pattern[str], Callable[[re.Match[str]], bool] | None
 _MARKS = re.compile(r"\[REDACTED:([^\[\]:]+)(?::([a-p]{16}))?\]")
 # What any built-in kind's match, or a mark, must contain: a text without it is left as it is at once.
 _MAYBE = re.compile(r"[@\d\[]|sk[-_]|AKIA|ghp_|xox[abpr]-|Bearer ")
+# rounds of redaction after the first: one more is all the built-in kinds ever need
+_MAX_ROUNDS = 8
 _DIGEST_LETTERS = str.maketrans("0123456789abcdef", "abcdefghijklmnop")
 _KEY_FILE = "redaction.key"
 
@@ -384,12 +386,28 @@ class Redactor:
         """What redacting `value` replaces, as edits of `value` itself: each match by its mark (keyed:
         `[REDACTED:<kind>:<digest>]`, else `[REDACTED:<kind>]`), and, unkeyed, each keyed mark in it by
         the mark without its digest (free text never carries a digest). Marks are never redacted again;
-        the kinds run in order over the text between them, each over what the ones before it left.
+        the kinds run in order over the text between them, each over what the ones before it left, and
+        again until none finds more (a mark can start a match: `...1111sk-proj-...` is a key only once
+        the card number before it is a mark), so that redacting is idempotent.
 
         Knowing where each replacement sits lets a caller redact the text inside an encoding (a JSON
-        string with escapes) and keep the rest of the encoding as it was (span_redaction.py)."""
+        string with escapes) and keep the rest of the encoding as it was (service/ingest/span_redaction.py);
+        where a second round found more, the one edit replaces the whole text."""
         if not value or (self._maybe is not None and self._maybe.search(value) is None):
             return []
+        edits = self._round(value, keyed)
+        if not edits:
+            return edits
+        redacted = again = apply_edits(value, edits)
+        for _ in range(_MAX_ROUNDS):
+            more = self._round(again, keyed)
+            if not more:
+                break
+            again = apply_edits(again, more)
+        return edits if again is redacted else [(0, len(value), again)]
+
+    def _round(self, value: str, keyed: bool) -> list[Edit]:
+        """One round of `edits`: every kind once over the text between the marks."""
         edits: list[Edit] = []
         end = 0
         for found in _MARKS.finditer(value):
@@ -504,7 +522,9 @@ class Redactor:
         if isinstance(record, Chunk) and _named_by_content(record):
             # a chunk that came without an id is named by a hash of its text: of the redacted text, as
             # built from redacted spans (a hash of the raw text would let a guess of it be confirmed)
-            update["id"] = content_id(self._redact(record.content or "", keyed=True))
+            named = content_id(self._redact(record.content or "", keyed=True))
+            if named != record.id:
+                update["id"] = named
         if not update:
             return record
         if isinstance(record, BaseModel):
