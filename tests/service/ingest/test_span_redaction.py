@@ -537,8 +537,9 @@ def test_what_the_archive_keeps_of_ids_users_filters_and_metadata() -> None:
     "text",
     [
         # escapes before and around the secrets, a surrogate pair, an escaped slash, a number
-        '{"a": "x\\u00e9\\n415-555-2671", "b": "\\ud83d\\ude00 ann@leak.example.org", "c": "\\/ b@leak.example.org",'
-        ' "n": 4155552671, "ann@leak.example.org": [true, null, "\\"q\\" 4111 1111 1111 1111"]}',
+        '{"a": "x\\u00e9\\n415-555-2671", "b": "\\ud83d\\ude00 ann@leak.example.org",'
+        ' "c": "\\/ b@leak.example.org", "n": 4155552671,'
+        ' "ann@leak.example.org": [true, null, "\\"q\\" 4111 1111 1111 1111"]}',
         # JSON in a JSON string in JSON
         json.dumps({"m": json.dumps({"content": "hi\tann@leak.example.org", "t": "\\u0040"})}),
         # a JSON string
