@@ -10,6 +10,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -535,3 +536,98 @@ def test_the_digest_key_is_kept_in_the_data_dir_or_required_in_distributed_mode(
         load_config(environ={}, overrides={"bus": {"kind": "kafka"}, "redaction": {"enabled": True}})
     kafka = {"bus": {"kind": "kafka"}, "redaction": {"enabled": True, "key": "k" * 20}}
     assert load_config(environ={}, overrides=kafka).redaction.key is not None
+
+
+# -- spans are redacted before anything keeps them: late spans complete a trace from redacted spans ------
+
+
+class _Clock:
+    """One clock for the assembler (monotonic seconds) and the span archive (wall time), moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 10_000.0
+        self.origin = datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wall(self) -> datetime:
+        return self.origin + timedelta(seconds=self.now - 10_000.0)
+
+
+def test_a_trace_completed_by_late_spans_is_redacted_alike_and_nothing_raw_is_kept(tmp_path: Path) -> None:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    from tests.rag_spans import RagRequest, body
+
+    clock = _Clock()
+    settings = {
+        "redaction": {"enabled": True},
+        "assembler": {"grace_s": 0.5, "idle_s": 120, "max_age_s": 900, "late_window_s": 1800},
+    }
+    request = RagRequest(
+        duration_s=200,
+        query=f"Refund for {planted('late.query')}? Call +44 20 7946 0958",
+        answer=f"Refunds go to {planted('late.answer')}.",
+    )
+    retrieve, generate, root = request.retrieve, request.generate, request.root
+    for key, value in (
+        ("retrieval.documents.1.document.id", planted("late.chunk.id")),
+        ("retrieval.documents.1.document.content", f"Ask {planted('late.chunk.content')}."),
+    ):
+        retrieve.attributes.append(KeyValue(key=key, value=AnyValue(string_value=value)))
+    for attribute in generate.attributes:
+        if attribute.key == "llm.model_name":  # a provider path before the name: priced alike
+            attribute.value.string_value = f"{planted('late.model')}/gpt-4o-mini"
+
+    def send(server: Any, *spans: Any) -> None:
+        with server.client(headers={"content-type": "application/x-protobuf"}) as client:
+            response = client.post("/v1/traces", content=body(*spans, app=planted("late.app")))
+        assert response.status_code == 200, response.text
+
+    def advance(server: Any, seconds: float) -> None:
+        clock.now += seconds
+        server.call(server.pipeline.assembler.flush_due())
+        assert server.call(server.pipeline.bus.drain(10))
+
+    def stored(server: Any) -> dict[str, Any]:
+        with server.client() as client:
+            response = client.get(f"/api/v1/traces/{request.trace_id}")
+        assert response.status_code == 200, response.text
+        record: dict[str, Any] = response.json()
+        return record
+
+    def archive(server: Any) -> str:
+        """What `trace_spans` holds, its bytes as text, and the spans it gives back."""
+        kept = server.pipeline.span_archive.kept("default", request.trace_id)
+        with server.pipeline.store.engine.connect() as conn:
+            row = conn.execute(sa.text("SELECT spans, events FROM trace_spans")).one()
+        raw = b"".join(part or b"" for part in row).decode("utf-8", "replace")
+        return raw + repr([otlp_item for otlp_item in kept])
+
+    with live_server(tmp_path, **settings) as server:
+        server.pipeline.assembler.clock = clock.monotonic
+        server.pipeline.span_archive.clock = clock.wall
+        send(server, retrieve)
+        advance(server, 121)  # idle: flushed without its root, stored partial
+        first = stored(server)
+        assert (first["span_count"], first["flags"]["partial"], first["answer"]) == (1, True, None)
+        assert FOUND.findall(archive(server)) == [] and "7946 0958" not in archive(server)
+        advance(server, request.duration_s - 121)
+        send(server, generate, root)  # the answer and the root come late, with secrets of their own
+        advance(server, 0.6)
+        record = stored(server)
+        kept = archive(server)
+        rows = _rows_of_every_table(server.pipeline.store.engine)
+        assert server.metric("ragmon_late_spans_total") == 2
+        assert server.metric("ragmon_redactions_total", kind="email") >= 6
+    assert (record["span_count"], record["flags"]["partial"], record["context"]["revision"]) == (3, False, 3)
+    # the completed trace is redacted with the marks of its first version
+    assert record["query"] == first["query"] == "Refund for [REDACTED:email]? Call [REDACTED:phone]"
+    assert [c["id"] for c in record["context"]["chunks"]] == [c["id"] for c in first["context"]["chunks"]]
+    assert re.fullmatch(r"\[REDACTED:email:[a-p]{16}\]", record["context"]["chunks"][1]["id"])
+    assert record["answer"] == "Refunds go to [REDACTED:email]."
+    assert record["app"] == first["app"] and re.fullmatch(r"\[REDACTED:email:[a-p]{16}\]", record["app"])
+    # nothing raw in the span archive (its bytes, and the spans it gives back), nor in any table
+    assert FOUND.findall(kept) == [] and "7946 0958" not in kept and "[REDACTED:email:" in kept
+    assert FOUND.findall(rows) == [] and "7946 0958" not in rows
