@@ -68,6 +68,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -102,6 +103,9 @@ _JSON_HEADS = frozenset('{["')
 # a JSON string token (valid JSON: every quote outside a string opens one)
 _JSON_STRING = re.compile(r'"([^"\\]*(?:\\.[^"\\]*)*)"', re.DOTALL)
 _KEY_CACHE_LIMIT = 65_536
+# texts shorter than this are redacted again rather than looked up
+_MEMO_MIN_CHARS = 64
+_MARK = re.compile(r"\[REDACTED:([^\[\]:]+)(:[a-p]{16})?\]")
 
 _Rule = Callable[["_ItemRedactor", Any], Any]
 
@@ -115,8 +119,9 @@ class SpanRedaction:
         self.patterns = tuple(config.patterns.items())
         self.key = key
         self.config = RedactionConfig(enabled=True, builtin=list(self.builtin), patterns=dict(self.patterns))
-        # keys seen to need no redaction: attribute keys repeat from span to span
+        # keys seen to need no redaction, and each key's rule: attribute keys repeat from span to span
         self.clean_keys: set[str] = set()
+        self.rules: dict[tuple[int, str], _Rule] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restored, (self.builtin, self.patterns, self.key))
@@ -165,6 +170,7 @@ class _ItemRedactor:
         self.owner = owner
         self.redactor = redactor
         self.resources: dict[int, tuple[Attributes, Attributes]] = {}
+        self.memo: dict[tuple[str, bool], tuple[str, Counter[str]]] = {}
 
     # -- items
 
@@ -241,19 +247,25 @@ class _ItemRedactor:
         out: Attributes = {}
         changed = False
         for key, value in attributes.items():
-            rule = rules.get(key)
-            if rule is None and span_attributes:
-                rule = _span_rule(key)
-            if rule is not None:
-                new = rule(self, value)
-            elif attribute_kind(key) is not None:
-                new = value  # a number, count or vector (decoding checked it is one)
-            else:
-                new = self.value(value)
+            new = self.rule(key, rules, span_attributes)(self, value)
             new_key = self.key(key)
             changed = changed or new is not value or new_key is not key
             out[new_key] = new
         return out if changed else attributes
+
+    def rule(self, key: str, rules: dict[str, _Rule], span_attributes: bool) -> _Rule:
+        """The rule of an attribute key (kept per key: keys repeat from span to span)."""
+        resolved = self.owner.rules
+        found = resolved.get((id(rules), key))
+        if found is None:
+            found = rules.get(key) or (_span_rule(key) if span_attributes else None)
+            if found is None:
+                # a number, count or vector (decoding checked it is one), else any value
+                found = _kept if attribute_kind(key) is not None else _ItemRedactor.value
+            if len(resolved) >= _KEY_CACHE_LIMIT:
+                resolved.clear()
+            resolved[(id(rules), key)] = found
+        return found
 
     def key(self, key: str) -> str:
         clean = self.owner.clean_keys
@@ -293,14 +305,36 @@ class _ItemRedactor:
 
     def identifier(self, text: str) -> str:
         """The whole text redacted as one id (keyed marks); the same object when nothing matched."""
-        edits = self.redactor.edits(text, keyed=True)
-        return apply_edits(text, edits) if edits else text
+        return self._memo(text, True)
 
     def text(self, text: str) -> str:
         """A text redacted, JSON in it string by string (the module docstring); the same object when
         nothing matched."""
-        edits = self.edits(text, 0)
-        return apply_edits(text, edits) if edits else text
+        return self._memo(text, False)
+
+    def _memo(self, text: str, whole: bool) -> str:
+        """A text of this batch redacted once: the question and the documents recur in span after span.
+        A text seen again counts its redactions again (the marks it gained), as a first sight would."""
+        if len(text) < _MEMO_MIN_CHARS:
+            edits = self.redactor.edits(text, keyed=True) if whole else self.edits(text, 0)
+            return apply_edits(text, edits) if edits else text
+        found = self.memo.get((text, whole))
+        if found is not None:
+            redacted, marks = found
+            if redacted == text:  # unchanged: this very object, so that its span is seen unchanged
+                return text
+            self.redactor.counts.update(marks)
+            return redacted
+        edits = self.redactor.edits(text, keyed=True) if whole else self.edits(text, 0)
+        redacted = apply_edits(text, edits) if edits else text
+        marks = (
+            Counter(kind for kind, _ in _MARK.findall(redacted))
+            - Counter(kind for kind, _ in _MARK.findall(text))
+            if edits
+            else Counter()
+        )
+        self.memo[(text, whole)] = (redacted, marks)
+        return redacted
 
     def edits(self, text: str, depth: int) -> list[Edit]:
         stripped = text.strip()
