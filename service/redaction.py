@@ -3,14 +3,20 @@
 Optional (`redaction.enabled`). When on, every trace (from spans, GenAI log events or the JSON API)
 passes here right after assembly, and feedback, reviewers' labels and notes, traces sent for review
 and golden sets as they arrive, so what is stored, judged, exported, shown to reviewers, reported
-and exported as a metric label never holds the redacted text. Each match becomes
-`[REDACTED:<kind>]` and is counted in `ragmon_redactions_total{kind}`.
+and exported as a metric label never holds the redacted text. Spans and GenAI log events are
+redacted before that, where ingest decodes them (service/ingest/span_redaction.py), so the open-trace
+buffer, the span archive that completes a stored trace with its late spans (`trace_spans`) and the
+spans topic hold them redacted too, by rules that make the trace built from redacted spans, once
+redacted here, the trace built from the raw ones and redacted here, field by field. Each match becomes
+`[REDACTED:<kind>]` and is counted in `ragmon_redactions_total{kind}` (where it was found: in a
+span, or in a record).
 
 Which fields: `FIELDS` is the one list. Every string-bearing field of every record ragmon keeps
 is in it, as one of
 
   ====  ========================================================================================
-  text  free text (questions, answers, chunk text, notes): each match becomes `[REDACTED:<kind>]`
+  text  free text (questions, answers, chunk text, notes): each match becomes `[REDACTED:<kind>]`,
+        and a mark with a digest (an id's, below) loses its digest
   id    an identifier or label the app or a person chose (chunk ids, session ids, intent,
         release, app, model, categories): each match becomes `[REDACTED:<kind>:<digest>]`, a keyed
         digest of what it replaced, so two ids stay two ids (a feedback event id, a session, a
@@ -20,6 +26,10 @@ is in it, as one of
   kept  not redacted, with the reason: an id ragmon checked or made (trace ids, hashes, tenants
         from the API-key map), a closed set of values, or a name the operator gives ragmon itself
   ====  ========================================================================================
+
+A chunk that came without an id is named by a hash of its text (`sha256:...`,
+conventions/content.py): of its redacted text, as redacted spans name it (the hash of the raw text
+would also let a guess of the text be confirmed).
 
 tests/service/test_redaction.py fails on a string field that is in no list, and plants a secret in
 every listed field to find it nowhere after ingest; `fields_table` is the list in docs/security.md.
@@ -37,12 +47,15 @@ Built-in kinds (all on by default when enabled; `redaction.builtin` picks):
             `xox[abpr]-...`, and what follows `Bearer ` in a text
   ========  ====================================================================
 
-`redaction.patterns` adds named regexes of your own. Redacting is idempotent: the marks it writes
-are never redacted again (a reviewer's expected chunk ids are the redacted ones they were shown).
-What is *not* covered: the write-ahead log and the Kafka spans topic hold requests as received
-until they are stored (both transient), the span archive (`trace_spans`) the spans of flushed
-traces as received for `assembler.late_window_s` (transient too), and the Phoenix tee forwards
-the raw OTLP request, so the configuration refuses redaction together with the tee.
+`redaction.patterns` adds named regexes of your own. The kinds run in order, each over what the
+ones before it left, and again until none finds more (a mark can start a match: in
+`4111 1111 1111 1111sk-proj-...` the key is one only once the card number is a mark); the marks
+written are never redacted again, so redacting is idempotent (a reviewer's expected chunk ids are
+the redacted ones they were shown). `Redactor.edits` says where each replacement goes, so that
+span redaction can redact the text inside a JSON string and leave its escapes as they were.
+What is *not* covered: the write-ahead log holds requests as received until they are stored
+(transient), and the Phoenix tee forwards the raw OTLP request, so the configuration refuses
+redaction together with the tee.
 """
 
 from __future__ import annotations
@@ -135,7 +148,9 @@ FIELDS: dict[str, dict[str, FieldRule]] = {
         "excluded_ids": _id("chunk ids the filter excluded"),
     },
     "Chunk": {
-        "id": _id("chunk id (retrieved, reranker input and output)"),
+        "id": _id(
+            "chunk id (retrieved, reranker input and output); one made from the text: of the redacted text"
+        ),
         "content": _text("chunk text"),
         "metadata": FieldRule("json", "chunk metadata: every key and string value"),
     },

@@ -69,6 +69,8 @@ def test_redaction_and_the_raw_phoenix_tee_are_refused_together() -> None:
         )
     with pytest.raises(ConfigError, match="not a valid regular expression"):
         load_config(environ={}, overrides={"redaction": {"enabled": True, "patterns": {"bad": "(("}}})
+    with pytest.raises(ConfigError, match="must be letters, digits"):
+        load_config(environ={}, overrides={"redaction": {"enabled": True, "patterns": {'a"b': "x"}}})
 
 
 def test_what_is_stored_and_shown_is_redacted(tmp_path: Path) -> None:
