@@ -762,7 +762,7 @@ class RedactionConfig(_Section):
     )
     patterns: dict[str, str] = Field(
         default_factory=dict,
-        description="your own kinds: name (letters, digits, _ - .) -> regular expression, redacted like the rest",
+        description="your own kinds: name (letters, digits, _ - .) -> regular expression, redacted alike",
     )
     key: SecretStr | None = Field(
         None,
