@@ -761,7 +761,8 @@ class RedactionConfig(_Section):
         description="built-in kinds to redact (service/redaction.py says what each matches)",
     )
     patterns: dict[str, str] = Field(
-        default_factory=dict, description="your own kinds: name -> regular expression, redacted like the rest"
+        default_factory=dict,
+        description="your own kinds: name (letters, digits, _ - .) -> regular expression, redacted alike",
     )
     key: SecretStr | None = Field(
         None,
@@ -777,6 +778,9 @@ class RedactionConfig(_Section):
         import re
 
         for name, pattern in patterns.items():
+            # a name is written into each mark ([REDACTED:<name>:...]), and marks into JSON strings
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+                raise ValueError(f"redaction pattern name {name!r} must be letters, digits, '_', '-' or '.'")
             try:
                 re.compile(pattern)
             except re.error as exc:

@@ -450,7 +450,8 @@ class Metrics:
         )
         self.redactions = Counter(
             "ragmon_redactions",
-            "texts replaced by [REDACTED:<kind>] in traces and feedback before they were kept (redaction.*)",
+            "texts replaced by [REDACTED:<kind>] before they were kept (redaction.*): in spans as ingest "
+            "decoded them, in traces, feedback, reviews and golden sets",
             ["kind"],
             registry=r,
         )

@@ -47,6 +47,7 @@ from service.ingest import span_records
 from service.ingest.durable import DurableAcks
 from service.ingest.pool import IngestPool
 from service.ingest.span_codec import OtlpSpanCodec
+from service.ingest.span_redaction import SpanRedaction
 from service.ingest.wal import LoggedRequest
 from service.judge.build import build_judge
 from service.judge.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
@@ -207,11 +208,8 @@ class Pipeline:
             )
         self.reask = ReaskDetector(config.regeneration, next=self.bus)
         keep = self.store if config.store.keep_non_requests else None
-        self.redactor = (
-            Redactor(config.redaction, self.metrics, redaction_key(config))
-            if config.redaction.enabled
-            else None
-        )
+        key = redaction_key(config) if config.redaction.enabled else None
+        self.redactor = Redactor(config.redaction, self.metrics, key) if key is not None else None
         # redacted first: what the request filter stores and counts of other work is kept as well
         self.requests = self._redacted(
             RequestFilter(
@@ -221,8 +219,14 @@ class Pipeline:
                 on_dropped=self.durable.done if self.durable is not None else None,
             )
         )
-        # decodes OTLP bodies (for the receivers) and builds traces (for the assembler)
-        self.ingest_pool = IngestPool(config.server.ingest_processes, self.prices, self.metrics)
+        # decodes OTLP bodies (for the receivers) and builds traces (for the assembler); with redaction
+        # on, the spans and events it decodes are redacted there, before anything keeps them
+        self.ingest_pool = IngestPool(
+            config.server.ingest_processes,
+            self.prices,
+            self.metrics,
+            redaction=SpanRedaction(config.redaction, key) if key is not None else None,
+        )
         # the spans of flushed traces, so that late ones complete them (service/store/span_archive.py)
         self.span_archive = SpanArchive(self.store, OtlpSpanCodec(), config.assembler.late_window_s)
         self.span_expiry = SpanExpiry(

@@ -3,14 +3,20 @@
 Optional (`redaction.enabled`). When on, every trace (from spans, GenAI log events or the JSON API)
 passes here right after assembly, and feedback, reviewers' labels and notes, traces sent for review
 and golden sets as they arrive, so what is stored, judged, exported, shown to reviewers, reported
-and exported as a metric label never holds the redacted text. Each match becomes
-`[REDACTED:<kind>]` and is counted in `ragmon_redactions_total{kind}`.
+and exported as a metric label never holds the redacted text. Spans and GenAI log events are
+redacted before that, where ingest decodes them (service/ingest/span_redaction.py), so the open-trace
+buffer, the span archive that completes a stored trace with its late spans (`trace_spans`) and the
+spans topic hold them redacted too, by rules that make the trace built from redacted spans, once
+redacted here, the trace built from the raw ones and redacted here, field by field. Each match becomes
+`[REDACTED:<kind>]` and is counted in `ragmon_redactions_total{kind}` (where it was found: in a
+span, or in a record).
 
 Which fields: `FIELDS` is the one list. Every string-bearing field of every record ragmon keeps
 is in it, as one of
 
   ====  ========================================================================================
-  text  free text (questions, answers, chunk text, notes): each match becomes `[REDACTED:<kind>]`
+  text  free text (questions, answers, chunk text, notes): each match becomes `[REDACTED:<kind>]`,
+        and a mark with a digest (an id's, below) loses its digest
   id    an identifier or label the app or a person chose (chunk ids, session ids, intent,
         release, app, model, categories): each match becomes `[REDACTED:<kind>:<digest>]`, a keyed
         digest of what it replaced, so two ids stay two ids (a feedback event id, a session, a
@@ -20,6 +26,10 @@ is in it, as one of
   kept  not redacted, with the reason: an id ragmon checked or made (trace ids, hashes, tenants
         from the API-key map), a closed set of values, or a name the operator gives ragmon itself
   ====  ========================================================================================
+
+A chunk that came without an id is named by a hash of its text (`sha256:...`,
+conventions/content.py): of its redacted text, as redacted spans name it (the hash of the raw text
+would also let a guess of the text be confirmed).
 
 tests/service/test_redaction.py fails on a string field that is in no list, and plants a secret in
 every listed field to find it nowhere after ingest; `fields_table` is the list in docs/security.md.
@@ -37,12 +47,15 @@ Built-in kinds (all on by default when enabled; `redaction.builtin` picks):
             `xox[abpr]-...`, and what follows `Bearer ` in a text
   ========  ====================================================================
 
-`redaction.patterns` adds named regexes of your own. Redacting is idempotent: the marks it writes
-are never redacted again (a reviewer's expected chunk ids are the redacted ones they were shown).
-What is *not* covered: the write-ahead log and the Kafka spans topic hold requests as received
-until they are stored (both transient), the span archive (`trace_spans`) the spans of flushed
-traces as received for `assembler.late_window_s` (transient too), and the Phoenix tee forwards
-the raw OTLP request, so the configuration refuses redaction together with the tee.
+`redaction.patterns` adds named regexes of your own. The kinds run in order, each over what the
+ones before it left, and again until none finds more (a mark can start a match: in
+`4111 1111 1111 1111sk-proj-...` the key is one only once the card number is a mark); the marks
+written are never redacted again, so redacting is idempotent (a reviewer's expected chunk ids are
+the redacted ones they were shown). `Redactor.edits` says where each replacement goes, so that
+span redaction can redact the text inside a JSON string and leave its escapes as they were.
+What is *not* covered: the write-ahead log holds requests as received until they are stored
+(transient), and the Phoenix tee forwards the raw OTLP request, so the configuration refuses
+redaction together with the tee.
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ import hmac
 import os
 import re
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,8 +76,9 @@ from pydantic import BaseModel
 
 from service.config import RagmonConfig, RedactionConfig
 from service.consumer import TraceConsumer
+from service.conventions.content import CONTENT_ID_PREFIX, content_id
 from service.metrics import Metrics
-from service.model import Feedback, RagTrace
+from service.model import Chunk, Feedback, RagTrace
 
 __all__ = [
     "BUILTIN",
@@ -133,7 +148,9 @@ FIELDS: dict[str, dict[str, FieldRule]] = {
         "excluded_ids": _id("chunk ids the filter excluded"),
     },
     "Chunk": {
-        "id": _id("chunk id (retrieved, reranker input and output)"),
+        "id": _id(
+            "chunk id (retrieved, reranker input and output); one made from the text: of the redacted text"
+        ),
         "content": _text("chunk text"),
         "metadata": FieldRule("json", "chunk metadata: every key and string value"),
     },
@@ -248,9 +265,47 @@ BUILTIN: dict[str, tuple[re.Pattern[str], Callable[[re.Match[str]], bool] | None
     "phone": (re.compile(r"(?<![\w+])\+?\(?\d[\d .()-]{6,18}\d(?!\w)"), _phone),
 }
 
+
+def _digit_count(text: str) -> int:
+    """ASCII digits in `text`; a text with any other character counts as all digits (a built-in kind's
+    `\\d` matches every script's digits)."""
+    return sum(map(text.count, "0123456789")) if text.isascii() else len(text)
+
+
+# What a built-in kind's match can begin or end with: a round can only start a match that a mark touches
+# (every built-in kind looks one character around a match, no more, but for "Bearer ", which a mark only
+# takes away), so a round whose marks touch none of these is the last.
+_WORDISH = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_+(.%=-")
+
+
+def _next_to_a_mark(value: str, edits: Sequence[Edit]) -> bool:
+    """Whether a character that a match can begin or end with sits right beside one of the edits."""
+    for start, end, _ in edits:
+        before, after = value[start - 1 : start], value[end : end + 1]
+        if (before and (before in _WORDISH or not before.isascii())) or (
+            after and (after in _WORDISH or not after.isascii())
+        ):
+            return True
+    return False
+
+
+_API_KEY_HINT = re.compile(r"sk[-_]|AKIA|ghp_|xox[abpr]-|Bearer ")
+# What a text must hold for a built-in kind to match in it, checked before its regex (a fraction of
+# its cost): (the text, its digits) -> whether the kind's regex may match.
+_HINTS: dict[str, Callable[[str, int], bool]] = {
+    "email": lambda text, _: "@" in text,
+    "api_key": lambda text, _: _API_KEY_HINT.search(text) is not None,
+    "card": lambda _, digits: digits >= 13,
+    "phone": lambda _, digits: digits >= 8,
+}
+
+_Rule = tuple[str, re.Pattern[str], Callable[[re.Match[str]], bool] | None, Callable[[str, int], bool] | None]
+
 # A mark this module wrote; the text between marks is what is still to redact. The digest is 16
 # letters a-p (hex shifted), so no built-in kind ever matches inside a mark.
-_MARKS = re.compile(r"(\[REDACTED:[^\[\]:]+(?::[a-p]{16})?\])")
+_MARKS = re.compile(r"\[REDACTED:([^\[\]:]+)(?::([a-p]{16}))?\]")
+# rounds of redaction after the first: one more is all the built-in kinds ever need
+_MAX_ROUNDS = 8
 _DIGEST_LETTERS = str.maketrans("0123456789abcdef", "abcdefghijklmnop")
 _KEY_FILE = "redaction.key"
 
@@ -277,49 +332,193 @@ def redaction_key(config: RagmonConfig) -> bytes:
     return key
 
 
+Edit = tuple[int, int, str]
+"""A replacement in a string: (start, end, what replaces value[start:end])."""
+
+
+def apply_edits(value: str, edits: Sequence[Edit]) -> str:
+    """`value` with `edits` (in order, not overlapping) made."""
+    if not edits:
+        return value
+    parts: list[str] = []
+    end = 0
+    for start, stop, replacement in edits:
+        parts += (value[end:start], replacement)
+        end = stop
+    parts.append(value[end:])
+    return "".join(parts)
+
+
+# A piece of text being redacted: (its text now, where it was in the original: start, end, whether it
+# is a mark this redaction wrote)
+_Segment = tuple[str, int, int, bool]
+
+
+class _Overlap(Exception):
+    """A pattern matched across a mark written earlier (only a custom pattern can)."""
+
+
 def _replace(
     text: str,
     pattern: re.Pattern[str],
     check: Callable[[re.Match[str]], bool] | None,
     mark: Callable[[str], str],
 ) -> tuple[str, int]:
-    """`text` with the matches that pass `check` replaced by `mark(match)`, and how many there were."""
+    """`text` with the matches that pass `check` replaced by `mark(match)`, and how many there were
+    (an empty match replaces nothing)."""
     parts: list[str] = []
     end = count = 0
     for match in pattern.finditer(text):
-        if check is None or check(match):
+        if match.end() > match.start() and (check is None or check(match)):
             parts += (text[end : match.start()], mark(match.group(0)))
             end = match.end()
             count += 1
     return ("".join(parts) + text[end:], count) if count else (text, 0)
 
 
+def _replaced(
+    segments: list[_Segment], matches: Sequence[re.Match[str]], mark: Callable[[str], str]
+) -> list[_Segment]:
+    """`segments` with each match (in their joined text, in order) replaced by its mark; raises
+    `_Overlap` for a match that takes in part of a mark."""
+    out: list[_Segment] = []
+    index = 0
+    position = 0
+    for text, origin, origin_end, is_mark in segments:
+        begin, stop = position, position + len(text)
+        position = stop
+        if is_mark:
+            if index < len(matches) and matches[index].start() < stop:
+                raise _Overlap
+            out.append((text, origin, origin_end, is_mark))
+            continue
+        cut = 0
+        while index < len(matches) and matches[index].start() < stop:
+            match = matches[index]
+            if match.end() > stop:
+                raise _Overlap
+            a, b = match.start() - begin, match.end() - begin
+            if a > cut:
+                out.append((text[cut:a], origin + cut, origin + a, False))
+            out.append((mark(match.group(0)), origin + a, origin + b, True))
+            cut = b
+            index += 1
+        if cut < len(text):
+            out.append((text[cut:], origin + cut, origin_end, False))
+    return out
+
+
 class Redactor:
     """Replaces every match of the configured kinds, in a text, an id, or a record field by field
-    (`FIELDS`), counting each by kind."""
+    (`FIELDS`), counting each by kind: in `metrics`, or, without, in `counts` (a worker process's
+    redactor, whose counts its caller adds to the metrics)."""
 
-    def __init__(self, config: RedactionConfig, metrics: Metrics, key: bytes | None = None) -> None:
+    def __init__(self, config: RedactionConfig, metrics: Metrics | None, key: bytes | None = None) -> None:
         self.config = config
         self.metrics = metrics
+        self.counts: Counter[str] = Counter()
         self._key = key if key is not None else secrets.token_bytes(32)
-        self._rules: list[tuple[str, re.Pattern[str], Callable[[re.Match[str]], bool] | None]] = [
-            (kind, *BUILTIN[kind]) for kind in BUILTIN if kind in config.builtin
+        # (kind, its regex, a check a match must pass, what a text must hold for the regex to match)
+        self._rules: list[_Rule] = [
+            (kind, *BUILTIN[kind], _HINTS[kind]) for kind in BUILTIN if kind in config.builtin
         ]
-        self._rules += [(name, re.compile(pattern), None) for name, pattern in config.patterns.items()]
+        self._rules += [(name, re.compile(pattern), None, None) for name, pattern in config.patterns.items()]
+        # with the built-in kinds alone, a text none of them can match is known at once
+        self._hinted = not config.patterns
+
+    def _may_match(self, value: str, keyed: bool) -> bool:
+        """Whether a built-in kind may match in `value` (or, unkeyed, a keyed mark lose its digest)."""
+        if not keyed and "[REDACTED:" in value:
+            return True
+        digits = _digit_count(value)
+        return any(hint is not None and hint(value, digits) for _, _, _, hint in self._rules)
+
+    def _count(self, kind: str, n: int) -> None:
+        if self.metrics is not None:
+            self.metrics.redactions.labels(kind=kind).inc(n)
+        else:
+            self.counts[kind] += n
+
+    def edits(self, value: str, keyed: bool) -> list[Edit]:
+        """What redacting `value` replaces, as edits of `value` itself: each match by its mark (keyed:
+        `[REDACTED:<kind>:<digest>]`, else `[REDACTED:<kind>]`), and, unkeyed, each keyed mark in it by
+        the mark without its digest (free text never carries a digest). Marks are never redacted again;
+        the kinds run in order over the text between them, each over what the ones before it left, and
+        again until none finds more (a mark can start a match: `...1111sk-proj-...` is a key only once
+        the card number before it is a mark), so that redacting is idempotent.
+
+        Knowing where each replacement sits lets a caller redact the text inside an encoding (a JSON
+        string with escapes) and keep the rest of the encoding as it was (service/ingest/span_redaction.py);
+        where a second round found more, the one edit replaces the whole text."""
+        if not value or (self._hinted and not self._may_match(value, keyed)):
+            return []
+        edits = self._round(value, keyed)
+        if not edits or (self._hinted and not _next_to_a_mark(value, edits)):
+            return edits
+        redacted = again = apply_edits(value, edits)
+        for _ in range(_MAX_ROUNDS):
+            more = self._round(again, keyed)
+            if not more:
+                break
+            again = apply_edits(again, more)
+        return edits if again is redacted else [(0, len(value), again)]
+
+    def _round(self, value: str, keyed: bool) -> list[Edit]:
+        """One round of `edits`: every kind once over the text between the marks."""
+        edits: list[Edit] = []
+        end = 0
+        for found in _MARKS.finditer(value):
+            edits += self._piece_edits(value, end, found.start(), keyed)
+            if not keyed and found.group(2):
+                edits.append((found.start(), found.end(), f"[REDACTED:{found.group(1)}]"))
+            end = found.end()
+        edits += self._piece_edits(value, end, len(value), keyed)
+        return edits
+
+    def _piece_edits(self, value: str, start: int, end: int, keyed: bool) -> list[Edit]:
+        """The edits of the text between two marks: each kind replaces its matches in what the kinds
+        before it left (their marks included, as the text they are)."""
+        if start == end:
+            return []
+        piece = value[start:end]
+        segments: list[_Segment] = [(piece, start, end, False)]
+        counts: Counter[str] = Counter()
+        digits = -1  # counted when a kind asks
+        try:
+            for kind, pattern, check, hint in self._rules:
+                if hint is not None:
+                    # a built-in kind needs what the piece lacks: its regex need not scan it (the piece
+                    # only loses what the kinds before this one took)
+                    if digits < 0:
+                        digits = _digit_count(piece)
+                    if not hint(piece, digits):
+                        continue
+                text = segments[0][0] if len(segments) == 1 else "".join(s[0] for s in segments)
+                matches = [
+                    m for m in pattern.finditer(text) if m.end() > m.start() and (check is None or check(m))
+                ]
+                if matches:
+                    mark = self._keyed_mark(kind) if keyed else (lambda _, kind=kind: f"[REDACTED:{kind}]")
+                    segments = _replaced(segments, matches, mark)
+                    counts[kind] += len(matches)
+        except _Overlap:
+            return self._overlapping_edits(value, start, end, keyed)
+        for kind, n in counts.items():
+            self._count(kind, n)
+        return [(s[1], s[2], s[0]) for s in segments if s[3]]
+
+    def _overlapping_edits(self, value: str, start: int, end: int, keyed: bool) -> list[Edit]:
+        """A custom pattern matched across a mark: the piece is redacted as one string, one edit."""
+        piece = value[start:end]
+        for kind, pattern, check, _ in self._rules:
+            mark = self._keyed_mark(kind) if keyed else (lambda _, kind=kind: f"[REDACTED:{kind}]")
+            piece, count = _replace(piece, pattern, check, mark)
+            if count:
+                self._count(kind, count)
+        return [(start, end, piece)] if piece != value[start:end] else []
 
     def _redact(self, value: str, keyed: bool) -> str:
-        pieces = _MARKS.split(value)  # marks sit at the odd indices and stay as they are
-        for index in range(0, len(pieces), 2):
-            piece = pieces[index]
-            for kind, pattern, check in self._rules:
-                if not piece:
-                    break
-                mark = self._keyed_mark(kind) if keyed else (lambda _, kind=kind: f"[REDACTED:{kind}]")
-                piece, count = _replace(piece, pattern, check, mark)
-                if count:
-                    self.metrics.redactions.labels(kind=kind).inc(count)
-            pieces[index] = piece
-        return "".join(pieces)
+        return apply_edits(value, self.edits(value, keyed))
 
     def _keyed_mark(self, kind: str) -> Callable[[str], str]:
         def mark(found: str) -> str:
@@ -386,6 +585,12 @@ class Redactor:
             new = self._nested(value) if rule is None else self._field(value, rule.kind)
             if new is not value and new != value:
                 update[name] = new
+        if isinstance(record, Chunk) and _named_by_content(record):
+            # a chunk that came without an id is named by a hash of its text: of the redacted text, as
+            # built from redacted spans (a hash of the raw text would let a guess of it be confirmed)
+            named = content_id(self._redact(record.content or "", keyed=True))
+            if named != record.id:
+                update["id"] = named
         if not update:
             return record
         if isinstance(record, BaseModel):
@@ -402,6 +607,16 @@ class Redactor:
     def feedback(self, batch: Iterable[Feedback]) -> list[Feedback]:
         """Feedback with every field `FIELDS` lists redacted."""
         return [self.record(f) for f in batch]
+
+
+def _named_by_content(chunk: Chunk) -> bool:
+    """Whether a chunk's id is the hash of its text (`conventions.content.content_id`)."""
+    if not (chunk.content and chunk.id.startswith(CONTENT_ID_PREFIX)):
+        return False
+    try:
+        return chunk.id == content_id(chunk.content)
+    except UnicodeEncodeError:  # a lone surrogate (a JSON escape) hashes to nothing
+        return False
 
 
 class RedactingFilter:

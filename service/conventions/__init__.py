@@ -2,7 +2,8 @@
 
 Owns: the decoded span (`spans.py`), the attribute names by convention (`attributes.py`) and their typed
 values (`attribute_values.py`), which RAG stage a span is (`stage.py`), what it carries (`content.py`),
-model-call usage (`usage.py`), prices (`pricing.py`, `prices.json`), and `semconv.py`: the spans of one
+model-call usage (`usage.py`), prices (`pricing.py`, `prices.json`), the user hash (`user_hash.py`), and
+`semconv.py`: the spans of one
 trace -> one `RagTrace` (OpenInference, OTel GenAI, OpenLLMetry).
 
 May import: `model` and `errors` only. Add a new instrumentation library's attributes here.

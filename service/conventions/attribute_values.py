@@ -24,6 +24,7 @@ from service.conventions.spans import Attributes, AttrValue
 
 __all__ = [
     "MAX_ATTRIBUTE_INDEX",
+    "filter_text",
     "first_count",
     "first_text",
     "flag",
@@ -174,6 +175,15 @@ def string_list(value: AttrValue) -> tuple[str, ...]:
             str(item) for item in parsed if isinstance(item, str | int) and not isinstance(item, bool)
         )
     return ()
+
+
+def filter_text(value: AttrValue) -> str | None:
+    """A filter predicate as text: a string as sent, a kvlist or list as JSON with sorted keys."""
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, dict | list):
+        return json.dumps(json_safe(value), sort_keys=True)
+    return None
 
 
 def flag(value: Any) -> bool:

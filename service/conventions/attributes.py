@@ -62,6 +62,7 @@ from service.conventions.spans import Attributes
 __all__ = [
     "COST_KEY_PREFIX",
     "EMBEDDING_MODEL_KEYS",
+    "SDK_DEFAULT_SERVICE",
     "VECTOR_KEY_SUFFIX",
     "AttributeKind",
     "GenAIAttributes",
@@ -75,6 +76,9 @@ __all__ = [
 ]
 
 AttributeKind = Literal["count", "number", "vector"]
+
+SDK_DEFAULT_SERVICE = "unknown_service"
+"""How the OTel SDKs' default `service.name` starts (`unknown_service:<process>`): no app named it."""
 
 
 class RagmonAttributes:

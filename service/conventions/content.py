@@ -35,7 +35,15 @@ from service.conventions.attribute_values import indexed, json_object, json_safe
 from service.conventions.attributes import GenAIAttributes, PydanticAIAttributes, TraceloopAttributes
 from service.conventions.spans import Attributes, AttrValue, Span
 
-__all__ = ["CONTENT_ID_PREFIX", "ChunkFields", "SpanContent", "has_documents", "langchain_document", "ranked"]
+__all__ = [
+    "CONTENT_ID_PREFIX",
+    "ChunkFields",
+    "SpanContent",
+    "content_id",
+    "has_documents",
+    "langchain_document",
+    "ranked",
+]
 
 _QUERY_KEYS = ("query", "question", "input", "user_input", "q", "prompt", "text", "content", "messages")
 _QUERY_CONTAINERS = ("inputs", "kwargs", "args")
@@ -172,6 +180,11 @@ _METADATA_ID_KEYS = ("id", "doc_id", "document_id", "chunk_id")
 _METADATA_SCORE_KEYS = ("score", "relevance_score")
 
 
+def content_id(content: str) -> str:
+    """The id of a document that came with none: `sha256:` and 16 hex digits of its content's hash."""
+    return CONTENT_ID_PREFIX + hashlib.sha256(content.encode()).hexdigest()[:16]
+
+
 def has_documents(payload: str) -> bool:
     """Whether a payload may hold LangChain documents (Python's or LangChain.js's field name): a
     cheap test before parsing it."""
@@ -196,7 +209,7 @@ def _doc_id(raw_id: AttrValue, content: str | None, rank: int, metadata: dict[st
             return found
     if content:
         # Stable across redeliveries, so a chunk without an id still joins with its judgments.
-        return CONTENT_ID_PREFIX + hashlib.sha256(content.encode()).hexdigest()[:16]
+        return content_id(content)
     return f"#{rank}"
 
 

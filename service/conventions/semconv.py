@@ -64,8 +64,6 @@ no span of the same stage below it reports usage.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -79,16 +77,17 @@ from openinference.semconv.trace import (
 )
 
 from service.conventions.attribute_values import (
+    filter_text,
     first_count,
     first_text,
     flag,
-    json_safe,
     number,
     parse_json,
     string_list,
     vector,
 )
 from service.conventions.attributes import (
+    SDK_DEFAULT_SERVICE,
     AttributeKind,
     GenAIAttributes,
     OpenLITAttributes,
@@ -107,9 +106,10 @@ from service.conventions.content import (
     ranked,
 )
 from service.conventions.pricing import PriceTable
-from service.conventions.spans import Attributes, AttrValue, LogEvent, Span, SpanEvent
+from service.conventions.spans import Attributes, LogEvent, Span, SpanEvent
 from service.conventions.stage import Stage, span_stage
 from service.conventions.usage import Call, span_call, usage_rows
+from service.conventions.user_hash import user_hash
 from service.model import QueryEmbedding, RagTrace, TraceKind
 
 __all__ = [
@@ -128,7 +128,6 @@ _T = TypeVar("_T")
 _FIRST_TOKEN_EVENTS = ("First Token Stream Event", TraceloopAttributes.COMPLETION_CHUNK_EVENT)
 _SERVICE_NAME = "service.name"
 _SERVICE_VERSION = "service.version"
-_SDK_DEFAULT_SERVICE = "unknown_service"
 _ENDUSER_ID = "enduser.id"
 _MAX_CLOCK_SKEW = timedelta(minutes=5)
 _BY_START = attrgetter("start_ns", "span_id")
@@ -295,18 +294,10 @@ def _meta_text(meta: dict[str, Any], *keys: str) -> str | None:
     return None
 
 
-def _filter_text(value: AttrValue) -> str | None:
-    if isinstance(value, str):
-        return value or None
-    if isinstance(value, dict | list):
-        return json.dumps(json_safe(value), sort_keys=True)
-    return None
-
-
 def _app_name(resource: Attributes) -> str:
     """`service.name`; Phoenix's project name when the SDK default (`unknown_service...`) was left."""
     service = resource.get(_SERVICE_NAME)
-    if isinstance(service, str) and service and not service.startswith(_SDK_DEFAULT_SERVICE):
+    if isinstance(service, str) and service and not service.startswith(SDK_DEFAULT_SERVICE):
         return service
     project = resource.get(ResourceAttributes.PROJECT_NAME)
     return project if isinstance(project, str) and project else "unknown"
@@ -605,10 +596,8 @@ def build_trace(
         "retriever": first_retriever.name if first_retriever else None,
         "k": k,
         "chunks": ranked(chunks),
-        "filter": _first(
-            carriers, lambda s: _filter_text(s.attributes.get(RagmonAttributes.RETRIEVAL_FILTER))
-        )
-        or _first(retrievers, lambda s: _filter_text(first_text(s.attributes, *TraceloopAttributes.FILTERS))),
+        "filter": _first(carriers, lambda s: filter_text(s.attributes.get(RagmonAttributes.RETRIEVAL_FILTER)))
+        or _first(retrievers, lambda s: filter_text(first_text(s.attributes, *TraceloopAttributes.FILTERS))),
         "excluded_ids": _first_string_list(carriers, RagmonAttributes.RETRIEVAL_EXCLUDED_IDS),
         "reranker_input": ranked(
             contents[rerankers[0].span_id].documents(RerankerAttributes.RERANKER_INPUT_DOCUMENTS)
@@ -689,7 +678,7 @@ def build_trace(
             "intent": intent or None,
             "session_id": _first_text(carriers, SpanAttributes.SESSION_ID, GenAIAttributes.CONVERSATION_ID)
             or _meta_text(meta, "session_id"),
-            "user_hash": hashlib.sha256(user.encode()).hexdigest() if user else None,
+            "user_hash": user_hash(user) if user else None,
             "start_time": start_time,
             "query": query,
             "query_embedding": _query_embedding([contents[s.span_id] for s in embeddings], retrievers, query),

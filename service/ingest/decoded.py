@@ -64,6 +64,8 @@ class DecodedBatch:
     drops: list[tuple[str, str, str]] = field(default_factory=list)
     dropped_keys: list[str] = field(default_factory=list)
     truncated_keys: list[str] = field(default_factory=list)
+    # texts redacted in the spans, by kind (`span_redaction.py`, with redaction on)
+    redactions: dict[str, int] = field(default_factory=dict)
     # what `rejected_spans` counts, for the message (the logs receiver counts log records)
     unit: ClassVar[str] = "spans"
 

@@ -58,6 +58,7 @@ from service.conventions.spans import AnySpan, LogEvent, PackedSpan, Span, WireS
 from service.ingest import otlp, otlp_logs
 from service.ingest.drop_log import DropLog
 from service.ingest.loop_pool import LoopProcessPool, WorkerDied
+from service.ingest.span_redaction import SpanRedaction
 from service.metrics import Metrics
 from service.model import RagTrace
 from service.runtime import GC_THRESHOLDS
@@ -216,8 +217,16 @@ class IngestPool:
     """Decodes OTLP bodies in `processes` decoder processes and builds traces in as many builder
     processes, or does both in threads when `processes` is 0."""
 
-    def __init__(self, processes: int | None, prices: PriceTable, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        processes: int | None,
+        prices: PriceTable,
+        metrics: Metrics,
+        redaction: SpanRedaction | None = None,
+    ) -> None:
         self.processes = default_processes() if processes is None else processes
+        # with redaction on, what a decoder returns is redacted there (span_redaction.py)
+        self.redaction = redaction
         # Separate pools: a build waiting behind queued decodes (or a decode behind a build) in
         # one shared FIFO starved the other and left both processes half idle.
         self.decoders = _Workers("decoder", self.processes, prices, metrics)
@@ -233,6 +242,8 @@ class IngestPool:
             self.metrics.reject(reason, count)
         if decoded.truncated:
             self.metrics.ingest_truncated.inc(decoded.truncated)
+        for kind, count in decoded.redactions.items():
+            self.metrics.redactions.labels(kind=kind).inc(count)
         self.drop_log.note(decoded)
 
     @property
@@ -260,6 +271,11 @@ class IngestPool:
             "tenant": tenant,
             "limit": limit,
         }
+        if self.redaction is not None:
+            return await self.decoders.run(
+                functools.partial(self.redaction.decode_traces, body, packed=True, **kwargs),
+                functools.partial(self.redaction.decode_traces, body, **kwargs),
+            )
         return await self.decoders.run(
             functools.partial(_decode_packed, body, **kwargs),
             functools.partial(otlp.decode_body, body, **kwargs),
@@ -276,7 +292,10 @@ class IngestPool:
             "tenant": tenant,
             "limit": limit,
         }
-        decode = functools.partial(otlp_logs.decode_logs_body, body, **kwargs)
+        if self.redaction is not None:
+            decode = functools.partial(self.redaction.decode_logs, body, **kwargs)
+        else:
+            decode = functools.partial(otlp_logs.decode_logs_body, body, **kwargs)
         return await self.decoders.run(decode, decode)
 
     async def build_traces(self, groups: SpanGroups) -> list[RagTrace | None]:

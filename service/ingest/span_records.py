@@ -15,6 +15,8 @@ explicit and version-independent, never a pickle:
   travels as its own wire bytes (`WireSpan.raw`); a decoded one (OTLP/JSON)
   is encoded into the same message.
 
+With redaction on, what ingest publishes is redacted already (`span_redaction.py`).
+
 A record holds one trace's spans of one request, at most `max_bytes` of value:
 a group that would be larger is split over several records. One span (or
 event) never needs more: screening cut it to `span_size.MAX_SPAN_BYTES`, its

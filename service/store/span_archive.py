@@ -32,7 +32,9 @@ Guarantees:
   deletes the row with its trace).
 
 The table holds OTLP request messages (service/ingest: `SpanCodec`), not
-Python objects, so any ragmon version that reads OTLP reads it.
+Python objects, so any ragmon version that reads OTLP reads it. With
+redaction on it holds them redacted: ingest redacts spans as it decodes
+them (service/ingest/span_redaction.py), before they reach the assembler.
 """
 
 from __future__ import annotations

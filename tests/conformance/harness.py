@@ -5,12 +5,15 @@ Shared by the pytest module and by the capture command:
     .venv/bin/python -m tests.conformance.harness capture [client ...]
 
 which runs each client against `capture.py` (and the stub) and leaves the OTLP/JSON dumps and the
-client's manifest in /tmp/conformance-captures/<client>/.
+client's manifest in /tmp/conformance-captures/<client>/; `pack [client ...]` then keeps their traces
+and logs requests in tests/conformance/captures/<client>.json.gz.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import os
 import re
 import shutil
@@ -24,6 +27,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 VENVS = ROOT / ".venvs" / "conformance"
 CAPTURES = Path("/tmp/conformance-captures")
+# the captures kept in the repository (`pack`)
+PACKED = HERE / "captures"
 APP_TIMEOUT_S = 90
 # written by build_venvs.sh into a Node client's node_modules once `npm ci` succeeded
 NODE_BUILT = Path("node_modules") / ".package-lock.sha256"
@@ -198,16 +203,40 @@ def capture(names: list[str]) -> int:
     return 1 if failed else 0
 
 
+def pack(names: list[str]) -> int:
+    """Keep the traces and logs requests of each client's capture in `PACKED` (one gzipped JSON file
+    a client: {"traces": [request, ...], "logs": [...]}, OTLP/JSON as captured, ids in hex), for
+    tests that read real libraries' span shapes without their virtualenvs
+    (tests/service/ingest/test_span_redaction.py)."""
+    PACKED.mkdir(parents=True, exist_ok=True)
+    missing = 0
+    for name in names or [c.name for c in CLIENTS if c.protocol != "grpc"]:
+        folder = CAPTURES / name
+        requests: dict[str, list[object]] = {"traces": [], "logs": []}
+        for path in sorted(folder.glob("0*-*.json")):
+            signal = path.stem.split("-", 1)[1]
+            if signal in requests:
+                requests[signal].append(json.loads(path.read_text()))
+        if not requests["traces"]:
+            print(f"{name}: no capture in {folder}")
+            missing += 1
+            continue
+        packed = json.dumps(requests, separators=(",", ":"), sort_keys=True).encode()
+        (PACKED / f"{name}.json.gz").write_bytes(gzip.compress(packed, 9, mtime=0))
+        print(f"{name}: {len(requests['traces'])} traces and {len(requests['logs'])} logs requests")
+    return 1 if missing else 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_capture = sub.add_parser("capture")
-    p_capture.add_argument("clients", nargs="*", help=", ".join(BY_NAME))
+    for command in ("capture", "pack"):
+        sub.add_parser(command).add_argument("clients", nargs="*", help=", ".join(BY_NAME))
     args = parser.parse_args()
     unknown = sorted(set(args.clients) - set(BY_NAME))
     if unknown:
         parser.error(f"unknown clients {unknown}; known: {', '.join(BY_NAME)}")
-    sys.exit(capture(args.clients))
+    sys.exit(capture(args.clients) if args.command == "capture" else pack(args.clients))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -68,6 +69,8 @@ def test_redaction_and_the_raw_phoenix_tee_are_refused_together() -> None:
         )
     with pytest.raises(ConfigError, match="not a valid regular expression"):
         load_config(environ={}, overrides={"redaction": {"enabled": True, "patterns": {"bad": "(("}}})
+    with pytest.raises(ConfigError, match="must be letters, digits"):
+        load_config(environ={}, overrides={"redaction": {"enabled": True, "patterns": {'a"b': "x"}}})
 
 
 def test_what_is_stored_and_shown_is_redacted(tmp_path: Path) -> None:
@@ -98,7 +101,8 @@ def test_what_is_stored_and_shown_is_redacted(tmp_path: Path) -> None:
                 [list(r) for r in conn.execute(sa.text("SELECT * FROM feedback")).all()], default=str
             )
         for text in (json.dumps(stored), rows, contexts, feedback):
-            assert "4111 1111" not in text and "ann@example.com" not in text and "555" not in text
+            assert "4111 1111" not in text and "ann@example.com" not in text
+            assert "555-2671" not in text and "555 2671" not in text  # (a bare "555" can be in a time)
         assert stored["query"] == "my card is [REDACTED:card], mail me at [REDACTED:email]"
         assert server.metric("ragmon_redactions_total", kind="email") == 2
         assert server.metric("ragmon_redactions_total", kind="phone") == 2
@@ -184,10 +188,99 @@ def test_ids_stay_apart_alike_everywhere_and_marks_are_not_redacted_again() -> N
     assert a != b and a is not None and re.fullmatch(r"\[REDACTED:phone:[a-p]{16}\]", a)
     assert other.identifier("4155552671") == a  # same key, same mark: a golden set meets its traces
     assert Redactor(RedactionConfig(enabled=True), metrics, key=b"x" * 32).identifier("4155552671") != a
-    assert one.identifier(a) == a and one.text(a) == a  # idempotent
+    assert one.identifier(a) == a  # idempotent
+    assert one.text(a) == "[REDACTED:phone]" == one.text(one.text(a))  # free text carries no digest
     text = one.text("mail ann@example.com or call 4155552671")
     assert text == "mail [REDACTED:email] or call [REDACTED:phone]" and one.text(text) == text
     assert one.identifier("doc-7#chunk-3") == "doc-7#chunk-3"  # an id with nothing to redact is unchanged
+
+
+def _reference_redact(redactor: Redactor, value: str, keyed: bool) -> str:
+    """One round of redaction as it worked before it reported where its replacements sit: kind after
+    kind over the text between marks, each over what the kinds before it left."""
+    pieces = re.split(r"(\[REDACTED:[^\[\]:]+(?::[a-p]{16})?\])", value)
+    for index in range(0, len(pieces), 2):
+        for kind, pattern, check, _ in redactor._rules:
+            if not pieces[index]:
+                break
+            mark = redactor._keyed_mark(kind) if keyed else (lambda _, kind=kind: f"[REDACTED:{kind}]")
+            out, end = [], 0
+            for match in pattern.finditer(pieces[index]):
+                if match.end() > match.start() and (check is None or check(match)):
+                    out += (pieces[index][end : match.start()], mark(match.group(0)))
+                    end = match.end()
+            pieces[index] = "".join(out) + pieces[index][end:]
+    if not keyed:  # a mark in free text loses its digest
+        pieces[1::2] = [re.sub(r":[a-p]{16}\]$", "]", mark) for mark in pieces[1::2]]
+    return "".join(pieces)
+
+
+def _reference_fixpoint(redactor: Redactor, value: str, keyed: bool) -> str:
+    """`_reference_redact` again and again until it changes nothing."""
+    for _ in range(9):
+        again = _reference_redact(redactor, value, keyed)
+        if again == value:
+            break
+        value = again
+    return value
+
+
+def test_redaction_by_edits_is_redaction_kind_after_kind() -> None:
+    """`Redactor.edits` says where each replacement goes; made, they are what redacting kind after kind,
+    round after round until nothing more matches, gives, with custom patterns that match across the
+    marks of the kinds before them too; and redacting is idempotent."""
+    import random
+
+    rng = random.Random(7)
+    alphabet = ["a", "b", " ", "-", "4", "1", "@", ".", "x.io", "+44 ", "(", ")", "TCK-", "9", "\n", ":", "["]
+    alphabet += [
+        "ann@leak.io",
+        "4111 1111 1111 1111",
+        "sk-proj-abcdefghijklmnop1234",
+        "Bearer abcdefghijklmnopq",
+    ]
+    alphabet += ["[REDACTED:email]", "[REDACTED:phone:abcdefghijklmnop]", "415-555-2671"]
+    configs = [
+        RedactionConfig(enabled=True),
+        RedactionConfig(enabled=True, builtin=["phone", "email"], patterns={"ticket": r"TCK-\d+"}),
+        # custom kinds that match inside and across marks (which the built-in kinds never do)
+        RedactionConfig(enabled=True, patterns={"ticket": r"TCK-\d+", "bracket": r"\][^\[]{0,3}", "b": "b+"}),
+    ]
+    for config in configs:
+        one = Redactor(config, Metrics(), key=b"k" * 32)
+        for _ in range(150 if "bracket" in config.patterns else 800):  # its marks multiply
+            value = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+            for keyed in (True, False):
+                assert one._redact(value, keyed) == _reference_fixpoint(one, value, keyed), (
+                    config.patterns,
+                    value,
+                )
+                if "bracket" not in config.patterns:  # a kind that matches marks may never settle
+                    assert one._redact(one._redact(value, keyed), keyed) == one._redact(value, keyed)
+            # free text of an id's redaction is the free text of the raw: what lets spans be redacted
+            # as ids before the trace is built (service/ingest/span_redaction.py)
+            if not config.patterns:
+                assert one.text(one.identifier(value)) == one.text(value), value
+
+
+def test_a_chunk_named_by_its_text_is_named_by_its_redacted_text() -> None:
+    from service.conventions.content import content_id
+    from service.model import Chunk
+
+    one = Redactor(RedactionConfig(enabled=True), Metrics(), key=b"k" * 32)
+    raw = "Parcels to ann@leak.example.org ship on Monday."
+    chunk = one.record(Chunk(id=content_id(raw), rank=0, content=raw))
+    assert chunk.content == "Parcels to [REDACTED:email] ship on Monday."
+    assert chunk.id == content_id(one.identifier(raw) or "") != content_id(raw)
+    other = one.record(
+        Chunk(id=content_id(raw.replace("ann", "bob")), rank=1, content=raw.replace("ann", "bob"))
+    )
+    assert other.id != chunk.id  # two texts, two ids
+    assert one.record(chunk) == chunk  # and once only
+    given = Chunk(id="sha256:feedfacecafebeef", rank=0, content=raw)  # an id the app gave: an id like any
+    assert one.record(given).id == "sha256:feedfacecafebeef"
+    clean = Chunk(id=content_id("no secret"), rank=0, content="no secret")
+    assert one.record(clean) is clean
 
 
 def _trace_record() -> dict[str, Any]:
@@ -446,3 +539,98 @@ def test_the_digest_key_is_kept_in_the_data_dir_or_required_in_distributed_mode(
         load_config(environ={}, overrides={"bus": {"kind": "kafka"}, "redaction": {"enabled": True}})
     kafka = {"bus": {"kind": "kafka"}, "redaction": {"enabled": True, "key": "k" * 20}}
     assert load_config(environ={}, overrides=kafka).redaction.key is not None
+
+
+# -- spans are redacted before anything keeps them: late spans complete a trace from redacted spans ------
+
+
+class _Clock:
+    """One clock for the assembler (monotonic seconds) and the span archive (wall time), moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 10_000.0
+        self.origin = datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wall(self) -> datetime:
+        return self.origin + timedelta(seconds=self.now - 10_000.0)
+
+
+def test_a_trace_completed_by_late_spans_is_redacted_alike_and_nothing_raw_is_kept(tmp_path: Path) -> None:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    from tests.rag_spans import RagRequest, body
+
+    clock = _Clock()
+    settings = {
+        "redaction": {"enabled": True},
+        "assembler": {"grace_s": 0.5, "idle_s": 120, "max_age_s": 900, "late_window_s": 1800},
+    }
+    request = RagRequest(
+        duration_s=200,
+        query=f"Refund for {planted('late.query')}? Call +44 20 7946 0958",
+        answer=f"Refunds go to {planted('late.answer')}.",
+    )
+    retrieve, generate, root = request.retrieve, request.generate, request.root
+    for key, value in (
+        ("retrieval.documents.1.document.id", planted("late.chunk.id")),
+        ("retrieval.documents.1.document.content", f"Ask {planted('late.chunk.content')}."),
+    ):
+        retrieve.attributes.append(KeyValue(key=key, value=AnyValue(string_value=value)))
+    for attribute in generate.attributes:
+        if attribute.key == "llm.model_name":  # a provider path before the name: priced alike
+            attribute.value.string_value = f"{planted('late.model')}/gpt-4o-mini"
+
+    def send(server: Any, *spans: Any) -> None:
+        with server.client(headers={"content-type": "application/x-protobuf"}) as client:
+            response = client.post("/v1/traces", content=body(*spans, app=planted("late.app")))
+        assert response.status_code == 200, response.text
+
+    def advance(server: Any, seconds: float) -> None:
+        clock.now += seconds
+        server.call(server.pipeline.assembler.flush_due())
+        assert server.call(server.pipeline.bus.drain(10))
+
+    def stored(server: Any) -> dict[str, Any]:
+        with server.client() as client:
+            response = client.get(f"/api/v1/traces/{request.trace_id}")
+        assert response.status_code == 200, response.text
+        record: dict[str, Any] = response.json()
+        return record
+
+    def archive(server: Any) -> str:
+        """What `trace_spans` holds, its bytes as text, and the spans it gives back."""
+        kept = server.pipeline.span_archive.kept("default", request.trace_id)
+        with server.pipeline.store.engine.connect() as conn:
+            row = conn.execute(sa.text("SELECT spans, events FROM trace_spans")).one()
+        raw = b"".join(part or b"" for part in row).decode("utf-8", "replace")
+        return raw + repr([otlp_item for otlp_item in kept])
+
+    with live_server(tmp_path, **settings) as server:
+        server.pipeline.assembler.clock = clock.monotonic
+        server.pipeline.span_archive.clock = clock.wall
+        send(server, retrieve)
+        advance(server, 121)  # idle: flushed without its root, stored partial
+        first = stored(server)
+        assert (first["span_count"], first["flags"]["partial"], first["answer"]) == (1, True, None)
+        assert FOUND.findall(archive(server)) == [] and "7946 0958" not in archive(server)
+        advance(server, request.duration_s - 121)
+        send(server, generate, root)  # the answer and the root come late, with secrets of their own
+        advance(server, 0.6)
+        record = stored(server)
+        kept = archive(server)
+        rows = _rows_of_every_table(server.pipeline.store.engine)
+        assert server.metric("ragmon_late_spans_total") == 2
+        assert server.metric("ragmon_redactions_total", kind="email") >= 6
+    assert (record["span_count"], record["flags"]["partial"], record["context"]["revision"]) == (3, False, 3)
+    # the completed trace is redacted with the marks of its first version
+    assert record["query"] == first["query"] == "Refund for [REDACTED:email]? Call [REDACTED:phone]"
+    assert [c["id"] for c in record["context"]["chunks"]] == [c["id"] for c in first["context"]["chunks"]]
+    assert re.fullmatch(r"\[REDACTED:email:[a-p]{16}\]", record["context"]["chunks"][1]["id"])
+    assert record["answer"] == "Refunds go to [REDACTED:email]."
+    assert record["app"] == first["app"] and re.fullmatch(r"\[REDACTED:email:[a-p]{16}\]", record["app"])
+    # nothing raw in the span archive (its bytes, and the spans it gives back), nor in any table
+    assert FOUND.findall(kept) == [] and "7946 0958" not in kept and "[REDACTED:email:" in kept
+    assert FOUND.findall(rows) == [] and "7946 0958" not in rows

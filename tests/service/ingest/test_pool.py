@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import json
 import os
+import re
 import signal
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -346,3 +347,47 @@ def test_a_container_cpu_quota_caps_the_default_worker_count(
     quota_file.write_text(cpu_max)
     assert _cgroup_cpus(quota_file) == cpus
     assert _cgroup_cpus(tmp_path / "absent") is None
+
+
+@pytest.mark.parametrize("processes", [0, 1])
+async def test_with_redaction_on_decoders_return_redacted_spans_and_events_and_count_them(
+    metrics: Metrics, processes: int
+) -> None:
+    """The decoder (a worker process, or a thread) gets the span redaction with each call: what it
+    returns is redacted, and what it redacted is counted here (`account`)."""
+    from service.config import RedactionConfig
+    from service.ingest.span_redaction import SpanRedaction
+    from tests.rag_spans import RagRequest
+
+    request = ExportTraceServiceRequest.FromString(_body(2))
+    for span in request.resource_spans[0].scope_spans[0].spans:
+        for attribute in span.attributes:
+            if attribute.key == "input.value":
+                attribute.value.string_value = "rotate the key for ann@example.com?"
+    genai = RagRequest(duration_s=2, genai=True, answer="Mail bob@example.com.")
+    redaction = SpanRedaction(RedactionConfig(enabled=True), b"k" * 32)
+    pool = IngestPool(processes, PRICES, metrics, redaction=redaction)
+    await pool.start()
+    try:
+        decoded = await pool.decode(
+            request.SerializeToString(), json_body=False, encoding="", tenant=TENANT, limit=LIMIT
+        )
+        pool.account(decoded)
+        logs = await pool.decode_logs(
+            genai.choice_body(), json_body=False, encoding="", tenant=TENANT, limit=LIMIT
+        )
+        pool.account(logs)
+        built = await pool.build_traces(_groups(decoded.spans))
+    finally:
+        await pool.stop()
+    assert all(type(s) is WireSpan for s in decoded.spans) and b"example.com" not in b"".join(
+        s.raw  # type: ignore[union-attr]
+        for s in decoded.spans
+    )
+    queries = {t.query if t else None for t in built}
+    assert len(built) == 2 and len(queries) == 1  # one address, one mark
+    assert re.fullmatch(r"rotate the key for \[REDACTED:email:[a-p]{16}\]\?", str(queries.pop()))
+    [event] = logs.log_events
+    assert "example.com" not in repr(event.attributes) and "[REDACTED:email:" in repr(event.attributes)
+    # the root span of each of two traces held the address, and the log record one
+    assert metrics.registry.get_sample_value("ragmon_redactions_total", {"kind": "email"}) == 3
