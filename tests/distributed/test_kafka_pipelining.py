@@ -190,3 +190,21 @@ async def test_broker_restarted_mid_flight_nothing_acknowledged_is_lost_no_trace
         f"resends), {refused} calls refused, {in_flight_at_fault} in flight when the broker stopped, "
         f"{rebuilds:.0f} producers rebuilt"
     )
+
+
+async def test_zstd_records_are_acknowledged_and_read_back(kafka_bootstrap: str) -> None:
+    """`kafka.compression: zstd` (the zstandard package comes with the kafka extra): the broker takes
+    the batches and a consumer reads every record back."""
+    config = _config(kafka_bootstrap, compression="zstd")
+    bus = KafkaBus(config, Metrics())
+    await bus.start()
+    try:
+        await bus.publish([_record(config, t, 0) for t in range(500)])
+    finally:
+        await bus.stop()
+    assert _first_occurrences(_read_back(config, 500)) == {t: [0] for t in range(500)}
+
+
+def test_batch_bytes_is_refused_over_the_record_limit() -> None:
+    with pytest.raises(ValueError, match="batch_bytes"):
+        KafkaConfig(batch_bytes=2_000_000)
