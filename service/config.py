@@ -266,8 +266,16 @@ class KafkaConfig(_Section):
     )
     max_block_s: float = Field(5.0, gt=0, description="longest a produce call waits for broker metadata")
     linger_ms: int = Field(5, ge=0, description="producer batching delay")
-    compression: Literal["none", "gzip"] = Field(
-        "gzip", description="producer compression (gzip: ~3x the publish rate of none for trace JSON)"
+    batch_bytes: int = Field(
+        1_000_000,
+        ge=16_384,
+        description="producer batch size a partition (bytes before compression): one produce request "
+        "carries up to this much of a partition; at most max_record_bytes",
+    )
+    compression: Literal["none", "gzip", "zstd"] = Field(
+        "gzip",
+        description="producer compression; zstd spends ~1/3 of gzip's CPU a record at a better ratio "
+        "(brokers from Kafka 2.1 on; needs the zstandard package, in the kafka extra)",
     )
     session_timeout_s: float = Field(
         10.0, ge=1, description="consumer group session timeout (real Kafka accepts >= 6)"
@@ -321,6 +329,8 @@ class KafkaConfig(_Section):
             raise ValueError("delivery_timeout_s must exceed request_timeout_s plus linger_ms")
         if self.heartbeat_interval_s >= self.session_timeout_s:
             raise ValueError("heartbeat_interval_s must be below session_timeout_s")
+        if self.batch_bytes > self.max_record_bytes:
+            raise ValueError("batch_bytes must be at most max_record_bytes (the broker's message.max.bytes)")
         if self.ssl_keyfile is not None and self.ssl_certfile is None:
             raise ValueError("ssl_keyfile is the key of a client certificate: set ssl_certfile too")
         return self

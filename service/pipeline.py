@@ -77,7 +77,7 @@ from service.store.trace_store import Store
 
 if TYPE_CHECKING:
     from service.bus.backlog import BacklogWatcher
-    from service.bus.kafka import KafkaBus
+    from service.bus.kafka_bus import KafkaBus
     from service.bus.span_offsets import SpanOffsets
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class Pipeline:
         if self.distributed:
             # kafka-python comes with the `kafka` extra
             from service.bus.backlog import BacklogWatcher
-            from service.bus.kafka import KafkaBus
+            from service.bus.kafka_bus import KafkaBus
 
             # ingest publishes; `ragmon worker` runs the sinks, judge workers and drift (service/worker.py)
             self.bus = self.kafka = KafkaBus(
@@ -339,7 +339,7 @@ class Pipeline:
 
     async def _publish(self, kafka: KafkaBus, spans: Sequence[AnySpan]) -> None:
         """Ingest in distributed mode: returns once the broker acknowledged `spans` (acks=all)."""
-        from service.bus.kafka import OutRecord
+        from service.bus.kafka_bus import OutRecord
 
         self.check_room()
         topic = self.config.kafka.spans_topic

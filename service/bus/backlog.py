@@ -50,7 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from service.bus.kafka import client_settings
+from service.bus.kafka_client import client_settings
 from service.config import KafkaConfig
 from service.lifecycle import cancel_task
 from service.metrics import Metrics

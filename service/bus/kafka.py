@@ -1,35 +1,8 @@
-"""Distributed-mode bus: `KafkaBus` publishes what ingest accepted, `KafkaReceiver` feeds it to the sinks.
+"""Distributed mode's receiver: `KafkaReceiver` feeds what ingest published to the sinks.
 
-Topics and keys (DESIGN.md, "bus"): the spans and GenAI log events that
-ingest accepted go to `kafka.spans_topic` (OTLP protobuf, one trace per
-record: service/ingest/span_records.py); JSON-API `RagTrace` records go to
-`kafka.traces_topic` and `Feedback` events to `kafka.feedback_topic`, both
-as UTF-8 JSON (the pydantic model's own serialization). Every record is
-keyed by its trace id, so the default (murmur2) key partitioner puts all the
-records of one trace on the same partition number of each topic.
-
-Producer guarantees (`KafkaBus`, in the ingest process), DESIGN.md "A 200 is
-a promise":
-
-* `publish` (and `consume_traces` / `consume_feedback`) returns only once
-  the broker acknowledged every record with `acks="all"`; ingest answers
-  200 after that. It raises `QueueFull` (503 + Retry-After) instead when
-  the local buffer is full (`kafka.buffer_records`), while the producer is
-  unavailable (a send failed and no send or probe has passed since, or one
-  has waited longer than `kafka.publish_timeout_s`), or when the
-  acknowledgement does not come within `kafka.publish_timeout_s`. Records
-  of a refused call that were not yet handed to the producer are
-  withdrawn; any already sent may still arrive (the caller retries, and
-  consumers are idempotent by trace id, event id and span id).
-* One task sends the buffer in order and removes a record only once it is
-  acknowledged. After a failed send the producer is closed and a new one is
-  built for the next attempt: kafka-python's idempotent producer that lost
-  its producer id (or its broker) never recovers by itself. With nothing
-  to send, a failed producer is probed (a metadata request from a new
-  producer) with backoff until the broker answers, so `available` (and
-  with it 200s instead of 503s) comes back on its own after an outage of
-  any length. Ingest stays ready meanwhile: a 503 is an answer.
-* `stop(timeout_s)` waits up to `timeout_s` for the buffer to be delivered.
+What ingest publishes, to which topics and with which keys, and what its
+acknowledgement means: `service.bus.kafka_bus` (`KafkaBus`). Connection
+settings shared by every client: `service.bus.kafka_client`.
 
 Consumer guarantees (`KafkaReceiver`, in `ragmon worker`):
 
@@ -58,59 +31,33 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
 from service.bus.bisect import deliver_in_parts
+from service.bus.kafka_client import ClientThread, client_settings, ensure_topics, task_failure
 from service.bus.lag import LagExporter, partition_lags
 from service.bus.outage_log import OutageLog
 from service.bus.span_offsets import SpanOffsets
 from service.config import KafkaConfig
 from service.consumer import FeedbackConsumer, TraceConsumer
 from service.conventions.spans import AnySpan
-from service.errors import QueueFull, RagmonError, RetryableError
+from service.errors import RagmonError, RetryableError
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
 
-__all__ = [
-    "KafkaBus",
-    "KafkaReceiver",
-    "OutRecord",
-    "RecordSink",
-    "SpanIntake",
-    "client_settings",
-    "ensure_topics",
-]
+__all__ = ["KafkaReceiver", "RecordSink", "SpanIntake"]
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R")
-
 _MIN_BACKOFF_S = 0.1
 _MAX_BACKOFF_S = 5.0
-_SEND_CHUNK = 2000
-
-
-def quiet_client_logs() -> None:
-    """Keep kafka-python's own loggers to CRITICAL unless ragmon logs at DEBUG.
-
-    kafka-python logs every connection attempt (six lines at INFO to ERROR per failed bootstrap,
-    several a second while the broker is down); ragmon reports the outage itself (`OutageLog`, with
-    the client's error text), so its lines add only noise. With ragmon at DEBUG they all show.
-    A level set on the `kafka` logger by the user (not NOTSET) is left alone."""
-    client = logging.getLogger("kafka")
-    if client.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
-        client.setLevel(logging.CRITICAL)
 
 
 class RecordSink(TraceConsumer, FeedbackConsumer, Protocol):
@@ -119,351 +66,6 @@ class RecordSink(TraceConsumer, FeedbackConsumer, Protocol):
 
 # Where records refused for good are kept (the store sink's `dead_letter`), as for the memory bus.
 DeadLetters = Callable[[Sequence[RagTrace | Feedback], Exception], Awaitable[None]]
-
-
-def client_settings(config: KafkaConfig) -> dict[str, Any]:
-    """Connection and security settings shared by producer, consumer and admin client (every client
-    is made with them, so this is also where kafka-python's logs are quieted: `quiet_client_logs`)."""
-    quiet_client_logs()
-    settings: dict[str, Any] = {
-        "bootstrap_servers": list(config.bootstrap_servers),
-        "security_protocol": config.security_protocol,
-        "request_timeout_ms": int(config.request_timeout_s * 1000),
-        "bootstrap_timeout_ms": int(config.request_timeout_s * 1000),
-    }
-    if config.sasl_mechanism is not None:
-        settings.update(
-            sasl_mechanism=config.sasl_mechanism,
-            sasl_plain_username=config.sasl_username,
-            sasl_plain_password=config.sasl_password.get_secret_value() if config.sasl_password else None,
-        )
-    if config.security_protocol in ("SSL", "SASL_SSL"):
-        settings["ssl_check_hostname"] = config.ssl_check_hostname
-    if config.ssl_cafile is not None:
-        settings["ssl_cafile"] = config.ssl_cafile
-    if config.ssl_certfile is not None:  # mutual TLS: the client's certificate (Strimzi tls users)
-        settings["ssl_certfile"] = config.ssl_certfile
-        settings["ssl_keyfile"] = config.ssl_keyfile
-        settings["ssl_password"] = config.ssl_password.get_secret_value() if config.ssl_password else None
-    return settings
-
-
-def ensure_topics(config: KafkaConfig) -> None:
-    """Create the spans, traces and feedback topics when missing (a no-op for topics that exist)."""
-    admin = KafkaAdminClient(client_id=f"{config.client_id}-admin", **client_settings(config))
-    try:
-        for topic in (config.spans_topic, config.traces_topic, config.feedback_topic):
-            with contextlib.suppress(TopicAlreadyExistsError):
-                admin.create_topics(
-                    [NewTopic(topic, config.partitions, config.replication_factor)],
-                    timeout_ms=int(config.request_timeout_s * 1000),
-                )
-    finally:
-        admin.close()
-
-
-@dataclass(frozen=True, slots=True)
-class OutRecord:
-    """One record to publish: topic, key (the trace id), value and headers."""
-
-    topic: str
-    key: bytes
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-
-class _Publish:
-    """The records of one `publish` call: `done` resolves once the broker acknowledged them all."""
-
-    __slots__ = ("done", "remaining", "withdrawn")
-
-    def __init__(self, records: int) -> None:
-        self.remaining = records
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.withdrawn = False
-
-
-@dataclass(slots=True)
-class _Entry:
-    record: OutRecord
-    owner: _Publish
-
-
-class _OneThread:
-    """Runs blocking client calls on one dedicated thread: kafka-python clients are not thread-safe."""
-
-    def __init__(self, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-
-    async def __call__(self, fn: Callable[..., R], *args: Any) -> R:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False)
-
-
-class KafkaBus:
-    """Producer side of distributed mode: `publish` returns once the broker acknowledged (acks=all).
-
-    Implements `TraceConsumer` and `FeedbackConsumer` for ingest's JSON API;
-    see the module docstring for what is guaranteed."""
-
-    def __init__(self, config: KafkaConfig, metrics: Metrics, *, retry_after_s: float = 1.0) -> None:
-        self.config = config
-        self.metrics = metrics
-        self.retry_after_s = retry_after_s
-        self._buffer: deque[_Entry] = deque()
-        self._inflight = 0
-        self._sending_since: float | None = None
-        self._failing = False
-        self._ready = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._producer: KafkaProducer | None = None
-        self._topics_ready = not config.create_topics
-        self._thread = _OneThread("kafka-producer")
-        self._task: asyncio.Task[None] | None = None
-        self._outage = OutageLog(log, "Kafka (ingest producer)")
-        metrics.state.add(
-            "ragmon_kafka_buffer_records",
-            "records waiting in the ingest Kafka buffer (sent or not) for the broker's acknowledgement",
-            lambda: self.depth,
-        )
-        metrics.state.add(
-            "ragmon_kafka_buffer_fill_ratio",
-            "ingest-side Kafka buffer use (0-1); at 1 ingest answers 503",
-            lambda: self.depth / self.config.buffer_records,
-        )
-        metrics.state.add(
-            "ragmon_kafka_producer_available",
-            "1 while ingest can publish to Kafka, 0 after a failed send until the broker answers again "
-            "(meanwhile ingest answers 503 + Retry-After, and stays ready)",
-            lambda: 1.0 if self.available else 0.0,
-        )
-
-    @property
-    def depth(self) -> int:
-        """Records accepted for publishing and not yet acknowledged by the broker."""
-        return len(self._buffer) + self._inflight
-
-    @property
-    def capacity(self) -> int:
-        """Records held before ingest answers 503: `kafka.buffer_records`."""
-        return self.config.buffer_records
-
-    @property
-    def available(self) -> bool:
-        """The broker takes records: no failed send since the last success (or probe), and no send
-        waiting longer than `publish_timeout_s` for its acknowledgement."""
-        if self._failing:
-            return False
-        since = self._sending_since
-        return since is None or time.monotonic() - since < self.config.publish_timeout_s
-
-    def has_room(self) -> bool:
-        return self.depth < self.capacity
-
-    def _refuse(self, reason: str, message: str) -> QueueFull:
-        self.metrics.kafka_publish_refused.labels(reason=reason).inc()
-        return QueueFull(message, retry_after_s=self.retry_after_s)
-
-    async def publish(self, records: Sequence[OutRecord]) -> None:
-        """Publish `records`; returns once the broker acknowledged every one of them (acks=all).
-
-        Raises `QueueFull` (nothing acknowledged can be assumed; retry later) when
-        the buffer is full, the producer is unavailable, or the acknowledgement
-        does not come within `kafka.publish_timeout_s`."""
-        if not records:
-            return
-        if not self.available:
-            raise self._refuse("unavailable", "Kafka is unavailable to ingest; retry later")
-        if not self.has_room():
-            raise self._refuse("buffer_full", f"the Kafka buffer is full ({self.depth} records); retry later")
-        owner = _Publish(len(records))
-        self._buffer.extend(_Entry(record, owner) for record in records)
-        self._idle.clear()
-        self._ready.set()
-        try:
-            async with asyncio.timeout(self.config.publish_timeout_s):
-                await asyncio.shield(owner.done)
-        except TimeoutError:
-            self._withdraw(owner)
-            raise self._refuse(
-                "timeout",
-                f"Kafka did not acknowledge within {self.config.publish_timeout_s:g}s; retry later",
-            ) from None
-        except asyncio.CancelledError:
-            self._withdraw(owner)  # the caller went away: it never got an answer, so it will retry
-            raise
-
-    def _withdraw(self, owner: _Publish) -> None:
-        owner.withdrawn = True
-        if any(entry.owner is owner for entry in self._buffer):
-            self._buffer = deque(entry for entry in self._buffer if entry.owner is not owner)
-
-    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
-        topic = self.config.traces_topic
-        await self.publish(
-            [OutRecord(topic, t.trace_id.encode(), t.model_dump_json().encode()) for t in batch]
-        )
-
-    async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
-        topic = self.config.feedback_topic
-        await self.publish(
-            [OutRecord(topic, f.trace_id.encode(), f.model_dump_json().encode()) for f in batch]
-        )
-
-    def _open_producer(self) -> KafkaProducer:
-        c = self.config
-        if not self._topics_ready:
-            ensure_topics(c)
-            self._topics_ready = True
-        return KafkaProducer(
-            client_id=f"{c.client_id}-ingest",
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=c.linger_ms,
-            compression_type=None if c.compression == "none" else c.compression,
-            max_block_ms=int(c.max_block_s * 1000),
-            delivery_timeout_ms=int(c.delivery_timeout_s * 1000),
-            max_request_size=c.max_record_bytes + 64 * 1024,  # the record plus its batch framing
-            **client_settings(c),
-        )
-
-    def _send(self, records: list[OutRecord]) -> list[bool]:
-        """Send `records` and wait for their acknowledgements; True where the broker acknowledged."""
-        if self._producer is None:
-            self._producer = self._open_producer()
-        producer = self._producer
-        futures: list[Any] = []
-        for record in records:
-            try:
-                futures.append(
-                    producer.send(
-                        record.topic, key=record.key, value=record.value, headers=list(record.headers) or None
-                    )
-                )
-            except KafkaError:
-                futures.append(None)
-        deadline = time.monotonic() + self.config.delivery_timeout_s
-        acked: list[bool] = []
-        for future in futures:
-            if future is None:
-                acked.append(False)
-                continue
-            try:
-                future.get(timeout=max(0.0, deadline - time.monotonic()))
-                acked.append(True)
-            except KafkaError:
-                acked.append(False)
-        return acked
-
-    def _discard_producer(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            self.metrics.kafka_producer_rebuilds.inc()
-            with contextlib.suppress(Exception):
-                producer.close(timeout=0)  # aborts what it still holds: those records are ours to resend
-
-    def _probe(self) -> None:
-        """Raises unless a new producer gets the spans topic's metadata from the broker."""
-        self._discard_producer()
-        self._producer = self._open_producer()
-        self._producer.partitions_for(self.config.spans_topic)
-
-    async def _run(self) -> None:
-        backoff = _MIN_BACKOFF_S
-        while True:
-            if not self._buffer:
-                self._idle.set()
-                if not self._failing:
-                    self._ready.clear()
-                    await self._ready.wait()
-                    continue
-                try:
-                    await self._thread(self._probe)
-                    self._failing = False
-                    backoff = _MIN_BACKOFF_S
-                    self._outage.recovered()
-                except (KafkaError, OSError) as exc:
-                    self._outage.failed(exc)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, _MAX_BACKOFF_S)
-                continue
-            chunk = [self._buffer.popleft() for _ in range(min(_SEND_CHUNK, len(self._buffer)))]
-            self._inflight = len(chunk)
-            self._sending_since = time.monotonic()
-            raised = False
-            try:
-                acked = await self._thread(self._send, [entry.record for entry in chunk])
-            except (KafkaError, OSError) as exc:
-                # no producer (broker unreachable at bootstrap) or topics could not be created
-                raised = True
-                acked = [False] * len(chunk)
-                self._outage.failed(f"{exc}; {self.depth} records waiting")
-            finally:
-                self._inflight = 0
-                self._sending_since = None
-            failed: list[_Entry] = []
-            for entry, ok in zip(chunk, acked, strict=True):
-                topic = entry.record.topic
-                if ok:
-                    self.metrics.kafka_produced.labels(topic=topic).inc()
-                    owner = entry.owner
-                    owner.remaining -= 1
-                    if owner.remaining == 0 and not owner.done.done():
-                        owner.done.set_result(None)
-                    continue
-                self.metrics.kafka_produce_errors.labels(topic=topic).inc()
-                if not entry.owner.withdrawn:
-                    failed.append(entry)
-            if len(failed) or not all(acked):
-                if not raised:  # the send returned, with records the broker did not acknowledge in time
-                    self._outage.failed(f"{acked.count(False)} of {len(acked)} records not acknowledged")
-                self._failing = True
-                await self._thread(self._discard_producer)
-                # failed records go back to the head, in their order, to be sent first next time
-                self._buffer.extendleft(reversed(failed))
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
-            else:
-                self._failing = False
-                backoff = _MIN_BACKOFF_S
-                self._outage.recovered()
-
-    @property
-    def failure(self) -> str | None:
-        """Why the send loop ended when it was not stopped (liveness); None while it runs or before
-        start."""
-        task = self._task
-        return None if task is None or not task.done() else KafkaReceiver.failure_of(task)
-
-    async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="kafka-bus")
-
-    async def drain(self, timeout_s: float | None = None) -> bool:
-        """Wait until every record accepted so far is acknowledged by the broker; False on timeout."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
-        except TimeoutError:
-            return False
-        return True
-
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        """Publish what is buffered (up to `timeout_s`), then close the producer.
-
-        Safe twice and before start."""
-        if self._task is not None:
-            if not await self.drain(timeout_s):
-                log.error("Kafka bus stopped with %d records unacknowledged", self.depth)
-            await cancel_task(self._task)
-            self._task = None
-        if self._producer is not None:
-            producer, self._producer = self._producer, None
-            await self._thread(producer.close, self.config.request_timeout_s)
-        self._thread.shutdown()
 
 
 class SpanIntake(Protocol):
@@ -533,7 +135,7 @@ class KafkaReceiver:
         # that kept a partition, reading goes on from here rather than from the committed offset)
         self._positions: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
-        self._thread = _OneThread("kafka-consumer")
+        self._thread = ClientThread("kafka-consumer")
         self._lag = LagExporter(metrics.kafka_consumer_lag, self.group)
         self._outage = OutageLog(log, f"Kafka (sinks worker, group {self.group})")
         self._task: asyncio.Task[None] | None = None
@@ -791,14 +393,7 @@ class KafkaReceiver:
     def failure(self) -> str | None:
         """Why the consume loop ended when it was not stopped (the exception); None while it runs."""
         task = self._task
-        return None if task is None or not task.done() else self.failure_of(task)
-
-    @staticmethod
-    def failure_of(task: asyncio.Task[None]) -> str:
-        if task.cancelled():
-            return "cancelled"
-        exc = task.exception()
-        return f"{type(exc).__name__}: {exc}" if exc is not None else "returned"
+        return None if task is None or not task.done() else task_failure(task)
 
     async def start(self) -> None:
         if self._task is None:
@@ -811,7 +406,7 @@ class KafkaReceiver:
         if self._task is not None:
             task, self._task = self._task, None
             if task.done() and not task.cancelled() and task.exception() is not None:
-                log.error("the Kafka consume loop had ended: %s", self.failure_of(task))
+                log.error("the Kafka consume loop had ended: %s", task_failure(task))
             else:
                 await cancel_task(task)
         if self._consumer is not None:

@@ -121,7 +121,8 @@ def _distributed_declared() -> set[str]:
     from prometheus_client import generate_latest
 
     from service.bus.backlog import BacklogWatcher
-    from service.bus.kafka import KafkaBus, KafkaReceiver
+    from service.bus.kafka import KafkaReceiver
+    from service.bus.kafka_bus import KafkaBus
     from service.bus.span_offsets import SpanOffsets
     from service.config import KafkaConfig
     from service.metrics import Metrics

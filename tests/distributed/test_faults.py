@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from service.bus.kafka import KafkaBus
+from service.bus.kafka_bus import KafkaBus
 from service.config import KafkaConfig
 from service.metrics import Metrics
 from service.model import ModelUsage

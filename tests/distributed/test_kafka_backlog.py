@@ -12,7 +12,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from service.bus.backlog import BacklogWatcher, partition_backlog
-from service.bus.kafka import KafkaBus
+from service.bus.kafka_bus import KafkaBus
 from service.config import KafkaConfig
 from service.metrics import Metrics
 from tests.distributed.conftest import Broker, kafka_settings

@@ -1,4 +1,4 @@
-"""`service/bus/kafka.py` against a real broker: publish, consume into the real sinks, redeliver, buffer."""
+"""`service/bus/kafka_bus.py` and `kafka.py` against a real broker: publish, consume, redeliver, buffer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from service.bus.kafka import KafkaBus, KafkaReceiver
+from service.bus.kafka import KafkaReceiver
+from service.bus.kafka_bus import KafkaBus
 from service.config import KafkaConfig
 from service.errors import QueueFull, StoreUnavailable
 from service.metrics import Metrics

@@ -21,8 +21,9 @@ def test_record_batches_are_checksummed_in_c() -> None:
     assert kafka_util.calc_crc32c(batch) == pure_python_crc(batch)  # the same checksum, only faster
 
 
-def test_the_kafka_extra_declares_crc32c() -> None:
+def test_the_kafka_extra_declares_crc32c_and_zstandard() -> None:
     from importlib.metadata import requires
 
     kafka_extra = [r for r in requires("ragmon") or [] if 'extra == "kafka"' in r]
     assert any(r.startswith("crc32c") for r in kafka_extra), kafka_extra
+    assert any(r.startswith("zstandard") for r in kafka_extra), kafka_extra  # kafka.compression: zstd

@@ -22,7 +22,7 @@ import pytest
 from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
-from service.bus.kafka import client_settings
+from service.bus.kafka_client import client_settings
 from service.config import ConfigError, KafkaConfig, load_config
 
 OPENSSL = shutil.which("openssl")
