@@ -116,8 +116,14 @@ def test_report_with_data_has_plots_numbers_and_is_served(
     past = now - timedelta(days=3)
     data = tmp_path / "data"
     sampler = {"rates": {"base": 0.2}}
+    # A budget no sampled trace waits for: with the default 60 calls a minute, items deferred for the
+    # budget come back one a second, so judgments would keep landing between the count below and the
+    # report, and the report's n would not be the count's.
+    budget = {"calls_per_minute": 1e6}
     with (
-        live_server(data, drift={"min_window": 30, "flush_s": 3600.0}, sampler=sampler) as server,
+        live_server(
+            data, drift={"min_window": 30, "flush_s": 3600.0}, sampler=sampler, budget=budget
+        ) as server,
         server.client() as client,
     ):
         assert client.get("/reports/latest").status_code == 404
@@ -131,8 +137,13 @@ def test_report_with_data_has_plots_numbers_and_is_served(
         server.flush()
         assert client.post("/api/v1/drift/runs", json={}).status_code == 200
         deadline = time.monotonic() + 60
-        while server.pipeline.judge_queue.stats().depth and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            queue = server.pipeline.judge_queue.stats()
+            if queue.depth == 0 and queue.deferred == 0:
+                break
             time.sleep(0.2)
+        else:
+            pytest.fail(f"the judge queue did not drain in 60 s: {queue}")
         with server.pipeline.store.engine.connect() as conn:
             scored = conn.execute(
                 sa.select(sa.func.count()).select_from(judgments).where(judgments.c.outcome == "scored")
