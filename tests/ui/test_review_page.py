@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.live_server import LiveServer
 from tests.review_server import HOSTILE_ANSWER, HOSTILE_CHUNK, TOKENS, review_server
@@ -141,3 +141,27 @@ def test_hostile_answers_and_chunks_render_as_inert_text(page: Page, server: Liv
     page.click("#release")
     wait_for_path(page, server.url, "/review")
     assert dialogs == []
+
+
+def test_release_clicked_while_the_claim_is_in_flight_leaves_the_item_open(
+    page: Page, server: LiveServer
+) -> None:
+    """On a slow server the item shows before its claim answers: a release clicked then must still
+    give the item back (before, the click was lost and the claim then held the item for its lease)."""
+    target = item_id(server, "acme", "blind", 1)
+    held: list[Route] = []
+    page.route(f"**/api/v1/review/items/{target}/claim", lambda route: held.append(route))
+    sign_in(page, server, "alice")
+    page.goto(f"{server.url}/review/items/{target}")
+    expect(page.locator("#question")).not_to_be_empty()
+    for _ in range(100):  # the route handler runs while Playwright waits
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert len(held) == 1
+    page.click("#release")
+    assert server.pipeline.reviews.get(target, ["acme"]).state == "open"  # type: ignore[union-attr]
+    held[0].continue_()
+    wait_for_path(page, server.url, "/review")
+    item = server.pipeline.reviews.get(target, ["acme"])
+    assert item is not None and item.state == "open" and item.reviewer is None

@@ -358,10 +358,16 @@ async function itemPage() {
   const go = (target) => { if (target) window.location.assign(`/review/items/${target}${query}`); };
   const back = () => window.location.assign(`/review${query}`);
 
+  // The buttons work from the moment the item shows: a release clicked while the claim is still
+  // in flight waits for it, so the claim cannot land after the release and hold the item.
   let held = false;
+  let claiming = Promise.resolve();
   if (detail.review) {
     renderReview(detail.review);
   } else {
+    claiming = claimItem();
+  }
+  async function claimItem() {
     const claim = await call("POST", `${API}/items/${id}/claim`);
     if (claim.status === 200) {
       held = true;
@@ -409,7 +415,8 @@ async function itemPage() {
     }
   });
   document.getElementById("release").addEventListener("click", async () => {
-    await call("POST", `${API}/items/${id}/release`);
+    await claiming;
+    if (held) await call("POST", `${API}/items/${id}/release`);
     back();
   });
   document.addEventListener("keydown", (event) => {
