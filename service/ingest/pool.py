@@ -16,10 +16,10 @@ pickling included, went from ~0.32 to ~0.19 ms a trace), and a request waits
 for it. OTLP/JSON spans are decoded in the decoder and
 come back as `PackedSpan`s (pickled). The server process never opens either:
 it groups them by trace, hands the groups to a builder, and unpickles only the
-finished `RagTrace`s, which cross as plain values (service/ingest/built_traces.py). Decoders and builders are separate pools: in one shared
-pool a build waited behind queued decodes and a decode behind builds, and both
-idled half the time. Builders run at a lower CPU priority, since a decode is
-on a request's path.
+finished `RagTrace`s, which cross as plain values (service/ingest/built_traces.py).
+Decoders and builders are separate pools: in one shared pool a build waited
+behind queued decodes and a decode behind builds, and both idled half the time.
+Builders run at a lower CPU priority, since a decode is on a request's path.
 
 `processes` (config `server.ingest_processes`) is the number of workers per
 role; 0 decodes and builds in threads of this process, which is what a one-core
