@@ -16,10 +16,10 @@ pickling included, went from ~0.32 to ~0.19 ms a trace), and a request waits
 for it. OTLP/JSON spans are decoded in the decoder and
 come back as `PackedSpan`s (pickled). The server process never opens either:
 it groups them by trace, hands the groups to a builder, and unpickles only the
-finished `RagTrace`s. Decoders and builders are separate pools: in one shared
-pool a build waited behind queued decodes and a decode behind builds, and both
-idled half the time. Builders run at a lower CPU priority, since a decode is
-on a request's path.
+finished `RagTrace`s, which cross as plain values (service/ingest/built_traces.py).
+Decoders and builders are separate pools: in one shared pool a build waited
+behind queued decodes and a decode behind builds, and both idled half the time.
+Builders run at a lower CPU priority, since a decode is on a request's path.
 
 `processes` (config `server.ingest_processes`) is the number of workers per
 role; 0 decodes and builds in threads of this process, which is what a one-core
@@ -56,6 +56,7 @@ from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
 from service.conventions.spans import AnySpan, LogEvent, PackedSpan, Span, WireSpan
 from service.ingest import otlp, otlp_logs
+from service.ingest.built_traces import PackedTrace, pack_all, unpack_all
 from service.ingest.drop_log import DropLog
 from service.ingest.loop_pool import LoopProcessPool, WorkerDied
 from service.ingest.span_redaction import SpanRedaction
@@ -75,6 +76,7 @@ BUILD_CHUNK = 32
 BUILDER_NICENESS = 5
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 def _cgroup_cpus(path: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
@@ -121,6 +123,8 @@ def _unpacked(span: AnySpan, problems: otlp.DecodedBatch) -> Span | LogEvent:
 
 # (a trace per group, None where building failed; what was dropped while decoding the spans)
 BuiltGroups = tuple[list[RagTrace | None], otlp.DecodedBatch]
+# the same out of a builder process: each trace as plain values (built_traces.py says why)
+PackedGroups = tuple[list[PackedTrace | None], otlp.DecodedBatch]
 
 
 def _build_groups(groups: SpanGroups, prices: PriceTable) -> BuiltGroups:
@@ -160,12 +164,22 @@ def _decode_packed(
     return batch
 
 
-def _build_in_worker(groups: SpanGroups) -> BuiltGroups:
+def _build_in_worker(groups: SpanGroups) -> PackedGroups:
     assert _worker_prices is not None, "worker started without its initializer"
-    return _build_groups(groups, _worker_prices)
+    traces, problems = _build_groups(groups, _worker_prices)
+    return pack_all(traces), problems
 
 
 # ---------------------------------------------------------------- in the server process
+
+
+def _itself(answer: T) -> T:
+    return answer
+
+
+def _unpacked_groups(answer: PackedGroups) -> BuiltGroups:
+    packed, problems = answer
+    return unpack_all(packed), problems
 
 
 class _Workers:
@@ -199,10 +213,17 @@ class _Workers:
         return self.pool.pids() if self.pool is not None else set()
 
     async def run(self, in_worker: Callable[[], T], here: Callable[[], T]) -> T:
+        return await self.run_as(in_worker, here, _itself)
+
+    async def run_as(
+        self, in_worker: Callable[[], U], here: Callable[[], T], answered: Callable[[U], T]
+    ) -> T:
+        """`answered(in_worker())` as a worker answered it, or `here()` in a thread of this process
+        when there is no worker or it died holding the call."""
         pool = self.pool
         if pool is not None:
             try:
-                return await pool.call(in_worker)
+                return answered(await pool.call(in_worker))
             except WorkerDied:
                 pass  # logged and counted by the pool, which has started another
         return await asyncio.to_thread(here)
@@ -306,9 +327,10 @@ class IngestPool:
         # all at once: the builders work through them while this process unpickles finished ones
         results = await asyncio.gather(
             *(
-                self.builders.run(
+                self.builders.run_as(
                     functools.partial(_build_in_worker, chunk),
                     functools.partial(_build_groups, chunk, self.prices),
+                    _unpacked_groups,
                 )
                 for chunk in chunks
             )

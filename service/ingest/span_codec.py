@@ -22,9 +22,6 @@ from service.ingest import otlp, otlp_logs, span_records
 
 __all__ = ["OtlpSpanCodec"]
 
-# one record holds a whole trace's items here: no record limit applies to what is kept
-_NO_LIMIT = 1 << 62
-
 
 class OtlpSpanCodec:
     """`service.store.span_archive.SpanCodec` on OTLP protobuf."""
@@ -35,18 +32,7 @@ class OtlpSpanCodec:
     def encode_many(self, groups: Sequence[Sequence[AnySpan]]) -> list[tuple[bytes, bytes]]:
         """`encode` of several traces' items (one trace per group) in one pass: a resource shared by
         the spans of one request is serialized once for all of them."""
-        parts: dict[tuple[str, str], tuple[list[bytes], list[bytes]]] = {}
-        for record in span_records.encode([item for items in groups for item in items], _NO_LIMIT):
-            headers = dict(record.headers)
-            spans, events = parts.setdefault(
-                (headers["ragmon-tenant"].decode(), record.key.decode()), ([], [])
-            )
-            (events if headers["ragmon-kind"] == b"logs" else spans).append(record.value)
-        out = []
-        for items in groups:
-            spans, events = parts.get((items[0].tenant, items[0].trace_id), ([], [])) if items else ([], [])
-            out.append((b"".join(spans), b"".join(events)))
-        return out
+        return span_records.encode_traces(groups)
 
     def decode(self, tenant: str, spans: bytes, events: bytes) -> list[AnySpan]:
         items: list[AnySpan] = list(otlp.screen_protobuf(spans, tenant).spans) if spans else []

@@ -39,13 +39,15 @@ from service.errors import DecodeError, PayloadTooLarge
 from service.ingest import otlp, otlp_logs
 from service.ingest.otlp_encode import event_bytes, resource_bytes, span_bytes
 
-__all__ = ["FORMAT", "SpanRecord", "decode", "encode", "item_bytes"]
+__all__ = ["FORMAT", "SpanRecord", "decode", "encode", "encode_traces", "item_bytes"]
 
 FORMAT = b"otlp-protobuf-1"
 _SPANS, _LOGS = b"spans", b"logs"
 # ExportTraceServiceRequest.resource_spans = 1, ResourceSpans.resource = 1 / scope_spans = 2,
 # ScopeSpans.spans = 2; the logs messages number their fields the same way
 _REQUEST_ITEMS, _RESOURCE, _SCOPE_ITEMS, _ITEMS = 1, 1, 2, 2
+# one record holds a whole trace's items where no record limit applies (`encode_traces`)
+_NO_LIMIT = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,8 @@ class SpanRecord:
 
 
 def _varint(n: int) -> bytes:
+    if n < _SMALL_VARINTS:
+        return _SMALL[n]
     out = bytearray()
     while True:
         low = n & 0x7F
@@ -69,9 +73,11 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field: how repeated messages are concatenated on the wire."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+# The varints of every length under 16 KiB, one or two bytes each (a span's bytes are ~2 KB): the
+# archive frames each span of every flushed trace (`encode_traces`), four varints a span.
+_SMALL_VARINTS = 1 << 14
+_SMALL = [bytes([n]) if n < 0x80 else bytes([n & 0x7F | 0x80, n >> 7]) for n in range(_SMALL_VARINTS)]
+_TAGS = {number: bytes([number << 3 | 2]) for number in (_REQUEST_ITEMS, _SCOPE_ITEMS)}
 
 
 def _item(span: AnySpan) -> tuple[bytes, Attributes]:
@@ -85,6 +91,12 @@ def _item(span: AnySpan) -> tuple[bytes, Attributes]:
     return span_bytes(span), span.resource
 
 
+def _resource_field(resource: Attributes) -> bytes:
+    """The `resource` field of a ResourceSpans (ResourceLogs): a length-delimited protobuf field."""
+    payload = resource_bytes(resource)
+    return b"".join((_TAGS[_RESOURCE], _varint(len(payload)), payload))
+
+
 def item_bytes(span: AnySpan) -> bytes:
     """The wire bytes of one span (an OTLP `Span`) or event (a `LogRecord`), as `encode` writes them."""
     return _item(span)[0]
@@ -95,11 +107,23 @@ def _value(items: Sequence[tuple[bytes, Attributes]], resources: dict[int, bytes
     by_resource: dict[int, list[bytes]] = {}
     for raw, resource in items:
         by_resource.setdefault(id(resource), []).append(raw)
-    parts = []
+    # the pieces of the whole message, joined once: each item's bytes are copied once, not once
+    # per level of framing
+    pieces: list[bytes] = []
+    scope_tag, item_tag = _TAGS[_SCOPE_ITEMS], _TAGS[_ITEMS]
+    request_tag = _TAGS[_REQUEST_ITEMS]
     for resource_id, raws in by_resource.items():
-        scope = b"".join(_field(_ITEMS, raw) for raw in raws)
-        parts.append(_field(_REQUEST_ITEMS, resources[resource_id] + _field(_SCOPE_ITEMS, scope)))
-    return b"".join(parts)
+        head = len(pieces)
+        pieces += (request_tag, b"", resources[resource_id], scope_tag, b"")
+        scope_size = 0
+        for raw in raws:
+            size = _varint(len(raw))
+            pieces += (item_tag, size, raw)
+            scope_size += 1 + len(size) + len(raw)
+        scope_size_bytes = _varint(scope_size)
+        pieces[head + 4] = scope_size_bytes
+        pieces[head + 1] = _varint(len(resources[resource_id]) + 1 + len(scope_size_bytes) + scope_size)
+    return b"".join(pieces)
 
 
 def encode(spans: Sequence[AnySpan], max_bytes: int) -> list[SpanRecord]:
@@ -115,7 +139,7 @@ def encode(spans: Sequence[AnySpan], max_bytes: int) -> list[SpanRecord]:
                 f"a span of trace {span.trace_id} is {len(raw)} bytes, over the {max_bytes}-byte record limit"
             )
         if id(resource) not in resources:
-            resources[id(resource)] = _field(_RESOURCE, resource_bytes(resource))
+            resources[id(resource)] = _resource_field(resource)
         groups.setdefault((span.tenant, span.trace_id, isinstance(span, LogEvent)), []).append(
             (raw, resource)
         )
@@ -138,6 +162,50 @@ def encode(spans: Sequence[AnySpan], max_bytes: int) -> list[SpanRecord]:
             size += cost
         records.append(SpanRecord(trace_id.encode(), _value(chunk, resources), headers))
     return records
+
+
+def encode_traces(groups: Sequence[Sequence[AnySpan]]) -> list[tuple[bytes, bytes]]:
+    """(the spans' record value, the events' record value) of each group: what `encode` with no
+    limit gives for the group's trace, b"" where it has none. A group holds one trace's items, and
+    no two groups the same trace; otherwise this is `encode`'s records joined per group's first
+    item, as the span archive reads them (service/ingest/span_codec.py)."""
+    resources: dict[int, bytes] = {}
+    out: list[tuple[bytes, bytes]] = []
+    seen: set[tuple[str, str]] = set()
+    for items in groups:
+        if not items:
+            out.append((b"", b""))
+            continue
+        tenant, trace_id = items[0].tenant, items[0].trace_id
+        spans: list[tuple[bytes, Attributes]] = []
+        events: list[tuple[bytes, Attributes]] = []
+        for item in items:
+            if item.tenant != tenant or item.trace_id != trace_id:
+                return _encode_joined(groups)
+            raw, resource = _item(item)
+            if id(resource) not in resources:
+                resources[id(resource)] = _resource_field(resource)
+            (events if isinstance(item, LogEvent) else spans).append((raw, resource))
+        if (tenant, trace_id) in seen:
+            return _encode_joined(groups)
+        seen.add((tenant, trace_id))
+        out.append((_value(spans, resources) if spans else b"", _value(events, resources) if events else b""))
+    return out
+
+
+def _encode_joined(groups: Sequence[Sequence[AnySpan]]) -> list[tuple[bytes, bytes]]:
+    """`encode_traces` of groups that mix traces or repeat one: `encode`'s records, joined per
+    group's first item."""
+    parts: dict[tuple[str, str], tuple[list[bytes], list[bytes]]] = {}
+    for record in encode([item for items in groups for item in items], _NO_LIMIT):
+        headers = dict(record.headers)
+        spans, events = parts.setdefault((headers["ragmon-tenant"].decode(), record.key.decode()), ([], []))
+        (events if headers["ragmon-kind"] == _LOGS else spans).append(record.value)
+    out = []
+    for items in groups:
+        spans, events = parts.get((items[0].tenant, items[0].trace_id), ([], [])) if items else ([], [])
+        out.append((b"".join(spans), b"".join(events)))
+    return out
 
 
 def decode(value: bytes, headers: Sequence[tuple[str, bytes]]) -> list[AnySpan]:

@@ -80,15 +80,27 @@ class UtcDateTime(sa.types.TypeDecorator[datetime]):
         return None if value is None else to_utc(value)
 
 
+# The last value written and its text. Most values of a batch are one instant (a stored trace's
+# `created_at`, its outbox row's two times, its archived spans' two), so the same datetime object
+# comes several times in a row; datetimes are immutable, so its text is too. One tuple, replaced
+# whole: threads that write at once at worst format a value again.
+_last_written: tuple[datetime | None, str | None] = (None, None)
+
+
 def _sqlite_utc_text(value: datetime | None) -> str | None:
     """`value` in UTC as SQLite's DATETIME writes it: `YYYY-MM-DD HH:MM:SS.ffffff`, naive."""
+    global _last_written
     if value is None:
         return None
-    if value.tzinfo is not UTC:
-        value = to_utc(value)
+    last, text = _last_written
+    if value is last:
+        return text
+    utc = value if value.tzinfo is UTC else to_utc(value)
     # isoformat always writes four year digits and, with "microseconds", six fraction digits;
     # the first 26 characters leave out the UTC offset
-    return value.isoformat(" ", "microseconds")[:26]
+    text = utc.isoformat(" ", "microseconds")[:26]
+    _last_written = (value, text)
+    return text
 
 
 metadata = sa.MetaData()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
 import pytest
 
@@ -11,6 +13,7 @@ from service.conventions.semconv import build_trace
 from service.conventions.spans import LogEvent, PackedSpan, Span, WireSpan
 from service.errors import DecodeError, PayloadTooLarge
 from service.ingest import otlp, span_records
+from service.ingest.otlp_encode import resource_bytes
 from service.ingest.pool import _unpacked
 from tests.distributed.traffic import otlp_body, trace_ids
 
@@ -81,3 +84,121 @@ def test_records_of_another_format_do_not_decode() -> None:
             b"\xff\xff",
             [("ragmon-format", span_records.FORMAT), ("ragmon-tenant", b"t"), ("ragmon-kind", b"spans")],
         )
+
+
+# ---- the framing as it was written before `encode_traces` (one copy of each item per level of
+# framing): the reference the faster framing is held to, byte for byte
+
+
+def _ref_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _ref_field(number: int, payload: bytes) -> bytes:
+    return _ref_varint(number << 3 | 2) + _ref_varint(len(payload)) + payload
+
+
+def _ref_value(items: list[tuple[bytes, Any]], resources: dict[int, bytes]) -> bytes:
+    by_resource: dict[int, list[bytes]] = {}
+    for raw, resource in items:
+        by_resource.setdefault(id(resource), []).append(raw)
+    parts = []
+    for resource_id, raws in by_resource.items():
+        scope = b"".join(_ref_field(2, raw) for raw in raws)
+        parts.append(_ref_field(1, resources[resource_id] + _ref_field(2, scope)))
+    return b"".join(parts)
+
+
+def _ref_encode(spans: list[Any], max_bytes: int) -> list[tuple[bytes, bytes, tuple[Any, ...]]]:
+    groups: dict[tuple[str, str, bool], list[tuple[bytes, Any]]] = {}
+    resources: dict[int, bytes] = {}
+    for span in spans:
+        raw, resource = span_records._item(span)
+        if id(resource) not in resources:
+            resources[id(resource)] = _ref_field(1, resource_bytes(resource))
+        groups.setdefault((span.tenant, span.trace_id, isinstance(span, LogEvent)), []).append(
+            (raw, resource)
+        )
+    records = []
+    for (tenant, trace_id, logs), items in groups.items():
+        headers = (
+            ("ragmon-format", span_records.FORMAT),
+            ("ragmon-kind", b"logs" if logs else b"spans"),
+            ("ragmon-tenant", tenant.encode()),
+        )
+        chunk: list[tuple[bytes, Any]] = []
+        size = 0
+        for raw, resource in items:
+            cost = len(raw) + 16 + len(resources[id(resource)])
+            if chunk and size + cost > max_bytes:
+                records.append((trace_id.encode(), _ref_value(chunk, resources), headers))
+                chunk, size = [], 0
+            chunk.append((raw, resource))
+            size += cost
+        records.append((trace_id.encode(), _ref_value(chunk, resources), headers))
+    return records
+
+
+def _ref_encode_many(groups: list[list[Any]]) -> list[tuple[bytes, bytes]]:
+    parts: dict[tuple[str, str], tuple[list[bytes], list[bytes]]] = {}
+    for key, value, headers in _ref_encode([item for items in groups for item in items], 1 << 62):
+        fields = dict(headers)
+        spans, events = parts.setdefault((fields["ragmon-tenant"].decode(), key.decode()), ([], []))
+        (events if fields["ragmon-kind"] == b"logs" else spans).append(value)
+    out = []
+    for items in groups:
+        spans, events = parts.get((items[0].tenant, items[0].trace_id), ([], [])) if items else ([], [])
+        out.append((b"".join(spans), b"".join(events)))
+    return out
+
+
+def _varied_items() -> list[list[Any]]:
+    """Traces of screened spans from three requests (three resources), decoded and packed spans,
+    events, and spans whose bytes need three- and four-byte lengths."""
+    by_trace: dict[str, list[Any]] = {}
+    for n, tenant in enumerate(("acme", "acme", "other")):
+        ids = trace_ids(3 + n)[n:]
+        for span in otlp.screen_protobuf(otlp_body(ids), tenant).spans:
+            by_trace.setdefault(span.trace_id + tenant, []).append(span)
+    groups = list(by_trace.values())
+    [json_trace] = trace_ids(1)
+    decoded = [s for s in otlp.decode_protobuf(otlp_body([json_trace]), "acme").spans if isinstance(s, Span)]
+    event = LogEvent(
+        trace_id=json_trace,
+        span_id=decoded[0].span_id,
+        name="gen_ai.choice",
+        time_ns=decoded[0].start_ns,
+        attributes={"content": "é" * 300},
+        resource={"service.name": "events-app"},
+        tenant="acme",
+    )
+    groups.append([PackedSpan.pack(decoded[0]), event, *decoded[1:], event])
+    first = groups[0][0]
+    for size in (127, 128, 16_383, 16_384, 2_100_000):
+        big = WireSpan(
+            first.tenant, "f" * 31 + str(size % 10), None, size, bytes(range(256)) * (size // 256), {}
+        )
+        groups.append([big, first._replace(trace_id=big.trace_id)])
+    groups.append([dataclasses.replace(event, trace_id="e" * 32)])  # events only
+    return groups
+
+
+def test_archive_framing_writes_what_the_per_level_framing_wrote() -> None:
+    groups = _varied_items()
+    assert span_records.encode_traces(groups) == _ref_encode_many(groups)
+    # groups that break the one-trace-per-group rule: a repeated trace, a mixed group, an empty one
+    odd = [groups[0], groups[1] + groups[2], [], groups[0], groups[3]]
+    assert span_records.encode_traces(odd) == _ref_encode_many(odd)
+    items = [item for group in groups for item in group]
+    for limit in (1 << 62, 1_000_000, 8_192, 4_096):
+        small = [i for i in items if len(span_records.item_bytes(i)) < limit - 512]
+        records = span_records.encode(small, limit)
+        assert [(r.key, r.value, r.headers) for r in records] == _ref_encode(small, limit)

@@ -55,6 +55,24 @@ def test_the_one_step_processor_writes_what_the_two_layers_write() -> None:
     assert process(None) is None
 
 
+def test_a_value_written_again_or_between_others_writes_the_same_text() -> None:
+    """The processor remembers the last value's text: repeats, alternations, an equal instant in
+    another zone and a copy of the same instant all write what the two layers write."""
+    process = UtcDateTime().bind_processor(DIALECT)
+    assert process is not None
+    drawn = values()
+    rng = random.Random(5)
+    sequence = [drawn[i] for i in (0, 0, 0, 1, 0, 1, 1)]
+    sequence += [rng.choice(drawn[:12]) for _ in range(300)]
+    instant = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    sequence += [instant, instant.astimezone(timezone(timedelta(hours=3))), instant.replace(), instant]
+    for value in sequence:
+        assert process(value) == layered(value), value
+        assert process(value) == layered(value), value
+    assert process(None) is None
+    assert process(sequence[-1]) == layered(sequence[-1])
+
+
 def test_other_dialects_keep_the_layered_processor() -> None:
     from sqlalchemy.dialects import postgresql
 
