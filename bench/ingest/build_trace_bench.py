@@ -49,7 +49,7 @@ from bench.baseline import load_module_at  # noqa: E402
 from service.conventions.pricing import PriceTable  # noqa: E402
 from service.conventions.semconv import build_trace  # noqa: E402
 from service.conventions.spans import Span  # noqa: E402
-from service.ingest.otlp import decode_protobuf  # noqa: E402
+from service.ingest.otlp_protobuf import decode_protobuf  # noqa: E402
 from service.model import RagTrace  # noqa: E402
 
 BASELINE_REV = "2946de3"  # service/conventions/semconv.py before it was split and made fast

@@ -3,7 +3,7 @@
 The decoder's work on the bench payload (`payload.Batches`: four-span OpenInference RAG traces, five
 documents of ~500 characters, a 256-float query vector), three ways:
 
-* off: `otlp.decode_body`, what a decoder does with redaction off (unchanged by span redaction);
+* off: `otlp_body.decode_body`, what a decoder does with redaction off (unchanged by span redaction);
 * on: `SpanRedaction.decode_traces`, the payload as it is (nothing to redact but the user id, hashed);
 * on, secrets: the same with an e-mail address and a phone number in every question and document.
 
@@ -33,7 +33,7 @@ from service.config import RedactionConfig
 from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
 from service.conventions.spans import AnySpan, WireSpan
-from service.ingest import otlp
+from service.ingest import otlp_body, otlp_protobuf
 from service.ingest.decoded import DecodedBatch
 from service.ingest.span_redaction import SpanRedaction
 from service.metrics import Metrics
@@ -76,7 +76,7 @@ def build_all(batches: list[DecodedBatch]) -> list[object]:
     problems = DecodedBatch()
     return [
         build_trace(
-            [otlp.span_from_wire(i, problems) if isinstance(i, WireSpan) else i for i in items],  # type: ignore[misc]
+            [otlp_protobuf.span_from_wire(i, problems) if isinstance(i, WireSpan) else i for i in items],  # type: ignore[misc]
             partial=False,
             prices=prices,
         )
@@ -97,7 +97,8 @@ def main() -> None:
 
     def decode(items: list[bytes]) -> list[DecodedBatch]:
         return [
-            otlp.decode_body(b, json_body=False, encoding="", tenant="default", limit=LIMIT) for b in items
+            otlp_body.decode_body(b, json_body=False, encoding="", tenant="default", limit=LIMIT)
+            for b in items
         ]
 
     def redacted(items: list[bytes]) -> list[DecodedBatch]:

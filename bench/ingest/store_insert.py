@@ -40,7 +40,7 @@ from bench.baseline import load_module_at  # noqa: E402
 from bench.ingest.payload import Batches  # noqa: E402
 from service.conventions.pricing import PriceTable  # noqa: E402
 from service.conventions.semconv import build_trace  # noqa: E402
-from service.ingest import otlp  # noqa: E402
+from service.ingest import otlp_protobuf  # noqa: E402
 from service.model import RagTrace  # noqa: E402
 from service.store.trace_store import Store  # noqa: E402
 
@@ -53,7 +53,7 @@ def bench_traces(n: int, seed: int) -> list[RagTrace]:
     built: list[RagTrace] = []
     for body in Batches(seed=seed, traces_per_request=100).bodies(-(-n // 100)):
         groups: dict[str, list[Any]] = defaultdict(list)
-        for span in otlp.decode_protobuf(body, "default").spans:
+        for span in otlp_protobuf.decode_protobuf(body, "default").spans:
             groups[span.trace_id].append(span)
         built += [build_trace(spans, partial=False, prices=prices) for spans in groups.values()]
     return built[:n]

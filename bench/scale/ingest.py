@@ -121,11 +121,11 @@ def spans_records(
     bodies: list[bytes], config: KafkaConfig
 ) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
     """The records ragmon publishes for `bodies` (key, value, headers), made the way ingest makes them."""
-    from service.ingest import otlp, span_records
+    from service.ingest import otlp_protobuf, span_records
 
     records = []
     for body in bodies:
-        spans = otlp.screen_protobuf(body, "default").spans
+        spans = otlp_protobuf.screen_protobuf(body, "default").spans
         for r in span_records.encode(spans, config.max_record_bytes):
             records.append((r.key, r.value, list(r.headers)))
     return records

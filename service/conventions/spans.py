@@ -1,6 +1,6 @@
 """`Span`: one decoded OTLP span, the unit the assembler buffers.
 
-Receivers (`service/ingest/otlp.py` for protobuf and JSON, the gRPC receiver) produce these
+Receivers (`service/ingest/otlp_protobuf.py`, `otlp_json.py`, the gRPC receiver) produce these
 (or their packed forms below, `PackedSpan` and `WireSpan`, which worker
 processes hand around); `semconv.py` turns the spans of one trace into a
 `RagTrace`. Ids are
@@ -103,8 +103,8 @@ class WireSpan(NamedTuple):
     """An OTLP protobuf span that passed every check that can reject it, kept as its wire bytes.
 
     Decoding a body only screens its spans (ids, times, embedding vectors:
-    service/ingest/otlp.py); the attributes are converted when the trace is built
-    (`otlp.span_from_wire`), off the request's path. `resource` is the
+    service/ingest/otlp_protobuf.py); the attributes are converted when the trace is built
+    (`otlp_protobuf.span_from_wire`), off the request's path. `resource` is the
     decoded resource of the span's `ResourceSpans`, one dict shared by its
     spans. `size_bytes` estimates the decoded span, as `Span.size_bytes` does.
     """

@@ -1,6 +1,6 @@
 """`DecodedBatch`: what decoding one export request kept, refused, dropped and truncated.
 
-The decoders (`otlp.py`, `otlp_logs.py`) fill it; the receivers answer from it
+The decoders (`otlp_protobuf.py`, `otlp_json.py`, `otlp_logs.py`) fill it; the receivers answer from it
 (OTLP `partial_success`), count it (`ragmon_ingest_rejected_total{reason}`,
 `ragmon_ingest_truncated_values_total`) and log a sample of it
 (`drop_log.py`); the builder counts what it drops on a `DecodedBatch` too.

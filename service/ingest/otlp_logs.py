@@ -30,7 +30,8 @@ Rules, per record (the good records of a request are kept either way):
 Rejected records are answered in `partial_success.rejected_log_records` and
 counted under `ragmon_ingest_rejected_total{reason}`; ignored ones under
 `ragmon_ignored_log_records_total`. A body that cannot be read at all raises
-`DecodeError`, as for traces (`otlp.py`, whose value readers this reuses).
+`DecodeError`, as for traces (`otlp.py`, whose value rules this applies, and the value
+readers of `otlp_json.py` and `otlp_protobuf.py`).
 """
 
 from __future__ import annotations
@@ -47,26 +48,27 @@ from service.conventions.spans import Attributes, AttrValue, LogEvent
 from service.errors import DecodeError
 from service.ingest.decoded import DROPPED_KEY, mark
 from service.ingest.otlp import (
-    HEX16,
-    HEX32,
     MAX_TIME_NS,
-    ZERO_SPAN,
-    ZERO_TRACE,
     DecodedBatch,
     check_tenant,
-    decompress,
     finish_attributes,
+    resource_too_large,
+    value_size,
+)
+from service.ingest.otlp_body import decompress
+from service.ingest.otlp_encode import event_bytes, resource_bytes
+from service.ingest.otlp_json import (
+    HEX16,
+    HEX32,
+    ZERO_SPAN,
+    ZERO_TRACE,
     json_id,
     json_int,
     json_pairs,
     json_structure,
     json_value,
-    pb_attributes,
-    pb_value,
-    resource_too_large,
-    value_size,
 )
-from service.ingest.otlp_encode import event_bytes, resource_bytes
+from service.ingest.otlp_protobuf import pb_attributes, pb_value
 from service.ingest.span_size import MAX_RESOURCE_BYTES, MAX_SPAN_BYTES, fit_event
 from service.labels import RejectReason
 

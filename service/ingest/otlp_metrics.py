@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from service.errors import DecodeError
-from service.ingest.otlp import decompress
+from service.ingest.otlp_body import decompress
 
 __all__ = ["check_metrics_body"]
 

@@ -7,7 +7,7 @@ loop and the store through the GIL; in a worker process they run on another.
 bench/RESULTS.md ("Decode and build in worker processes") has the numbers.
 
 What crosses the process boundary is kept cheap, and the request's path short.
-A decoder only screens a protobuf body (service/ingest/otlp.py): it applies the rules
+A decoder only screens a protobuf body (service/ingest/otlp_protobuf.py): it applies the rules
 that reject spans and returns each accepted span as a `WireSpan`, the four
 fields the assembler routes by plus the span's wire bytes. Converting the
 attributes happens in a builder, with building the trace: screening costs
@@ -55,7 +55,7 @@ from service.assemble import SpanGroups, build_each
 from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
 from service.conventions.spans import AnySpan, LogEvent, PackedSpan, Span, WireSpan
-from service.ingest import otlp, otlp_logs
+from service.ingest import otlp, otlp_body, otlp_logs, otlp_protobuf
 from service.ingest.built_traces import PackedTrace, pack_all, unpack_all
 from service.ingest.drop_log import DropLog
 from service.ingest.loop_pool import LoopProcessPool, WorkerDied
@@ -115,7 +115,7 @@ def worker_context() -> multiprocessing.context.BaseContext:
 
 def _unpacked(span: AnySpan, problems: otlp.DecodedBatch) -> Span | LogEvent:
     if isinstance(span, WireSpan):
-        return otlp.span_from_wire(span, problems)
+        return otlp_protobuf.span_from_wire(span, problems)
     if isinstance(span, PackedSpan):
         return span.unpack()
     return span
@@ -158,7 +158,7 @@ def _worker_init(prices: PriceTable, niceness: int) -> None:
 def _decode_packed(
     body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int
 ) -> otlp.DecodedBatch:
-    batch = otlp.decode_body(body, json_body=json_body, encoding=encoding, tenant=tenant, limit=limit)
+    batch = otlp_body.decode_body(body, json_body=json_body, encoding=encoding, tenant=tenant, limit=limit)
     # protobuf spans come screened, as wire bytes; OTLP/JSON spans are decoded, and pickled here
     batch.spans = [PackedSpan.pack(span) if isinstance(span, Span) else span for span in batch.spans]
     return batch
@@ -284,7 +284,7 @@ class IngestPool:
     async def decode(
         self, body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int
     ) -> otlp.DecodedBatch:
-        """`otlp.decode_body`, in a worker (spans come back packed); raises what it raises
+        """`otlp_body.decode_body`, in a worker (spans come back packed); raises what it raises
         (`DecodeError`, `PayloadTooLarge`, `UnsupportedMediaType`)."""
         kwargs: dict[str, Any] = {
             "json_body": json_body,
@@ -299,7 +299,7 @@ class IngestPool:
             )
         return await self.decoders.run(
             functools.partial(_decode_packed, body, **kwargs),
-            functools.partial(otlp.decode_body, body, **kwargs),
+            functools.partial(otlp_body.decode_body, body, **kwargs),
         )
 
     async def decode_logs(

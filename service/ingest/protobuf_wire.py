@@ -1,6 +1,6 @@
 """The serialized spans of an OTLP protobuf body, found by walking its wire format.
 
-Screening (service/ingest/otlp.py) hands every accepted span on as its own bytes, to
+Screening (service/ingest/otlp_protobuf.py) hands every accepted span on as its own bytes, to
 be decoded when its trace is built. Re-encoding each parsed span for that was
 a quarter of screening's CPU; the bytes are already in the body. This walks
 the three levels of length-delimited fields that lead to them:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from service.conventions.spans import AnySpan, LogEvent, WireSpan
-from service.ingest import otlp, otlp_logs, span_records
+from service.ingest import otlp_logs, otlp_protobuf, span_records
 
 __all__ = ["OtlpSpanCodec"]
 
@@ -35,7 +35,7 @@ class OtlpSpanCodec:
         return span_records.encode_traces(groups)
 
     def decode(self, tenant: str, spans: bytes, events: bytes) -> list[AnySpan]:
-        items: list[AnySpan] = list(otlp.screen_protobuf(spans, tenant).spans) if spans else []
+        items: list[AnySpan] = list(otlp_protobuf.screen_protobuf(spans, tenant).spans) if spans else []
         if events:
             items.extend(otlp_logs.decode_protobuf(events, tenant).log_events)
         return items

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from service.conventions.spans import AnySpan, Attributes, LogEvent, PackedSpan, WireSpan
 from service.errors import DecodeError, PayloadTooLarge
-from service.ingest import otlp, otlp_logs
+from service.ingest import otlp_logs, otlp_protobuf
 from service.ingest.otlp_encode import event_bytes, resource_bytes, span_bytes
 
 __all__ = ["FORMAT", "SpanRecord", "decode", "encode", "encode_traces", "item_bytes"]
@@ -220,7 +220,7 @@ def decode(value: bytes, headers: Sequence[tuple[str, bytes]]) -> list[AnySpan]:
         raise DecodeError("spans record without a valid tenant header") from exc
     kind = fields.get("ragmon-kind")
     if kind == _SPANS:
-        return list(otlp.screen_protobuf(value, tenant).spans)
+        return list(otlp_protobuf.screen_protobuf(value, tenant).spans)
     if kind == _LOGS:
         return list(otlp_logs.decode_protobuf(value, tenant).log_events)
     raise DecodeError(f"spans record of unknown kind {kind!r}")

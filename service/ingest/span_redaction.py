@@ -57,7 +57,7 @@ Redacting is idempotent (marks and hashed ids are left as they are), so a span l
 write-ahead log (`wal.relog_after_s`) and replayed is redacted to the same bytes, and a span sent
 twice is still kept once (the archive knows an item by its wire bytes). A protobuf span is decoded
 to be redacted; one that changed travels re-encoded (`otlp_encode.span_bytes`), its dropped
-attribute values counted in the answer, as for a span screening repaired (`otlp._repaired`).
+attribute values counted in the answer, as for a span screening repaired (`otlp_protobuf._repaired`).
 
 Cost: nothing with redaction off (the decoders never call this); on, about what a full decode of
 each span costs, in the decoder processes (bench/RESULTS.md).
@@ -88,7 +88,7 @@ from service.conventions.attributes import (
 )
 from service.conventions.spans import AnySpan, Attributes, LogEvent, PackedSpan, Span, SpanEvent, WireSpan
 from service.conventions.user_hash import hashed_user_id
-from service.ingest import otlp, otlp_logs
+from service.ingest import otlp_body, otlp_logs, otlp_protobuf
 from service.ingest.decoded import DecodedBatch
 from service.ingest.otlp_encode import span_bytes
 from service.redaction import Edit, Redactor, apply_edits
@@ -129,9 +129,11 @@ class SpanRedaction:
     def decode_traces(
         self, body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int, packed: bool = False
     ) -> DecodedBatch:
-        """`otlp.decode_body`, its spans redacted; `packed`: decoded spans come back as `PackedSpan`s
+        """`otlp_body.decode_body`, its spans redacted; `packed`: decoded spans come back as `PackedSpan`s
         (what a decoder process returns, service/ingest/pool.py)."""
-        batch = otlp.decode_body(body, json_body=json_body, encoding=encoding, tenant=tenant, limit=limit)
+        batch = otlp_body.decode_body(
+            body, json_body=json_body, encoding=encoding, tenant=tenant, limit=limit
+        )
         self.redact(batch)
         if packed:
             batch.spans = [PackedSpan.pack(span) if isinstance(span, Span) else span for span in batch.spans]
@@ -188,7 +190,7 @@ class _ItemRedactor:
     def wire(self, wire: WireSpan, batch: DecodedBatch) -> WireSpan:
         """A screened protobuf span, redacted: decoded, and re-encoded when that changed it."""
         scratch = DecodedBatch()
-        span = otlp.span_from_wire(wire, scratch)
+        span = otlp_protobuf.span_from_wire(wire, scratch)
         redacted = self.span(span)
         if redacted is span:
             resource = self.resource(wire.resource)

@@ -1,7 +1,7 @@
 """Which protobuf spans screening must read the attributes of: those holding a number out of range.
 
 Screening keeps a span as its wire bytes and leaves converting its attributes
-to the builder (`otlp.py`: converting was ~70 % of decoding). But the OTLP
+to the builder (`otlp_protobuf.py`: converting was ~70 % of decoding). But the OTLP
 answer must say which values were dropped, and it is sent before the trace is
 built. Reading every span's attributes on the request's path cost ~17 us a
 trace (+35 % of screening), so one regular expression looks at the body's

@@ -17,7 +17,7 @@ from service.config import AssemblerConfig
 from service.conventions.pricing import PriceTable
 from service.conventions.spans import Span
 from service.errors import StoreUnavailable
-from service.ingest import otlp
+from service.ingest import otlp_protobuf
 from service.ingest.pool import IngestPool
 from service.ingest.span_codec import OtlpSpanCodec
 from service.metrics import Metrics
@@ -390,7 +390,9 @@ async def test_an_archive_that_cannot_be_reached_holds_the_emission_up_and_loses
     pool = IngestPool(0, PriceTable.default(), metrics)
     assembler = SpanAssembler(AssemblerConfig(), sink, pool.build_traces, metrics, clock, keeper=keeper)
     request = RagRequest(duration_s=3)
-    wire = otlp.screen_protobuf(body(request.retrieve, request.generate, request.root), "default").spans
+    wire = otlp_protobuf.screen_protobuf(
+        body(request.retrieve, request.generate, request.root), "default"
+    ).spans
     await assembler.consume_spans(wire)
     clock.now += 1
     await assembler.flush_due()

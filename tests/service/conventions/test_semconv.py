@@ -39,7 +39,7 @@ from service.conventions.pricing import PriceTable
 from service.conventions.semconv import RagmonAttributes, attribute_kind, build_trace, span_stage
 from service.conventions.spans import Span, SpanEvent
 from service.conventions.usage import Call, span_call, usage_rows
-from service.ingest.otlp import decode_protobuf
+from service.ingest.otlp_protobuf import decode_protobuf
 from service.model import RagTrace
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"

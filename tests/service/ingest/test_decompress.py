@@ -1,4 +1,4 @@
-"""Tests of service/ingest/otlp.py's `decompress`: a body is one whole compressed stream, nothing more."""
+"""Tests of service/ingest/otlp_body.py's `decompress`: a body is one whole compressed stream, no more."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import zlib
 import pytest
 
 from service.errors import DecodeError, PayloadTooLarge
-from service.ingest.otlp import decompress
+from service.ingest.otlp_body import decompress
 
 BODY = b"\x0a\x10" + bytes(range(16)) * 64
 

@@ -1,4 +1,6 @@
-"""Tests for `service/ingest/otlp.py`: real exporter output, OTLP/JSON as the spec says, every bad input."""
+"""Tests of the rules of `service/ingest/otlp.py` through both decoders (`otlp_protobuf.py`, `otlp_json.py`):
+real exporter output, OTLP/JSON as the spec says, every bad input; protobuf's own readers are tested in
+test_otlp_protobuf.py."""
 
 from __future__ import annotations
 
@@ -22,24 +24,9 @@ from opentelemetry.trace import format_span_id, format_trace_id
 
 from service.conventions.spans import WireSpan
 from service.errors import DecodeError
-from service.ingest.otlp import (
-    MAX_COUNT,
-    MAX_IDENTIFIER_CHARS,
-    MAX_KEY_CHARS,
-    MAX_TEXT_CHARS,
-    MAX_VECTOR_LENGTH,
-    DecodedBatch,
-    RejectReason,
-    _Invalid,
-    decode_json,
-    decode_protobuf,
-    decode_request,
-    finish_attributes,
-    pb_attributes,
-    pb_value,
-    screen_protobuf,
-    span_from_wire,
-)
+from service.ingest.otlp import DecodedBatch, RejectReason
+from service.ingest.otlp_json import decode_json
+from service.ingest.otlp_protobuf import decode_protobuf, decode_request, screen_protobuf, span_from_wire
 
 VECTOR_KEY = "embedding.embeddings.0.embedding.vector"
 TENANT = "acme"
@@ -646,49 +633,6 @@ def test_decoding_does_not_mutate_the_parsed_request(
     assert request == before
 
 
-def test_protobuf_arrays_decode_exactly_on_and_off_the_double_fast_path() -> None:
-    request = ExportTraceServiceRequest()
-    span = request.resource_spans.add().scope_spans.add().spans.add()
-    span.name, span.trace_id, span.span_id = "arrays", bytes.fromhex(TRACE), bytes.fromhex(ROOT)
-    span.start_time_unix_nano, span.end_time_unix_nano = 1, 2
-    doubles = [0.0, -0.0, 1.5, -2.25e-300, 1e300]
-    cases: dict[str, list[Any]] = {
-        VECTOR_KEY: doubles,
-        "ints": [1, -2, 2**62],
-        "mixed": [0.5, "x", True],
-        "empty": [],
-    }
-    for key, values in cases.items():
-        kv = span.attributes.add()
-        kv.key = key
-        array = kv.value.array_value
-        array.SetInParent()  # an empty list is still a set array value
-        for item in values:
-            element = array.values.add()
-            if isinstance(item, bool):
-                element.bool_value = item
-            elif isinstance(item, float):
-                element.double_value = item
-            elif isinstance(item, int):
-                element.int_value = item
-            else:
-                element.string_value = item
-    batch = decode_request(request, TENANT)
-    (decoded,) = batch.spans
-    assert batch.rejections == {}
-    assert decoded.attributes[VECTOR_KEY] == doubles
-    assert decoded.attributes["ints"] == [1, -2, 2**62]
-    assert decoded.attributes["mixed"] == [0.5, "x", True]
-    assert decoded.attributes["empty"] == []
-    assert all(type(v) is int for v in decoded.attributes["ints"])
-    kv = span.attributes[0]
-    kv.key = "plain.doubles"
-    (again,) = decode_request(request, TENANT).spans
-    assert again.attributes["plain.doubles"] == doubles
-    negative_zero = again.attributes["plain.doubles"][1]
-    assert isinstance(negative_zero, float) and math.copysign(1.0, negative_zero) == -1.0
-
-
 def _any(item: object) -> AnyValue:
     if isinstance(item, bool):
         return AnyValue(bool_value=item)
@@ -726,148 +670,3 @@ def test_protobuf_vectors_are_judged_as_the_json_decoder_judges_them(items: list
     assert from_protobuf.rejections == from_json.rejections
     assert from_protobuf.rejected_spans == from_json.rejected_spans
     assert [s.attributes for s in from_protobuf.spans] == [s.attributes for s in from_json.spans]  # type: ignore[union-attr]
-
-
-def _array(*items: AnyValue) -> AnyValue:
-    value = AnyValue()
-    value.array_value.SetInParent()  # an empty array is still a set value
-    value.array_value.values.extend(items)
-    return value
-
-
-def _kvlist(**items: AnyValue) -> AnyValue:
-    value = AnyValue()
-    value.kvlist_value.SetInParent()
-    for key, item in items.items():
-        value.kvlist_value.values.add(key=key, value=item)
-    return value
-
-
-def _doubles(*numbers: float) -> AnyValue:
-    return _array(*(AnyValue(double_value=n) for n in numbers))
-
-
-_SCORE = "retrieval.documents.0.document.score"
-_COUNT = "llm.token_count.prompt"
-_ODD_ATTRIBUTES: list[tuple[str, AnyValue]] = [
-    *[
-        ("input.value", value)
-        for value in [
-            AnyValue(string_value="a question"),
-            AnyValue(string_value=""),
-            AnyValue(string_value="é" * MAX_TEXT_CHARS),
-            AnyValue(string_value="x" * (MAX_TEXT_CHARS + 1)),
-            AnyValue(int_value=0),
-            AnyValue(bool_value=False),
-            AnyValue(double_value=math.nan),
-            AnyValue(bytes_value=b""),
-            AnyValue(),
-            _array(AnyValue(string_value="a"), AnyValue(int_value=1)),
-            _array(AnyValue(string_value="x" * (MAX_TEXT_CHARS + 1))),
-            _kvlist(a=AnyValue(string_value="b"), nested=_kvlist(c=_doubles(0.5))),
-        ]
-    ],
-    *[
-        ("session.id", value)
-        for value in [
-            AnyValue(string_value="s" * MAX_IDENTIFIER_CHARS),
-            AnyValue(string_value="s" * (MAX_IDENTIFIER_CHARS + 1)),
-            AnyValue(string_value=""),
-            AnyValue(int_value=7),
-        ]
-    ],
-    *[
-        (_SCORE, AnyValue(double_value=n))
-        for n in [0.83, -0.0, 0.0, 1e308, -5e-324, math.nan, math.inf, -math.inf]
-    ],
-    *[
-        (_SCORE, value)
-        for value in [
-            AnyValue(int_value=3),
-            AnyValue(string_value="0.83"),
-            AnyValue(string_value="nan"),
-            AnyValue(bool_value=True),
-            AnyValue(),
-            _doubles(0.5),
-        ]
-    ],
-    *[(_COUNT, AnyValue(int_value=n)) for n in [0, 120, -1, MAX_COUNT, MAX_COUNT + 1, 2**63 - 1, -(2**63)]],
-    *[
-        (_COUNT, value)
-        for value in [
-            AnyValue(double_value=3.0),
-            AnyValue(double_value=3.5),
-            AnyValue(string_value=" 12 "),
-            AnyValue(bool_value=True),
-            AnyValue(),
-        ]
-    ],
-    *[("llm.cost.total", AnyValue(double_value=n)) for n in [0.5, -1.0, math.nan, 2e6]],
-    *[
-        (VECTOR_KEY, value)
-        for value in [
-            _doubles(0.1, -0.0, 2.5),
-            _doubles(0.25),
-            _doubles(1e308, 1e308),  # finite numbers whose sum overflows
-            _doubles(0.1, math.nan),
-            _doubles(-math.inf),
-            _doubles(*[0.5] * (MAX_VECTOR_LENGTH + 1)),
-            _array(),
-            _array(AnyValue(int_value=1), AnyValue(double_value=2.5)),
-            _array(AnyValue(double_value=0.5), AnyValue(string_value="x")),
-            AnyValue(string_value="[0.1, 0.2]"),
-        ]
-    ],
-    ("k" * (MAX_KEY_CHARS + 1), AnyValue(string_value="v")),
-    ("retrieval.documents.99999.document.id", AnyValue(string_value="doc")),
-    ("retrieval.documents.2.document.id", AnyValue(string_value="doc-2")),
-]
-
-
-def _general_path(
-    pairs: Sequence[Any], dims: set[int] | None
-) -> tuple[str, int, dict[str, int], list[str]] | RejectReason:
-    batch = DecodedBatch()
-    try:
-        attributes, size = finish_attributes(((kv.key, pb_value(kv.value)) for kv in pairs), batch, "w", dims)
-    except _Invalid as problem:
-        return problem.reason
-    return repr(list(attributes.items())), size, batch.rejections, batch.details
-
-
-def _inline_path(
-    pairs: Sequence[Any], dims: set[int] | None
-) -> tuple[str, int, dict[str, int], list[str]] | RejectReason:
-    batch = DecodedBatch()
-    try:
-        attributes, size = pb_attributes(pairs, batch, "w", dims)
-    except _Invalid as problem:
-        return problem.reason
-    return repr(list(attributes.items())), size, batch.rejections, batch.details
-
-
-@pytest.mark.parametrize("span_attributes", [True, False], ids=["span", "resource"])
-@pytest.mark.parametrize(("key", "value"), _ODD_ATTRIBUTES, ids=lambda x: str(x)[:24])
-def test_protobuf_attributes_read_inline_equal_the_general_path(
-    key: str, value: AnyValue, span_attributes: bool
-) -> None:
-    """`pb_attributes` reads common values (strings, double scores, integer counts, all-double
-    vectors) inline; every value, odd ones included, must come out as the general path makes it:
-    the same value and type, size, rejections, vector lengths, or the same span rejection."""
-    span = ExportTraceServiceRequest().resource_spans.add().scope_spans.add().spans.add()
-    span.attributes.add(key=key, value=value)
-    inline_dims: set[int] | None = set() if span_attributes else None
-    general_dims: set[int] | None = set() if span_attributes else None
-    assert _inline_path(span.attributes, inline_dims) == _general_path(span.attributes, general_dims)
-    assert inline_dims == general_dims
-
-
-def test_protobuf_attributes_of_a_whole_span_equal_the_general_path() -> None:
-    span = ExportTraceServiceRequest().resource_spans.add().scope_spans.add().spans.add()
-    for key, value in _ODD_ATTRIBUTES:
-        span.attributes.add(key=key, value=value)
-    kept = [kv for kv in span.attributes if _general_path([kv], set()) is not RejectReason.NAN_VECTOR]
-    inline_dims: set[int] = set()
-    general_dims: set[int] = set()
-    assert _inline_path(kept, inline_dims) == _general_path(kept, general_dims)
-    assert inline_dims == general_dims == {1, 2, 3}

@@ -27,12 +27,10 @@ from service.ingest.otlp import (
     MAX_TIME_NS,
     MAX_VECTOR_LENGTH,
     DecodedBatch,
-    decode_json,
-    decode_protobuf,
-    screen_protobuf,
-    span_from_wire,
 )
 from service.ingest.otlp_encode import span_bytes
+from service.ingest.otlp_json import decode_json
+from service.ingest.otlp_protobuf import decode_protobuf, screen_protobuf, span_from_wire
 from service.ingest.span_size import MAX_SPAN_BYTES, truncation_note
 
 TENANT = "acme"

@@ -30,7 +30,7 @@ from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
 from service.conventions.spans import AnySpan, PackedSpan, Span, WireSpan
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
-from service.ingest import otlp
+from service.ingest import otlp, otlp_body, otlp_protobuf
 from service.ingest.pool import IngestPool, _cgroup_cpus, _unpacked
 from service.metrics import Metrics
 from service.model import RagTrace
@@ -152,16 +152,16 @@ async def test_workers_decode_and_build_exactly_what_the_server_process_would(po
     assert os.getpid() not in pids["decoder"] | pids["builder"]
 
     decoded = await pool.decode(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
-    here = otlp.decode_body(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+    here = otlp_body.decode_body(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
     # protobuf spans come back screened, as their wire bytes; decoding those is what decode_protobuf does
     assert decoded.spans and all(isinstance(s, WireSpan) for s in decoded.spans)
     assert decoded.spans == here.spans
-    assert _unpack(decoded.spans) == otlp.decode_protobuf(body, TENANT).spans
+    assert _unpack(decoded.spans) == otlp_protobuf.decode_protobuf(body, TENANT).spans
 
     # OTLP/JSON spans are decoded in the worker and come back pickled: routing fields in the clear
     json_body = _otlp_json_body()
     from_json = await pool.decode(json_body, json_body=True, encoding="", tenant=TENANT, limit=LIMIT)
-    json_here = otlp.decode_body(json_body, json_body=True, encoding="", tenant=TENANT, limit=LIMIT)
+    json_here = otlp_body.decode_body(json_body, json_body=True, encoding="", tenant=TENANT, limit=LIMIT)
     assert len(from_json.spans) == 2 and all(isinstance(s, PackedSpan) for s in from_json.spans)
     assert _unpack(from_json.spans) == json_here.spans
     assert [(s.tenant, s.trace_id, s.is_root, s.size_bytes) for s in from_json.spans] == [
@@ -208,7 +208,7 @@ async def test_a_body_larger_than_the_pipes_crosses_whole(pool: IngestPool) -> N
     body = _body(3000)
     assert len(body) > 1 << 20  # pipes hold at most 1 MiB unless pipe-max-size is raised
     decoded = await pool.decode(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
-    here = otlp.decode_body(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
+    here = otlp_body.decode_body(body, json_body=False, encoding="", tenant=TENANT, limit=LIMIT)
     assert decoded.spans == here.spans
 
 
@@ -292,7 +292,7 @@ async def test_attribute_values_dropped_from_wire_spans_are_counted_when_built(
     assert rejected == 2
     assert len(built) == 2 and all(t is not None and t.query == "how do I rotate the api key?" for t in built)
     # what decode_protobuf reports for the same body, at once
-    assert otlp.decode_protobuf(body, TENANT).rejections == {"invalid_attribute": 2}
+    assert otlp_protobuf.decode_protobuf(body, TENANT).rejections == {"invalid_attribute": 2}
 
 
 @pytest.mark.parametrize("processes", [0, 1])

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from service.conventions.spans import WireSpan
-from service.ingest.otlp import decode_protobuf, screen_protobuf
+from service.ingest.otlp_protobuf import decode_protobuf, screen_protobuf
 from service.ingest.protobuf_wire import WireError, field_ranges, span_slices
 
 

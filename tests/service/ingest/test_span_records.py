@@ -12,7 +12,7 @@ from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
 from service.conventions.spans import LogEvent, PackedSpan, Span, WireSpan
 from service.errors import DecodeError, PayloadTooLarge
-from service.ingest import otlp, span_records
+from service.ingest import otlp, otlp_protobuf, span_records
 from service.ingest.otlp_encode import resource_bytes
 from service.ingest.pool import _unpacked
 from tests.distributed.traffic import otlp_body, trace_ids
@@ -29,7 +29,7 @@ def _built(spans: list[object]) -> dict[str, object]:
 
 def test_screened_protobuf_spans_round_trip_as_their_wire_bytes_one_record_per_trace() -> None:
     ids = trace_ids(3)
-    spans = otlp.screen_protobuf(otlp_body(ids), "acme").spans
+    spans = otlp_protobuf.screen_protobuf(otlp_body(ids), "acme").spans
     records = span_records.encode(spans, 1_000_000)
     assert [r.key.decode() for r in records] == ids
     assert dict(records[0].headers)["ragmon-tenant"] == b"acme"
@@ -43,7 +43,7 @@ def test_screened_protobuf_spans_round_trip_as_their_wire_bytes_one_record_per_t
 
 def test_decoded_spans_and_log_events_build_the_same_trace_after_the_trip() -> None:
     [trace_id] = trace_ids(1)
-    decoded = otlp.decode_protobuf(otlp_body([trace_id]), "default").spans
+    decoded = otlp_protobuf.decode_protobuf(otlp_body([trace_id]), "default").spans
     spans = [s for s in decoded if isinstance(s, Span)]
     event = LogEvent(
         trace_id=trace_id,
@@ -67,7 +67,7 @@ def test_decoded_spans_and_log_events_build_the_same_trace_after_the_trip() -> N
 
 def test_a_large_trace_is_split_and_one_span_over_the_limit_is_refused() -> None:
     [trace_id] = trace_ids(1)
-    spans = otlp.screen_protobuf(otlp_body([trace_id] * 1), "default").spans
+    spans = otlp_protobuf.screen_protobuf(otlp_body([trace_id] * 1), "default").spans
     many = list(spans) * 40
     records = span_records.encode(many, 4096)
     assert len(records) > 1 and all(len(r.value) <= 4096 for r in records)
@@ -166,11 +166,13 @@ def _varied_items() -> list[list[Any]]:
     by_trace: dict[str, list[Any]] = {}
     for n, tenant in enumerate(("acme", "acme", "other")):
         ids = trace_ids(3 + n)[n:]
-        for span in otlp.screen_protobuf(otlp_body(ids), tenant).spans:
+        for span in otlp_protobuf.screen_protobuf(otlp_body(ids), tenant).spans:
             by_trace.setdefault(span.trace_id + tenant, []).append(span)
     groups = list(by_trace.values())
     [json_trace] = trace_ids(1)
-    decoded = [s for s in otlp.decode_protobuf(otlp_body([json_trace]), "acme").spans if isinstance(s, Span)]
+    decoded = [
+        s for s in otlp_protobuf.decode_protobuf(otlp_body([json_trace]), "acme").spans if isinstance(s, Span)
+    ]
     event = LogEvent(
         trace_id=json_trace,
         span_id=decoded[0].span_id,

@@ -28,7 +28,7 @@ from service.config import RedactionConfig
 from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
 from service.conventions.spans import AnySpan, LogEvent, PackedSpan, Span, SpanEvent, WireSpan
-from service.ingest import otlp, otlp_logs
+from service.ingest import otlp_body, otlp_logs, otlp_protobuf
 from service.ingest.decoded import DecodedBatch
 from service.ingest.otlp_encode import key_values, span_bytes
 from service.ingest.span_codec import OtlpSpanCodec
@@ -106,7 +106,7 @@ def captured_requests(client: str) -> Iterator[tuple[str, bytes]]:
 def decode(signal: str, body: bytes) -> DecodedBatch:
     """What ingest decodes a body into, as a decoder returns it (protobuf spans screened, as wire bytes)."""
     if signal == "traces":
-        return otlp.decode_body(body, json_body=False, encoding="", tenant="default", limit=1 << 30)
+        return otlp_body.decode_body(body, json_body=False, encoding="", tenant="default", limit=1 << 30)
     return otlp_logs.decode_logs_body(body, json_body=False, encoding="", tenant="default", limit=1 << 30)
 
 
@@ -114,7 +114,7 @@ def unpacked(items: Sequence[AnySpan]) -> list[Span | LogEvent]:
     out: list[Span | LogEvent] = []
     for item in items:
         if isinstance(item, WireSpan):
-            item = otlp.span_from_wire(item, DecodedBatch())
+            item = otlp_protobuf.span_from_wire(item, DecodedBatch())
         elif isinstance(item, PackedSpan):
             item = item.unpack()
         out.append(item)

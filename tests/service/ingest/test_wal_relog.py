@@ -11,7 +11,7 @@ from service.assemble import SpanAssembler
 from service.config import AssemblerConfig, WalConfig
 from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
-from service.ingest import otlp
+from service.ingest import otlp, otlp_protobuf
 from service.ingest.durable import DurableAcks
 from service.ingest.pool import IngestPool
 from service.ingest.wal import LoggedRequest, WriteAheadLog
@@ -47,7 +47,7 @@ async def test_an_open_trace_is_logged_again_and_the_older_segments_go(tmp_path:
         for part in (agent.retrieve, agent.step(1, 30)):  # the agent's first steps, in two requests
             data = body(part)
             await durable.log(_logged(data), [("default", agent.trace_id)])
-            await assembler.consume_spans(otlp.screen_protobuf(data, "default").spans)
+            await assembler.consume_spans(otlp_protobuf.screen_protobuf(data, "default").spans)
         others = [RagRequest(duration_s=1) for _ in range(3)]
         for other in others:  # traffic that is stored meanwhile
             data = body(other.retrieve, other.root)
@@ -72,8 +72,8 @@ async def test_an_open_trace_is_logged_again_and_the_older_segments_go(tmp_path:
     # a crash after the relog and before the flush replays one record, with both of the agent's spans
     replayed = WriteAheadLog(tmp_path / "copy").open()
     assert [(r.seq, r.receiver) for r in replayed] == [(5, "relog")]
-    spans = otlp.screen_protobuf(replayed[0].body, "default").spans
+    spans = otlp_protobuf.screen_protobuf(replayed[0].body, "default").spans
     built = build_trace(
-        [otlp.span_from_wire(s, otlp.DecodedBatch()) for s in spans], partial=True, prices=PRICES
+        [otlp_protobuf.span_from_wire(s, otlp.DecodedBatch()) for s in spans], partial=True, prices=PRICES
     )
     assert (built.trace_id, built.span_count) == (agent.trace_id, 2)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from service.conventions.spans import AnySpan, LogEvent, WireSpan
-from service.ingest import otlp, otlp_logs
+from service.ingest import otlp_logs, otlp_protobuf
 from service.ingest.span_codec import OtlpSpanCodec
 from service.store.span_archive import SpanArchive
 from service.store.trace_store import Store
@@ -26,7 +26,7 @@ class WallClock:
 
 
 def spans(*pb: object, tenant: str = "t1") -> list[WireSpan]:
-    return list(otlp.screen_protobuf(body(*pb), tenant).spans)  # type: ignore[arg-type]
+    return list(otlp_protobuf.screen_protobuf(body(*pb), tenant).spans)  # type: ignore[arg-type]
 
 
 def events(request: RagRequest, tenant: str = "t1") -> list[LogEvent]:
