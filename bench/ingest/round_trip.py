@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from bench.ingest.payload import Batches  # noqa: E402
 from service.ingest.loop_pool import LoopProcessPool, _pipe_limit  # noqa: E402
 from service.ingest.otlp import DecodedBatch  # noqa: E402
-from service.ingest.pool import _context, _decode_packed  # noqa: E402
+from service.ingest.pool import _decode_packed, worker_context  # noqa: E402
 from service.runtime import SWITCH_INTERVAL_S  # noqa: E402
 
 Call = Callable[[], Awaitable[DecodedBatch]]
@@ -76,9 +76,11 @@ async def measure(calls: int, busy_counts: list[int]) -> None:
     decode = functools.partial(
         _decode_packed, body, json_body=False, encoding="", tenant="default", limit=64 << 20
     )
-    executors = {name: ProcessPoolExecutor(1, mp_context=_context()) for name in ("executor", "widened")}
+    executors = {
+        name: ProcessPoolExecutor(1, mp_context=worker_context()) for name in ("executor", "widened")
+    }
     widen_executor_pipes(executors["widened"])
-    loop_pool = LoopProcessPool(1, _context(), name="bench decoder")
+    loop_pool = LoopProcessPool(1, worker_context(), name="bench decoder")
     await loop_pool.start()
     loop = asyncio.get_running_loop()
     contenders: dict[str, Call] = {
