@@ -142,7 +142,12 @@ from service.ingest.decoded import DecodedBatch
 from service.ingest.span_size import MAX_RESOURCE_BYTES, fit_resource
 from service.labels import ATTRIBUTE_REASONS, RejectReason
 
+# Besides what the receivers use, the rule checks and size constants the two decoders share
+# (otlp_protobuf.py, otlp_json.py).
 __all__ = [
+    "ENTRY_OVERHEAD",
+    "EVENT_OVERHEAD",
+    "LIST_SLOT",
     "MAX_ATTRIBUTE_INDEX",
     "MAX_COST_USD",
     "MAX_COUNT",
@@ -153,11 +158,25 @@ __all__ = [
     "MAX_TEXT_CHARS",
     "MAX_TIME_NS",
     "MAX_VECTOR_LENGTH",
+    "NUMBER_SIZE",
+    "SPAN_OVERHEAD",
+    "STR_OVERHEAD",
     "DecodedBatch",
+    "InvalidValue",
     "RejectReason",
+    "VectorDims",
+    "add_checked",
+    "check_dims",
+    "check_interval",
+    "check_name",
     "check_tenant",
+    "check_vector",
+    "drop_long_key",
     "finish_attributes",
+    "kind_of",
+    "ns_text",
     "resource_too_large",
+    "time_too_late",
     "value_size",
 ]
 
@@ -175,12 +194,12 @@ MAX_KEY_CHARS = 1024
 _MAX_INDEX_DIGITS = len(str(MAX_ATTRIBUTE_INDEX))
 
 # Size-estimate constants: rough CPython object sizes, enough to bound a buffer.
-_SPAN_OVERHEAD = 400
-_EVENT_OVERHEAD = 120
-_ENTRY_OVERHEAD = 100
-_STR_OVERHEAD = 50
-_NUMBER_SIZE = 32
-_LIST_SLOT = 8
+SPAN_OVERHEAD = 400
+EVENT_OVERHEAD = 120
+ENTRY_OVERHEAD = 100
+STR_OVERHEAD = 50
+NUMBER_SIZE = 32
+LIST_SLOT = 8
 
 _VECTOR_TYPES = frozenset({float, int})
 _FLOAT_ONLY = frozenset({float})
@@ -221,11 +240,11 @@ def _bad_index(key: str) -> bool:
 # Attribute keys repeat from span to span; the kind of each is looked up once. Bounded, because
 # keys come from clients: an LRU of at most 4,096 keys, each at most `MAX_KEY_CHARS` (callers
 # drop longer keys before they get here).
-_kind_of = lru_cache(maxsize=4096)(_key_kind)
+kind_of = lru_cache(maxsize=4096)(_key_kind)
 
 
-class _Invalid(Exception):
-    """An attribute value that cannot be used; carries the reason and a short description."""
+class InvalidValue(Exception):
+    """A value or span that breaks one of the rules above; carries the reason and a short description."""
 
     def __init__(self, reason: RejectReason, detail: str) -> None:
         super().__init__(detail)
@@ -233,7 +252,7 @@ class _Invalid(Exception):
         self.detail = detail
 
 
-class _VectorDims:
+class VectorDims:
     """The first vector length seen per embedding model within one request."""
 
     __slots__ = ("_dims",)
@@ -258,15 +277,15 @@ class _VectorDims:
 
 def value_size(value: AttrValue) -> int:
     if isinstance(value, str | bytes):
-        return _STR_OVERHEAD + len(value)
+        return STR_OVERHEAD + len(value)
     if isinstance(value, list):
         if value and isinstance(value[0], int | float):
             # Vectors are homogeneous; do not walk 1,536 floats to size them.
-            return _ENTRY_OVERHEAD + len(value) * (_LIST_SLOT + _NUMBER_SIZE)
-        return _ENTRY_OVERHEAD + sum(_LIST_SLOT + value_size(item) for item in value)
+            return ENTRY_OVERHEAD + len(value) * (LIST_SLOT + NUMBER_SIZE)
+        return ENTRY_OVERHEAD + sum(LIST_SLOT + value_size(item) for item in value)
     if isinstance(value, dict):
-        return _ENTRY_OVERHEAD + sum(_ENTRY_OVERHEAD + len(k) + value_size(v) for k, v in value.items())
-    return _NUMBER_SIZE
+        return ENTRY_OVERHEAD + sum(ENTRY_OVERHEAD + len(k) + value_size(v) for k, v in value.items())
+    return NUMBER_SIZE
 
 
 def _as_number(value: AttrValue) -> float | int:
@@ -285,9 +304,9 @@ def _as_number(value: AttrValue) -> float | int:
     raise ValueError
 
 
-def _check_vector(key: str, value: AttrValue) -> list[AttrValue]:
+def check_vector(key: str, value: AttrValue) -> list[AttrValue]:
     if not isinstance(value, list) or not value:
-        raise _Invalid(RejectReason.INVALID_ATTRIBUTE, f"{key} is not a non-empty list of numbers")
+        raise InvalidValue(RejectReason.INVALID_ATTRIBUTE, f"{key} is not a non-empty list of numbers")
     if len(value) > MAX_VECTOR_LENGTH:
         raise _too_many(key, len(value))
     # Fast path for the usual all-float vector: C-level type scan and sum; a finite sum
@@ -298,29 +317,29 @@ def _check_vector(key: str, value: AttrValue) -> list[AttrValue]:
     vector: list[AttrValue] = []
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int | float):
-            raise _Invalid(RejectReason.INVALID_ATTRIBUTE, f"{key} holds a non-number {item!r:.40}")
+            raise InvalidValue(RejectReason.INVALID_ATTRIBUTE, f"{key} holds a non-number {item!r:.40}")
         number = float(item)
         if not math.isfinite(number):
-            raise _Invalid(RejectReason.NAN_VECTOR, f"{key} holds {item}")
+            raise InvalidValue(RejectReason.NAN_VECTOR, f"{key} holds {item}")
         vector.append(number)
     return vector
 
 
-def _too_many(key: str, items: int) -> _Invalid:
-    return _Invalid(
+def _too_many(key: str, items: int) -> InvalidValue:
+    return InvalidValue(
         RejectReason.VECTOR_TOO_LONG, f"{key} holds {items:,} items, over the limit of {MAX_VECTOR_LENGTH:,}"
     )
 
 
-def _too_long(key: str, chars: int, limit: int, what: str = "a string") -> _Invalid:
-    return _Invalid(
+def _too_long(key: str, chars: int, limit: int, what: str = "a string") -> InvalidValue:
+    return InvalidValue(
         RejectReason.STRING_TOO_LONG,
         f"{key} holds {what} of {chars:,} characters, over the limit of {limit:,}",
     )
 
 
 def _check_size(key: str, value: AttrValue) -> None:
-    """Raise `_Invalid` for a value over the size limits: a string or bytes over `MAX_TEXT_CHARS`, an
+    """Raise `InvalidValue` for a value over the size limits: a string or bytes over `MAX_TEXT_CHARS`, an
     array or kvlist over `MAX_VECTOR_LENGTH` items, or such a value anywhere inside one."""
     if isinstance(value, str | bytes):
         if len(value) > MAX_TEXT_CHARS:
@@ -341,7 +360,7 @@ def _check_size(key: str, value: AttrValue) -> None:
 
 
 def _checked_number(key: str, kind: _Kind, value: AttrValue) -> float | int:
-    """A count, score, cost or duration within its range; raises `_Invalid`: `invalid_attribute` for a
+    """A count, score, cost or duration within its range; raises `InvalidValue`: `invalid_attribute` for a
     value that is not a number of the kind (text, a boolean, a fractional count), `out_of_range` for
     a number outside what the kind holds (NaN, infinite, negative where it cannot be, over the cap).
     The message names the key and the value's kind, never the value: it is logged."""
@@ -349,42 +368,44 @@ def _checked_number(key: str, kind: _Kind, value: AttrValue) -> float | int:
     try:
         number = _as_number(value)
     except (ValueError, TypeError, OverflowError):
-        raise _Invalid(RejectReason.INVALID_ATTRIBUTE, f"{key} is not a {shown}") from None
+        raise InvalidValue(RejectReason.INVALID_ATTRIBUTE, f"{key} is not a {shown}") from None
     if isinstance(number, float) and not math.isfinite(number):
-        raise _Invalid(RejectReason.OUT_OF_RANGE, f"{key} is {number} (not a finite {shown})")
+        raise InvalidValue(RejectReason.OUT_OF_RANGE, f"{key} is {number} (not a finite {shown})")
     if kind == "count":
         if isinstance(number, float):
             if not number.is_integer():
-                raise _Invalid(RejectReason.INVALID_ATTRIBUTE, f"{key} is a fraction, not a count")
+                raise InvalidValue(RejectReason.INVALID_ATTRIBUTE, f"{key} is a fraction, not a count")
             number = int(number)
         if not 0 <= number <= MAX_COUNT:
-            raise _Invalid(RejectReason.OUT_OF_RANGE, f"{key} is not a count within 0..{MAX_COUNT:,}")
+            raise InvalidValue(RejectReason.OUT_OF_RANGE, f"{key} is not a count within 0..{MAX_COUNT:,}")
         return number
     try:
         number = float(number)
     except OverflowError:  # an integer of hundreds of digits, sent as text
-        raise _Invalid(RejectReason.OUT_OF_RANGE, f"{key} is not a finite {shown}") from None
+        raise InvalidValue(RejectReason.OUT_OF_RANGE, f"{key} is not a finite {shown}") from None
     if kind == "cost" and not 0 <= number <= MAX_COST_USD:
-        raise _Invalid(RejectReason.OUT_OF_RANGE, f"{key} is not a cost within 0..{MAX_COST_USD:,.0f} USD")
+        raise InvalidValue(
+            RejectReason.OUT_OF_RANGE, f"{key} is not a cost within 0..{MAX_COST_USD:,.0f} USD"
+        )
     if kind == "duration" and not 0 <= number <= _DURATION_LIMITS[key]:
-        raise _Invalid(
+        raise InvalidValue(
             RejectReason.OUT_OF_RANGE, f"{key} is not a duration within 0..{_DURATION_LIMITS[key]:g}"
         )
     return number
 
 
 def _normalize(key: str, kind: _Kind, value: AttrValue) -> AttrValue:
-    """The value `semconv` can rely on for an attribute of `kind`; raises `_Invalid`."""
+    """The value `semconv` can rely on for an attribute of `kind`; raises `InvalidValue`."""
     if kind == "count" or kind == "number" or kind == "cost" or kind == "duration":
         return _checked_number(key, kind, value)
     if kind == "vector":
-        return _check_vector(key, value)
+        return check_vector(key, value)
     if kind == "identifier":
         if isinstance(value, str) and len(value) > MAX_IDENTIFIER_CHARS:
             raise _too_long(key, len(value), MAX_IDENTIFIER_CHARS, "an identifier")
         _check_size(key, value)
         return value
-    raise _Invalid(
+    raise InvalidValue(
         RejectReason.INVALID_ATTRIBUTE_INDEX,
         f"key {key!r:.60} holds a list index over {MAX_ATTRIBUTE_INDEX:,}",
     )
@@ -393,7 +414,7 @@ def _normalize(key: str, kind: _Kind, value: AttrValue) -> AttrValue:
 def finish_attributes(
     raw: Iterable[tuple[str, AttrValue]], batch: DecodedBatch, where: str, dims: set[int] | None
 ) -> tuple[Attributes, int]:
-    """Typed attributes and their estimated size; raises `_Invalid` for a span-level problem.
+    """Typed attributes and their estimated size; raises `InvalidValue` for a span-level problem.
 
     `dims` collects vector lengths (span attributes only); None means vectors
     are not checked here (events, resources).
@@ -402,27 +423,27 @@ def finish_attributes(
     size = 0
     for key, value in raw:
         if len(key) > MAX_KEY_CHARS:
-            _drop_long_key(key, batch, where)
+            drop_long_key(key, batch, where)
             continue
-        kind = _kind_of(key)
+        kind = kind_of(key)
         # most values: nothing to check beyond an identifier's length, sized without `value_size`;
         # text of any length is kept: a span is cut to fit `MAX_SPAN_BYTES` as a whole (`span_size.py`)
         if type(value) is str and (
             kind is None or (kind == "identifier" and len(value) <= MAX_IDENTIFIER_CHARS)
         ):
             attributes[key] = value
-            size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(value)
+            size += ENTRY_OVERHEAD + len(key) + STR_OVERHEAD + len(value)
             continue
-        size += _add_checked(attributes, key, value, kind, batch, where, dims)
+        size += add_checked(attributes, key, value, kind, batch, where, dims)
     return attributes, size
 
 
-def _drop_long_key(key: str, batch: DecodedBatch, where: str) -> None:
+def drop_long_key(key: str, batch: DecodedBatch, where: str) -> None:
     """Count an attribute dropped for a key over `MAX_KEY_CHARS`: under its index when that is what
-    makes it long (`retrieval.documents.<5,000 digits>.document.id`); such keys never reach `_kind_of`."""
+    makes it long (`retrieval.documents.<5,000 digits>.document.id`); such keys never reach `kind_of`."""
     shown = f"key {key[:40]!r}..."
     if _bad_index(key):
-        problem = _Invalid(
+        problem = InvalidValue(
             RejectReason.INVALID_ATTRIBUTE_INDEX, f"{shown} holds a list index over {MAX_ATTRIBUTE_INDEX:,}"
         )
     else:
@@ -430,7 +451,7 @@ def _drop_long_key(key: str, batch: DecodedBatch, where: str) -> None:
     batch._drop(problem.reason, f"{where}: {problem.detail}", where, f"{key[:40]}...")
 
 
-def _add_checked(
+def add_checked(
     attributes: Attributes,
     key: str,
     value: AttrValue,
@@ -448,7 +469,7 @@ def _add_checked(
                 _check_size(key, value)
         else:
             value = _normalize(key, kind, value)
-    except _Invalid as problem:
+    except InvalidValue as problem:
         if problem.reason not in ATTRIBUTE_REASONS:
             raise
         batch._drop(problem.reason, f"{where}: {problem.detail}", where, key)
@@ -459,51 +480,51 @@ def _add_checked(
     if kind == "vector" and dims is not None and isinstance(value, list):
         dims.add(len(value))
     attributes[key] = value
-    return _ENTRY_OVERHEAD + len(key) + value_size(value)
+    return ENTRY_OVERHEAD + len(key) + value_size(value)
 
 
 # ---------------------------------------------------------------- span rules of every encoding
 
 
-def _check_interval(start: int, end: int, where: str) -> None:
-    """Raise `_Invalid` (INVALID_TIME) unless 0 < start <= end <= `MAX_TIME_NS`."""
+def check_interval(start: int, end: int, where: str) -> None:
+    """Raise `InvalidValue` (INVALID_TIME) unless 0 < start <= end <= `MAX_TIME_NS`."""
     if start <= 0 or end < start:
-        raise _Invalid(
+        raise InvalidValue(
             RejectReason.INVALID_TIME,
-            f"{where}: start {_digits(start)} / end {_digits(end)} is not a valid interval",
+            f"{where}: start {ns_text(start)} / end {ns_text(end)} is not a valid interval",
         )
     if end > MAX_TIME_NS:
         late_start = start > MAX_TIME_NS
-        raise _late("start" if late_start else "end", start if late_start else end, where)
+        raise time_too_late("start" if late_start else "end", start if late_start else end, where)
 
 
-def _digits(ns: int) -> str:
+def ns_text(ns: int) -> str:
     text = str(ns)
     return text if len(text) <= 24 else f"{text[:20]}...({len(text)} digits)"
 
 
-def _late(what: str, ns: int, where: str) -> _Invalid:
-    return _Invalid(
+def time_too_late(what: str, ns: int, where: str) -> InvalidValue:
+    return InvalidValue(
         RejectReason.INVALID_TIME,
-        f"{where}: {what} time {_digits(ns)} ns is after the latest time ragmon keeps "
+        f"{where}: {what} time {ns_text(ns)} ns is after the latest time ragmon keeps "
         f"({MAX_TIME_NS} ns, 2262-04-11)",
     )
 
 
-def _check_name(name: str, where: str) -> None:
+def check_name(name: str, where: str) -> None:
     if len(name) > MAX_NAME_CHARS:
-        raise _Invalid(
+        raise InvalidValue(
             RejectReason.MALFORMED_SPAN,
             f"{where}: a name of {len(name):,} characters is over the limit of {MAX_NAME_CHARS:,}",
         )
 
 
-def _check_dims(attributes: Attributes, vector_dims: set[int], dims: _VectorDims, where: str) -> None:
+def check_dims(attributes: Attributes, vector_dims: set[int], dims: VectorDims, where: str) -> None:
     if not vector_dims:
         return
     problem = dims.check(embedding_model_of(attributes) or "", vector_dims)
     if problem is not None:
-        raise _Invalid(RejectReason.VECTOR_DIMENSION_MISMATCH, f"{where}: {problem}")
+        raise InvalidValue(RejectReason.VECTOR_DIMENSION_MISMATCH, f"{where}: {problem}")
 
 
 def resource_too_large(resource: Attributes, wire_size: int, batch: DecodedBatch, r: int) -> str | None:

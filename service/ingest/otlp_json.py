@@ -29,20 +29,20 @@ from service.conventions.spans import Attributes, AttrValue, Span, SpanEvent
 from service.errors import DecodeError
 from service.ingest.decoded import DROPPED_KEY, DecodedBatch, mark
 from service.ingest.otlp import (
-    _EVENT_OVERHEAD,
-    _SPAN_OVERHEAD,
+    EVENT_OVERHEAD,
     MAX_KEY_CHARS,
     MAX_TIME_NS,
-    _check_dims,
-    _check_interval,
-    _check_name,
-    _digits,
-    _Invalid,
-    _late,
-    _VectorDims,
+    SPAN_OVERHEAD,
+    InvalidValue,
+    VectorDims,
+    check_dims,
+    check_interval,
+    check_name,
     check_tenant,
     finish_attributes,
+    ns_text,
     resource_too_large,
+    time_too_late,
 )
 from service.ingest.otlp_encode import resource_bytes, span_bytes
 from service.ingest.span_size import MAX_RESOURCE_BYTES, MAX_SPAN_BYTES, fit_span
@@ -93,7 +93,7 @@ def json_value(value: Any) -> AttrValue:
     if "intValue" in value:
         number = json_int(value["intValue"])
         if not _INT64_MIN <= number <= _INT64_MAX:
-            raise _OutOfRange(f"intValue {_digits(number)} is outside the signed 64-bit range")
+            raise _OutOfRange(f"intValue {ns_text(number)} is outside the signed 64-bit range")
         return number
     if "doubleValue" in value:
         number = value["doubleValue"]
@@ -180,19 +180,19 @@ _STATUS_CODES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR
 
 
 def _json_span(
-    span: Any, resource: Attributes, tenant: str, batch: DecodedBatch, dims: _VectorDims, where: str
+    span: Any, resource: Attributes, tenant: str, batch: DecodedBatch, dims: VectorDims, where: str
 ) -> Span:
     if not isinstance(span, dict):
-        raise _Invalid(RejectReason.MALFORMED_SPAN, f"{where}: span is not an object")
+        raise InvalidValue(RejectReason.MALFORMED_SPAN, f"{where}: span is not an object")
     trace_id = json_id(span.get("traceId"), HEX32, ZERO_TRACE)
     if trace_id is None:
-        raise _Invalid(
+        raise InvalidValue(
             RejectReason.INVALID_TRACE_ID,
             f"{where}: traceId {span.get('traceId')!r:.40} is not 32 hex digits, non-zero",
         )
     span_id = json_id(span.get("spanId"), HEX16, ZERO_SPAN)
     if span_id is None:
-        raise _Invalid(
+        raise InvalidValue(
             RejectReason.INVALID_SPAN_ID,
             f"{where}: spanId {span.get('spanId')!r:.40} is not 16 hex digits, non-zero",
         )
@@ -200,7 +200,7 @@ def _json_span(
     parent: str | None = None
     if raw_parent is not None:
         if not isinstance(raw_parent, str) or not HEX16.fullmatch(raw_parent):
-            raise _Invalid(
+            raise InvalidValue(
                 RejectReason.INVALID_PARENT_SPAN_ID,
                 f"{where}: parentSpanId {raw_parent!r:.40} is not 16 hex digits",
             )
@@ -209,14 +209,14 @@ def _json_span(
         start = json_int(span.get("startTimeUnixNano", 0))
         end = json_int(span.get("endTimeUnixNano", 0))
     except ValueError as exc:
-        raise _Invalid(RejectReason.INVALID_TIME, f"{where}: {exc}") from None
-    _check_interval(start, end, where)
+        raise InvalidValue(RejectReason.INVALID_TIME, f"{where}: {exc}") from None
+    check_interval(start, end, where)
     raw_attributes, raw_events = span.get("attributes", []), span.get("events", [])
     if not isinstance(raw_attributes, list) or not isinstance(raw_events, list):
-        raise _Invalid(RejectReason.MALFORMED_SPAN, f"{where}: attributes and events must be lists")
+        raise InvalidValue(RejectReason.MALFORMED_SPAN, f"{where}: attributes and events must be lists")
     name = span.get("name", "")
     name = name if isinstance(name, str) else ""
-    _check_name(name, where)
+    check_name(name, where)
     # every rule that rejects the span first, so a rejected span's attributes are not counted as dropped
     checked_events = [_json_event_head(raw_event, where) for raw_event in raw_events]
     vector_dims: set[int] = set()
@@ -229,8 +229,8 @@ def _json_span(
             json_pairs(raw_event_attributes, batch, where), batch, where, None
         )
         events.append(SpanEvent(event_name, event_time, event_attributes))
-        size += _EVENT_OVERHEAD + len(event_name) + event_size
-    _check_dims(attributes, vector_dims, dims, where)
+        size += EVENT_OVERHEAD + len(event_name) + event_size
+    check_dims(attributes, vector_dims, dims, where)
     if len(batch.dropped_keys) > dropped_from:
         mark(attributes, DROPPED_KEY, batch.dropped_keys[dropped_from:])
         del batch.dropped_keys[dropped_from:]
@@ -248,14 +248,14 @@ def _json_span(
         kind=_json_enum(span.get("kind", 0), _SPAN_KINDS),
         status_code=_json_enum(status.get("code", 0), _STATUS_CODES) if isinstance(status, dict) else 0,
         tenant=tenant,
-        size_bytes=_SPAN_OVERHEAD + len(name) + size,
+        size_bytes=SPAN_OVERHEAD + len(name) + size,
     )
     _fit_decoded(decoded, batch, where)
     return decoded
 
 
 def _fit_decoded(span: Span, batch: DecodedBatch, where: str) -> None:
-    """Cut a decoded span to fit `MAX_SPAN_BYTES` (`span_size.fit_span`); raises `_Invalid`
+    """Cut a decoded span to fit `MAX_SPAN_BYTES` (`span_size.fit_span`); raises `InvalidValue`
     (SPAN_TOO_LARGE) when it cannot. Only a span whose estimate says it may be near the limit is
     encoded to be measured: text is at most 4 bytes a character on the wire."""
     if span.size_bytes * 4 <= MAX_SPAN_BYTES:
@@ -263,31 +263,33 @@ def _fit_decoded(span: Span, batch: DecodedBatch, where: str) -> None:
     before = len(span_bytes(span))
     after = fit_span(span, batch, where)
     if after is None:
-        raise _Invalid(
+        raise InvalidValue(
             RejectReason.SPAN_TOO_LARGE,
             f"{where} of {before:,} bytes does not fit the {MAX_SPAN_BYTES:,}-byte limit even with its "
             "text truncated",
         )
-    span.size_bytes = max(_SPAN_OVERHEAD + after, span.size_bytes - (before - after))
+    span.size_bytes = max(SPAN_OVERHEAD + after, span.size_bytes - (before - after))
 
 
 def _json_event_head(raw_event: Any, where: str) -> tuple[str, int, list[Any]]:
-    """An OTLP/JSON event's name, time and raw attributes; raises `_Invalid` where it rejects its span."""
+    """An OTLP/JSON event's name, time and raw attributes; raises `InvalidValue` where it rejects its span."""
     if not isinstance(raw_event, dict) or not isinstance(raw_event.get("attributes", []), list):
-        raise _Invalid(
+        raise InvalidValue(
             RejectReason.MALFORMED_SPAN, f"{where}: an event is not an object with an attribute list"
         )
     event_name = raw_event.get("name", "")
     event_name = event_name if isinstance(event_name, str) else ""
-    _check_name(event_name, where)
+    check_name(event_name, where)
     try:
         event_time = json_int(raw_event.get("timeUnixNano", 0))
     except ValueError as exc:
-        raise _Invalid(RejectReason.INVALID_TIME, f"{where}: event {event_name!r:.40}: {exc}") from None
+        raise InvalidValue(RejectReason.INVALID_TIME, f"{where}: event {event_name!r:.40}: {exc}") from None
     if event_time < 0:
-        raise _Invalid(RejectReason.INVALID_TIME, f"{where}: event {event_name!r:.40} has a negative time")
+        raise InvalidValue(
+            RejectReason.INVALID_TIME, f"{where}: event {event_name!r:.40} has a negative time"
+        )
     if event_time > MAX_TIME_NS:
-        raise _late(f"event {event_name!r:.40}", event_time, where)
+        raise time_too_late(f"event {event_name!r:.40}", event_time, where)
     attributes: list[Any] = raw_event.get("attributes", [])
     return event_name, event_time, attributes
 
@@ -318,7 +320,7 @@ def decode_json(body: bytes, tenant: str) -> DecodedBatch:
     except (ValueError, RecursionError) as exc:
         raise DecodeError(f"body is not valid JSON: {exc}") from exc
     batch = DecodedBatch()
-    dims = _VectorDims()
+    dims = VectorDims()
     for r, resource_spans in enumerate(json_structure(document, "resourceSpans", "request")):
         where_r = f"resourceSpans[{r}]"
         scope_list = json_structure(resource_spans, "scopeSpans", where_r)
@@ -340,8 +342,8 @@ def decode_json(body: bytes, tenant: str) -> DecodedBatch:
                 where = f"{where_s}.spans[{i}]"
                 try:
                     if too_large is not None:
-                        raise _Invalid(RejectReason.SPAN_TOO_LARGE, f"{where}: {too_large}")
+                        raise InvalidValue(RejectReason.SPAN_TOO_LARGE, f"{where}: {too_large}")
                     batch.spans.append(_json_span(span, resource, tenant, batch, dims, where))
-                except _Invalid as problem:
+                except InvalidValue as problem:
                     batch._reject(problem.reason, problem.detail)
     return batch

@@ -39,30 +39,30 @@ from service.conventions.spans import Attributes, AttrValue, Span, SpanEvent, Wi
 from service.errors import DecodeError
 from service.ingest.decoded import DROPPED_KEY, DecodedBatch, mark
 from service.ingest.otlp import (
-    _ENTRY_OVERHEAD,
-    _EVENT_OVERHEAD,
-    _LIST_SLOT,
-    _NUMBER_SIZE,
-    _SPAN_OVERHEAD,
-    _STR_OVERHEAD,
+    ENTRY_OVERHEAD,
+    EVENT_OVERHEAD,
+    LIST_SLOT,
     MAX_COUNT,
     MAX_IDENTIFIER_CHARS,
     MAX_KEY_CHARS,
     MAX_NAME_CHARS,
     MAX_TIME_NS,
     MAX_VECTOR_LENGTH,
-    _add_checked,
-    _check_dims,
-    _check_interval,
-    _check_name,
-    _check_vector,
-    _drop_long_key,
-    _Invalid,
-    _kind_of,
-    _late,
-    _VectorDims,
+    NUMBER_SIZE,
+    SPAN_OVERHEAD,
+    STR_OVERHEAD,
+    InvalidValue,
+    VectorDims,
+    add_checked,
+    check_dims,
+    check_interval,
+    check_name,
     check_tenant,
+    check_vector,
+    drop_long_key,
+    kind_of,
     resource_too_large,
+    time_too_late,
 )
 from service.ingest.otlp_encode import span_bytes
 from service.ingest.protobuf_wire import WireError, span_slices
@@ -131,15 +131,15 @@ def pb_attributes(
 
     A span carries dozens of attributes, and the calls per attribute were most of converting
     them. Each inline case keeps exactly the value, and adds exactly the size, that the general
-    path (`_add_checked`) would; any other value takes that path."""
+    path (`add_checked`) would; any other value takes that path."""
     attributes: Attributes = {}
     size = 0
     for kv in pairs:
         key, any_value = kv.key, kv.value
         if len(key) > MAX_KEY_CHARS:
-            _drop_long_key(key, batch, where)
+            drop_long_key(key, batch, where)
             continue
-        kind = _kind_of(key)
+        kind = kind_of(key)
         if kind is None or kind == "identifier":
             # `string_value` reads "" for any other type: only an empty text needs the type asked
             text = any_value.string_value
@@ -147,21 +147,21 @@ def pb_attributes(
                 kind is None or len(text) <= MAX_IDENTIFIER_CHARS
             ):
                 attributes[key] = text
-                size += _ENTRY_OVERHEAD + len(key) + _STR_OVERHEAD + len(text)
+                size += ENTRY_OVERHEAD + len(key) + STR_OVERHEAD + len(text)
                 continue
         elif kind == "number":
             if any_value.WhichOneof("value") == "double_value":
                 number = any_value.double_value
                 if math.isfinite(number):
                     attributes[key] = number
-                    size += _ENTRY_OVERHEAD + len(key) + _NUMBER_SIZE
+                    size += ENTRY_OVERHEAD + len(key) + NUMBER_SIZE
                     continue
         elif kind == "count":
             if any_value.WhichOneof("value") == "int_value":
                 count = any_value.int_value
                 if 0 <= count <= MAX_COUNT:
                     attributes[key] = count
-                    size += _ENTRY_OVERHEAD + len(key) + _NUMBER_SIZE
+                    size += ENTRY_OVERHEAD + len(key) + NUMBER_SIZE
                     continue
         elif kind == "vector" and dims is not None and any_value.WhichOneof("value") == "array_value":
             doubles = _wire_doubles(any_value.array_value.SerializeToString())
@@ -172,43 +172,40 @@ def pb_attributes(
                     dims.add(len(numbers))
                     attributes[key] = numbers
                     size += (
-                        _ENTRY_OVERHEAD
-                        + len(key)
-                        + _ENTRY_OVERHEAD
-                        + len(numbers) * (_LIST_SLOT + _NUMBER_SIZE)
+                        ENTRY_OVERHEAD + len(key) + ENTRY_OVERHEAD + len(numbers) * (LIST_SLOT + NUMBER_SIZE)
                     )
                     continue
-        size += _add_checked(attributes, key, pb_value(any_value), kind, batch, where, dims)
+        size += add_checked(attributes, key, pb_value(any_value), kind, batch, where, dims)
     return attributes, size
 
 
 def _checked_ids(span: PbSpan, where: str) -> tuple[bytes, bytes, bytes]:
-    """The span's trace, span and parent ids; raises `_Invalid` for bad ids, times or names."""
+    """The span's trace, span and parent ids; raises `InvalidValue` for bad ids, times or names."""
     raw_trace, raw_span, raw_parent = span.trace_id, span.span_id, span.parent_span_id
     if len(raw_trace) != 16 or not any(raw_trace):
-        raise _Invalid(
+        raise InvalidValue(
             RejectReason.INVALID_TRACE_ID, f"{where}: trace id {raw_trace.hex()!r} is not 16 non-zero bytes"
         )
     if len(raw_span) != 8 or not any(raw_span):
-        raise _Invalid(
+        raise InvalidValue(
             RejectReason.INVALID_SPAN_ID, f"{where}: span id {raw_span.hex()!r} is not 8 non-zero bytes"
         )
     if raw_parent and len(raw_parent) != 8:
-        raise _Invalid(
+        raise InvalidValue(
             RejectReason.INVALID_PARENT_SPAN_ID,
             f"{where}: parent span id {raw_parent.hex()!r} is not 8 bytes",
         )
     start, end = span.start_time_unix_nano, span.end_time_unix_nano
     if start == 0 or end < start or end > MAX_TIME_NS:  # inline: this runs for every span on the request path
-        _check_interval(start, end, where)
+        check_interval(start, end, where)
     if len(span.name) > MAX_NAME_CHARS:
-        _check_name(span.name, where)
+        check_name(span.name, where)
     events = span.events
     if events:  # iterating an empty repeated field costs 3x asking its length
         for event in events:
             if event.time_unix_nano > MAX_TIME_NS:
-                raise _late(f"event {event.name!r:.40}", event.time_unix_nano, where)
-            _check_name(event.name, where)
+                raise time_too_late(f"event {event.name!r:.40}", event.time_unix_nano, where)
+            check_name(event.name, where)
     return raw_trace, raw_span, raw_parent
 
 
@@ -217,7 +214,7 @@ def _screen_span(
     raw: bytes | None,
     resource: Attributes,
     tenant: str,
-    dims: _VectorDims,
+    dims: VectorDims,
     where: str,
     batch: DecodedBatch,
     scan: bool,
@@ -236,11 +233,11 @@ def _screen_span(
         raw = span.SerializeToString()
     # What the decoded span will weigh (see `value_size`): its wire bytes widened to Python objects, plus
     # a dict entry per attribute; within 2x of the decoded estimate for strings and numbers.
-    size = _SPAN_OVERHEAD + 2 * len(raw) + (_ENTRY_OVERHEAD + _STR_OVERHEAD) * len(span.attributes)
+    size = SPAN_OVERHEAD + 2 * len(raw) + (ENTRY_OVERHEAD + STR_OVERHEAD) * len(span.attributes)
     if _VECTOR_KEY_MARK in raw:
         vector_size = _screen_vectors(span, dims, where)
         # a vector's 11 wire bytes a number become ~40 in Python (see `value_size`)
-        size += vector_size * (_LIST_SLOT + _NUMBER_SIZE)
+        size += vector_size * (LIST_SLOT + NUMBER_SIZE)
     parent = raw_parent.hex() if any(raw_parent) else None
     wire = WireSpan(tenant, raw_trace.hex(), parent, size, raw, resource)
     if len(raw) > MAX_SPAN_BYTES or (scan and suspect_values(raw)):
@@ -252,12 +249,12 @@ def _repaired(wire: WireSpan, batch: DecodedBatch) -> WireSpan:
     """`wire` decoded now with the builder's rules, its attribute values out of range dropped and
     counted in `batch` (so the answer names them), cut to fit `MAX_SPAN_BYTES` when it is over, and
     re-encoded when that changed it: the builder then finds nothing left to drop or cut. Raises
-    `_Invalid` (SPAN_TOO_LARGE) when it cannot fit; nothing of it is counted then but the rejection."""
+    `InvalidValue` (SPAN_TOO_LARGE) when it cannot fit; nothing of it is counted then but the rejection."""
     scratch = DecodedBatch()
     span = span_from_wire(wire, scratch)
     where = f"span {wire.trace_id}/{span.span_id}"
     if len(wire.raw) > MAX_SPAN_BYTES and fit_span(span, scratch, where) is None:
-        raise _Invalid(
+        raise InvalidValue(
             RejectReason.SPAN_TOO_LARGE,
             f"{where} of {len(wire.raw):,} bytes does not fit the {MAX_SPAN_BYTES:,}-byte limit "
             "even with its text truncated",
@@ -267,13 +264,13 @@ def _repaired(wire: WireSpan, batch: DecodedBatch) -> WireSpan:
         return wire
     raw = span_bytes(span)
     # the decoded estimate, less what was cut (a cut text's bytes are about its characters)
-    size = max(_SPAN_OVERHEAD + len(raw), span.size_bytes - max(0, len(wire.raw) - len(raw)))
+    size = max(SPAN_OVERHEAD + len(raw), span.size_bytes - max(0, len(wire.raw) - len(raw)))
     return wire._replace(raw=raw, size_bytes=size)
 
 
-def _screen_vectors(span: PbSpan, dims: _VectorDims, where: str) -> int:
+def _screen_vectors(span: PbSpan, dims: VectorDims, where: str) -> int:
     """Check the span's embedding vectors as `span_from_wire` would, without converting them: raises
-    `_Invalid` for a non-finite number or a length mismatch; returns the numbers they hold.
+    `InvalidValue` for a non-finite number or a length mismatch; returns the numbers they hold.
 
     A vector that is not a list of numbers is left alone: it is an attribute value that
     `span_from_wire` drops and counts."""
@@ -282,19 +279,19 @@ def _screen_vectors(span: PbSpan, dims: _VectorDims, where: str) -> int:
     models: Attributes = {}
     for kv in span.attributes:
         key = kv.key
-        if len(key) <= MAX_KEY_CHARS and _kind_of(key) == "vector":
+        if len(key) <= MAX_KEY_CHARS and kind_of(key) == "vector":
             length = _screened_vector_length(key, kv.value)
             if length is not None:
                 lengths.add(length)
                 numbers += length
         elif key in EMBEDDING_MODEL_KEYS and kv.value.WhichOneof("value") == "string_value":
             models[key] = kv.value.string_value
-    _check_dims(models, lengths, dims, where)
+    check_dims(models, lengths, dims, where)
     return numbers
 
 
 def _screened_vector_length(key: str, value: AnyValue) -> int | None:
-    """The length of a usable vector; None for one `_check_vector` would drop; raises `_Invalid`
+    """The length of a usable vector; None for one `check_vector` would drop; raises `InvalidValue`
     (NAN_VECTOR) where it would reject the span."""
     if value.WhichOneof("value") != "array_value" or len(value.array_value.values) > MAX_VECTOR_LENGTH:
         return None
@@ -305,11 +302,11 @@ def _screened_vector_length(key: str, value: AnyValue) -> int | None:
             return None
         finite = np.isfinite(doubles)
         if not finite.all():
-            raise _Invalid(RejectReason.NAN_VECTOR, f"{key} holds {float(doubles[~finite][0])}")
+            raise InvalidValue(RejectReason.NAN_VECTOR, f"{key} holds {float(doubles[~finite][0])}")
         return int(doubles.size)
     try:
-        return len(_check_vector(key, _pb_array(value.array_value)))
-    except _Invalid as problem:
+        return len(check_vector(key, _pb_array(value.array_value)))
+    except InvalidValue as problem:
         if problem.reason is RejectReason.INVALID_ATTRIBUTE:
             return None
         raise
@@ -332,8 +329,8 @@ def span_from_wire(wire: WireSpan, problems: DecodedBatch) -> Span:
         for event in span.events:
             event_attributes, event_size = pb_attributes(event.attributes, problems, where, None)
             events.append(SpanEvent(event.name, event.time_unix_nano, event_attributes))
-            size += _EVENT_OVERHEAD + len(event.name) + event_size
-    _check_dims(attributes, vector_dims, _VectorDims(), where)
+            size += EVENT_OVERHEAD + len(event.name) + event_size
+    check_dims(attributes, vector_dims, VectorDims(), where)
     if len(problems.dropped_keys) > dropped_from:  # the span says what it lost (`decoded.DROPPED_KEY`)
         mark(attributes, DROPPED_KEY, problems.dropped_keys[dropped_from:])
         del problems.dropped_keys[dropped_from:]
@@ -351,7 +348,7 @@ def span_from_wire(wire: WireSpan, problems: DecodedBatch) -> Span:
         span.kind,
         span.status.code,
         wire.tenant,
-        _SPAN_OVERHEAD + len(name) + size,
+        SPAN_OVERHEAD + len(name) + size,
     )
 
 
@@ -371,7 +368,7 @@ def screen_request(
         raise TypeError(f"expected ExportTraceServiceRequest, got {type(msg).__name__}")
     check_tenant(tenant)
     batch = DecodedBatch()
-    dims = _VectorDims()
+    dims = VectorDims()
     raws = iter(raw_spans) if raw_spans is not None else None
     for r, resource_spans in enumerate(msg.resource_spans):
         resource, _ = pb_attributes(resource_spans.resource.attributes, batch, f"resource {r}", None)
@@ -383,9 +380,9 @@ def screen_request(
                 raw = next(raws) if raws is not None else None
                 try:
                     if too_large is not None:
-                        raise _Invalid(RejectReason.SPAN_TOO_LARGE, f"{where}: {too_large}")
+                        raise InvalidValue(RejectReason.SPAN_TOO_LARGE, f"{where}: {too_large}")
                     batch.spans.append(_screen_span(span, raw, resource, tenant, dims, where, batch, scan))
-                except _Invalid as problem:
+                except InvalidValue as problem:
                     batch._reject(problem.reason, problem.detail)
     return batch
 

@@ -20,8 +20,8 @@ from service.ingest.otlp import (
     MAX_TEXT_CHARS,
     MAX_VECTOR_LENGTH,
     DecodedBatch,
+    InvalidValue,
     RejectReason,
-    _Invalid,
     finish_attributes,
 )
 from service.ingest.otlp_protobuf import decode_request, pb_attributes, pb_value
@@ -179,7 +179,7 @@ def _general_path(
     batch = DecodedBatch()
     try:
         attributes, size = finish_attributes(((kv.key, pb_value(kv.value)) for kv in pairs), batch, "w", dims)
-    except _Invalid as problem:
+    except InvalidValue as problem:
         return problem.reason
     return repr(list(attributes.items())), size, batch.rejections, batch.details
 
@@ -190,7 +190,7 @@ def _inline_path(
     batch = DecodedBatch()
     try:
         attributes, size = pb_attributes(pairs, batch, "w", dims)
-    except _Invalid as problem:
+    except InvalidValue as problem:
         return problem.reason
     return repr(list(attributes.items())), size, batch.rejections, batch.details
 
