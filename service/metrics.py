@@ -27,26 +27,19 @@ traces the store reported as new, so a redelivered batch changes no counter.
 
 from __future__ import annotations
 
-import logging
 import threading
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from sampler.queue import EXPIRED
 from service.config import MetricsConfig
 from service.labels import FailureReason, RejectReason
+from service.metric_labels import BoundedLabel, LabelBudget
+from service.metric_tally import LabelledValues, StateCollector, Tally, observe_many
 from service.model import Feedback, RagTrace
-
-_log = logging.getLogger(__name__)
-
-OTHER = "other"
-NONE = "none"
 
 STAGES = ("total", "embedding", "retrieval", "rerank", "generation")
 # Latency buckets span fast retrieval (ms) to slow generation (tens of seconds).
@@ -87,53 +80,6 @@ REQUEST_REJECT_REASONS = (
     "wal_full",
     "wal_unavailable",
 )
-
-
-class BoundedLabel:
-    """A label whose distinct values are capped: the first `limit` values seen pass, the rest are `other`.
-
-    With an explicit `allowed` set, only those pass. Thread-safe; never grows past the cap.
-    """
-
-    def __init__(self, limit: int, allowed: Iterable[str] = ()) -> None:
-        if limit <= 0:
-            raise ValueError("limit must be positive")
-        self.limit = limit
-        self.allowed = frozenset(allowed)
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-
-    def __call__(self, value: str | None) -> str:
-        if not value:
-            return NONE
-        if self.allowed:
-            return value if value in self.allowed else OTHER
-        if value in self._seen:
-            return value
-        with self._lock:
-            if len(self._seen) < self.limit:
-                self._seen.add(value)
-                return value
-        return OTHER
-
-
-class LabelBudget:
-    """One tenant's label values: its own capped sets of app, model, intent and release values (and
-    golden-set names and categories), each overflowing into its own `other`, so no tenant's values
-    can push another's out."""
-
-    __slots__ = ("app", "golden", "intent", "model", "probe_category", "release")
-
-    def __init__(self, config: MetricsConfig) -> None:
-        self.app = BoundedLabel(config.max_apps)
-        self.model = BoundedLabel(config.max_models)
-        self.intent = BoundedLabel(config.max_intents, config.intents)
-        self.release = BoundedLabel(config.max_releases)
-        self.golden = BoundedLabel(config.max_golden_sets)
-        self.probe_category = BoundedLabel(config.max_probe_categories)
-
-
-LabelledValues = Iterable[tuple[Sequence[str], float]]
 # Review queues, states and verdicts: closed sets (service/review/records.py).
 REVIEW_QUEUES = ("flagged", "blind")
 REVIEW_STATES = ("open", "claimed", "done")
@@ -175,89 +121,6 @@ JUDGE_HUMAN_GAUGES = {
     "ragmon_judge_human_disagreement_p_value": "one-sided Fisher exact p-value: the window's judge-human "
     "disagreement is above the reference period's",
 }
-
-
-class _StateCollector(Collector):
-    """Gauges computed at scrape time from callables (queue depth, open traces, ...)."""
-
-    def __init__(self) -> None:
-        self._gauges: dict[str, tuple[str, Callable[[], float]]] = {}
-        self._families: dict[str, tuple[str, Sequence[str], Callable[[], LabelledValues]]] = {}
-
-    def add(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        self._gauges[name] = (documentation, read)
-
-    def add_family(
-        self, name: str, documentation: str, labels: Sequence[str], read: Callable[[], LabelledValues]
-    ) -> None:
-        """A labelled gauge: `read` returns (label values, value) pairs, one per series."""
-        self._families[name] = (documentation, tuple(labels), read)
-
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        # A gauge whose source fails (the database is down) is left out of this scrape instead of
-        # failing the whole scrape: every other metric must stay visible during an outage.
-        for name, (documentation, read) in sorted(self._gauges.items()):
-            try:
-                value = float(read())
-            except Exception:
-                _log.debug("scrape-time gauge %s unavailable", name, exc_info=True)
-                continue
-            yield GaugeMetricFamily(name, documentation, value=value)
-        for name, (documentation, labels, read_family) in sorted(self._families.items()):
-            family = GaugeMetricFamily(name, documentation, labels=labels)
-            try:
-                for values, value in read_family():
-                    family.add_metric(list(values), float(value))
-            except Exception:
-                _log.debug("scrape-time gauge %s unavailable", name, exc_info=True)
-                continue
-            yield family
-
-    def describe(self) -> Iterable[GaugeMetricFamily]:
-        return []
-
-
-def observe_many(histogram: Any, values: Sequence[float]) -> None:
-    """`histogram.observe(v)` for each of `values` (a labelled child of a prometheus-client
-    `Histogram`), with one increment per bucket that got any and one for the sum.
-
-    prometheus-client has no batch observe, so this reads the child's bucket bounds and
-    values (`_upper_bounds`, `_buckets`, `_sum`), as `Histogram.observe` does;
-    tests/service/test_metrics_batch.py holds it to the one-by-one result, so a
-    library release that moved them fails there, not in production. A value lands
-    in the first bucket whose bound is >= it; NaN lands in none, but is summed,
-    as `observe` does."""
-    bounds = histogram._upper_bounds
-    counts: dict[int, int] = {}
-    for value in values:
-        if value == value:  # NaN compares unequal to itself, and `observe` buckets it nowhere
-            index = bisect_left(bounds, value)
-            counts[index] = counts.get(index, 0) + 1
-    buckets = histogram._buckets
-    for index, count in counts.items():
-        buckets[index].inc(count)
-    histogram._sum.inc(sum(values))
-
-
-class _Tally:
-    """One batch's counter increments and histogram observations, keyed by series
-    (metric, label values), in first-seen order."""
-
-    __slots__ = ("increments", "observations")
-
-    def __init__(self) -> None:
-        self.increments: dict[tuple[Counter, tuple[str, ...]], float] = {}
-        self.observations: dict[tuple[Histogram, tuple[str, ...]], list[float]] = {}
-
-    def inc(self, series: tuple[Counter, tuple[str, ...]], amount: float = 1) -> None:
-        self.increments[series] = self.increments.get(series, 0) + amount
-
-    def observe(self, series: tuple[Histogram, tuple[str, ...]], value: float) -> None:
-        values = self.observations.get(series)
-        if values is None:
-            self.observations[series] = [value]
-        else:
-            values.append(value)
 
 
 class Metrics:
@@ -535,7 +398,7 @@ class Metrics:
         self._declare_kafka_metrics()
         self._declare_probe_metrics(config)
         self._declare_phoenix_metrics()
-        self.state = _StateCollector()
+        self.state = StateCollector()
         r.register(self.state)
         for stage in STAGES:
             self.stage_duration.labels(**self.scope_kw(None, None), stage=stage)
@@ -1128,10 +991,10 @@ class Metrics:
         later, fuller version of one corrects is counted by `service.corrections.count_updates`.
 
         The batch is tallied per series first and each labelled series is touched
-        once (`_Tally`): a trace feeds ~15 series, and prometheus-client takes a
+        once (`Tally`): a trace feeds ~15 series, and prometheus-client takes a
         lock and, for a histogram, walks the buckets on every call
         (bench/RESULTS.md, session 23)."""
-        tally = _Tally()
+        tally = Tally()
         inc, observe = tally.inc, tally.observe
         for trace in batch:
             app, labels = self._scoped(trace.tenant, trace.app)

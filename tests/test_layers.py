@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("store", "bus", "assemble", "regeneration", "redaction"),
     ("corrections",),
     ("metrics", "consumer"),
+    ("metric_labels", "metric_tally"),
     ("conventions", "config"),
     ("sampler", "detectors"),
     ("model", "errors", "labels", "lifecycle", "runtime", "throttled_log"),

@@ -18,7 +18,8 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from service.config import ReviewConfig
-from service.metrics import REVIEW_QUEUES, REVIEW_STATES, LabelledValues, Metrics
+from service.metric_tally import LabelledValues
+from service.metrics import REVIEW_QUEUES, REVIEW_STATES, Metrics
 from service.review.calibration import Calibration, calibrate
 from service.review.records import Progress
 from service.review.store import ReviewStore

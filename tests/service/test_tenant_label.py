@@ -11,7 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.config import ConfigError, MetricsConfig, load_config
-from service.metrics import OTHER, Metrics
+from service.metric_labels import OTHER
+from service.metrics import Metrics
 from service.probes.gauges import publish_probe_run
 from tests.live_server import LiveServer, live_server
 from tests.review_server import API_KEYS, send, settings, trace
