@@ -29,6 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("store", "bus", "assemble", "regeneration", "redaction"),
     ("corrections",),
     ("metrics", "consumer"),
+    ("metric_areas",),
+    ("metric_base",),
     ("metric_labels", "metric_tally"),
     ("conventions", "config"),
     ("sampler", "detectors"),

@@ -3,7 +3,7 @@
 Shared by the span tee (`service/phoenix/forward.py`) and the annotation
 writer (`service/phoenix/annotations.py`). Every call has the configured
 timeouts; failures map to the closed set `PHOENIX_FAILURE_REASONS` of
-`service/metrics.py`. 408, 429 and 5xx, timeouts and connection errors are
+`service/metric_areas.py`. 408, 429 and 5xx, timeouts and connection errors are
 worth a retry; any other 4xx is not (the same request fails the same way).
 """
 

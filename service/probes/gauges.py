@@ -1,4 +1,4 @@
-"""`publish_probe_run`: sets the probe gauges (declared in `service/metrics.py`) from a scored run.
+"""`publish_probe_run`: sets the probe gauges (`ProbeMetrics`, service/metric_areas.py) from a scored run.
 
 The gauges describe the latest scored run of each golden set. Publishing a
 run replaces every series of its golden set: a category or k that the new

@@ -18,8 +18,9 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from service.config import ReviewConfig
+from service.metric_areas import REVIEW_QUEUES, REVIEW_STATES
 from service.metric_tally import LabelledValues
-from service.metrics import REVIEW_QUEUES, REVIEW_STATES, Metrics
+from service.metrics import Metrics
 from service.review.calibration import Calibration, calibrate
 from service.review.records import Progress
 from service.review.store import ReviewStore

@@ -8,8 +8,8 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
+from service.metric_base import DURATION_BUCKETS
 from service.metric_tally import observe_many
-from service.metrics import DURATION_BUCKETS
 
 
 def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

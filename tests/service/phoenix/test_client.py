@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from service.config import PhoenixConfig
-from service.metrics import PHOENIX_FAILURE_REASONS
+from service.metric_areas import PHOENIX_FAILURE_REASONS
 from service.phoenix.client import (
     RETRYABLE,
     backoff_s,
