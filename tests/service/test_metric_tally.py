@@ -5,30 +5,11 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from service.metric_base import DURATION_BUCKETS
 from service.metric_tally import observe_many
-
-
-def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in registry.collect()
-        for s in family.samples
-        if not s.name.endswith("_created")
-    }
-
-
-def assert_same(batched: CollectorRegistry, one_by_one: CollectorRegistry) -> None:
-    got, want = samples(batched), samples(one_by_one)
-    assert got.keys() == want.keys()
-    for key, value in want.items():
-        if math.isnan(value):
-            assert math.isnan(got[key]), key
-        else:  # a sum added in another order may differ in its last bits
-            assert got[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+from tests.prometheus_samples import assert_same, samples
 
 
 def test_observe_many_fills_the_buckets_and_sum_as_observe_does() -> None:

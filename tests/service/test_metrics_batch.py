@@ -3,36 +3,14 @@ be what observing and incrementing trace by trace gives."""
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
-from prometheus_client import CollectorRegistry
-
 from service.metrics import Metrics
 from service.model import Chunk, ModelUsage, RagTrace, Retrieval, Timings
+from tests.prometheus_samples import assert_same, samples
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
-
-
-def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in registry.collect()
-        for s in family.samples
-        if not s.name.endswith("_created")
-    }
-
-
-def assert_same(batched: CollectorRegistry, one_by_one: CollectorRegistry) -> None:
-    got, want = samples(batched), samples(one_by_one)
-    assert got.keys() == want.keys()
-    for key, value in want.items():
-        if math.isnan(value):
-            assert math.isnan(got[key]), key
-        else:  # a sum added in another order may differ in its last bits
-            assert got[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
 
 
 def trace(n: int, **fields: Any) -> RagTrace:
