@@ -277,6 +277,14 @@ class KafkaConfig(_Section):
         description="producer compression; zstd spends ~1/3 of gzip's CPU a record at a better ratio "
         "(brokers from Kafka 2.1 on; needs the zstandard package, in the kafka extra)",
     )
+    producer_processes: int | None = Field(
+        None,
+        ge=0,
+        le=16,
+        description="processes ingest's producer runs in (its batching and compression, side by side, "
+        "each trace always through the same one); 0: a thread of the server process; unset: 2, or 0 "
+        "where one CPU is usable",
+    )
     session_timeout_s: float = Field(
         10.0, ge=1, description="consumer group session timeout (real Kafka accepts >= 6)"
     )

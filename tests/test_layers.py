@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("metric_labels", "metric_tally"),
     ("conventions", "config"),
     ("sampler", "detectors"),
-    ("model", "errors", "labels", "lifecycle", "runtime", "throttled_log"),
+    ("model", "errors", "labels", "lifecycle", "processes", "runtime", "throttled_log"),
 )
 RANK = {unit: len(LAYERS) - i for i, layer in enumerate(LAYERS) for unit in layer}
 

@@ -36,7 +36,8 @@ sys.path.insert(0, str(REPO))
 from bench.ingest.payload import Batches  # noqa: E402
 from service.ingest.loop_pool import LoopProcessPool, _pipe_limit  # noqa: E402
 from service.ingest.otlp import DecodedBatch  # noqa: E402
-from service.ingest.pool import _decode_packed, worker_context  # noqa: E402
+from service.ingest.pool import _decode_packed  # noqa: E402
+from service.processes import worker_context  # noqa: E402
 from service.runtime import SWITCH_INTERVAL_S  # noqa: E402
 
 Call = Callable[[], Awaitable[DecodedBatch]]

@@ -9,7 +9,9 @@ for tansu in memory). For the same OTLP protobuf bodies (`bench/ingest/payload.p
   plain kafka-python `KafkaProducer` with ragmon's producer settings
   (`producer_settings`: acks=all, idempotent, the same compression, batch size
   and linger), all at once, then `flush()`: the most this client gets from
-  this broker for records of these sizes;
+  this broker for records of these sizes; with `--ceiling-producers 1 2` also
+  two such producers side by side, each with half the records (ragmon runs
+  two producer processes by default: `kafka.producer_processes`);
 * ragmon: one `ragmon serve` with `bus.kind=kafka`, `--concurrency` senders
   (one phase per value) posting the bodies to `/v1/traces` back to back; a 200
   means every record of the request was acknowledged by the broker; a 503 is
@@ -141,6 +143,8 @@ from service.config import KafkaConfig
 config = KafkaConfig.model_validate_json(sys.argv[2])
 with open(sys.argv[3], "rb") as file:
     records = pickle.load(file)
+share, shares = int(sys.argv[4]), int(sys.argv[5])
+records = records[share::shares]
 ensure_topics(config)
 producer = KafkaProducer(**producer_settings(config))
 producer.partitions_for(config.spans_topic)
@@ -149,28 +153,37 @@ futures = [producer.send(config.spans_topic, key=k, value=v, headers=hs) for k, 
 producer.flush()
 for f in futures:
     f.get()
-print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}))
+seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "n": len(records)}))
 producer.close()
 """
 
 
-def ceiling(bootstrap: str, records_file: Path, n: int, broker_pids: list[int]) -> Phase:
-    """The plain producer in a process of its own (its CPU is its own), timed from its first send."""
+def ceiling(bootstrap: str, records_file: Path, n: int, broker_pids: list[int], producers: int = 1) -> Phase:
+    """The plain producer in a process of its own (its CPU is its own), timed from its first send.
+    With `producers` > 1, that many such processes side by side, each sending its share of the
+    records to the same topic: what parallel producers get from this broker (ragmon's default
+    runs two, `kafka.producer_processes`)."""
     config = kafka_config(bootstrap, f"ceiling-{uuid.uuid4().hex[:8]}")
     before, busy0 = tree_cpu_s(broker_pids), machine_busy()
-    out = subprocess.run(
-        [sys.executable, "-c", CEILING, str(ROOT), config.model_dump_json(), str(records_file)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    command = [sys.executable, "-c", CEILING, str(ROOT), config.model_dump_json(), str(records_file)]
+    procs = [
+        subprocess.Popen([*command, str(i), str(producers)], stdout=subprocess.PIPE, text=True)
+        for i in range(producers)
+    ]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"the ceiling's producer failed ({proc.returncode})")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sum(r["n"] for r in results) == n
     busy1 = machine_busy()
     return Phase(
-        "ceiling",
+        "ceiling" if producers == 1 else f"ceiling x{producers}",
         n,
-        result["seconds"],
-        result["cpu_s"],
+        max(r["seconds"] for r in results),
+        sum(r["cpu_s"] for r in results),
         tree_cpu_s(broker_pids) - before,
         machine_busy=(busy1[0] - busy0[0]) / (busy1[1] - busy0[1]),
     )
@@ -336,6 +349,13 @@ def main() -> None:
         help="also run `ragmon serve` from DIR (e.g. `git archive main | tar -x -C DIR`) in the same rounds; "
         "the --kafka settings go to both (a tree that lacks one refuses to start)",
     )
+    parser.add_argument(
+        "--ceiling-producers",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="ceilings to measure: one plain producer (1, the issue's ceiling), several side by side (2 ...)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     SETTINGS.update(item.split("=", 1) for item in args.kafka)
@@ -357,8 +377,9 @@ def main() -> None:
             for _, port in servers.values():
                 send_all(port, warm, 2)
             for round_ in range(args.rounds):
-                phases.append(ceiling(bootstrap, records_file, len(records), broker_pids))
-                print(_line(phases[-1]), flush=True)
+                for producers in args.ceiling_producers:
+                    phases.append(ceiling(bootstrap, records_file, len(records), broker_pids, producers))
+                    print(_line(phases[-1]), flush=True)
                 for name, (proc, port) in servers.items():
                     for c in args.concurrency:
                         bodies = list(batches.bodies(n_bodies))  # new trace ids each phase
@@ -392,19 +413,30 @@ def main() -> None:
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-    ceilings = [p.rate for p in phases if p.name == "ceiling"]
+    ceilings = [p.rate for p in phases if p.name == "ceiling"]  # one plain producer: the issue's ceiling
     base = statistics.mean(ceilings)
     print(
         f"\n{args.broker} broker; {n_bodies} requests of {args.batch} traces a phase; "
         f"records {size / 1024:.1f} KiB on average (one a trace); "
         f"ceiling {min(ceilings):.0f}-{max(ceilings):.0f}/s"
     )
+    others = {
+        f"ceiling x{k}": statistics.mean(p.rate for p in phases if p.name == f"ceiling x{k}")
+        for k in args.ceiling_producers
+        if k > 1
+    }
+    for name, rate in others.items():
+        print(f"{name}: {rate:.0f} traces/s on average = {rate / base:.2f} x one producer")
     for name in servers:
         for c in args.concurrency:
             rates = [p.rate for p in phases if p.name == f"{name} c={c}"]
+            beside = "".join(
+                f"; {min(rates) / rate:.2f}-{max(rates) / rate:.2f} x {other}"
+                for other, rate in others.items()
+            )
             print(
                 f"{name:<8} c={c:<3} {min(rates):>6.0f}-{max(rates):.0f} traces/s = "
-                f"{min(rates) / base:.2f}-{max(rates) / base:.2f} x the ceiling's mean"
+                f"{min(rates) / base:.2f}-{max(rates) / base:.2f} x the ceiling's mean{beside}"
             )
     if args.json:
         args.json.write_text(json.dumps([{**asdict(p), "rate": p.rate} for p in phases], indent=2))

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from service.ingest.loop_pool import LoopProcessPool, WorkerDied
-from service.ingest.pool import worker_context
+from service.processes import worker_context
 
 __all__ = ["REQUEST_WORKER_NICENESS", "RequestPool"]
 

@@ -42,6 +42,10 @@ Guarantees, DESIGN.md "A 200 is a promise":
   request from a new producer) with backoff until the broker answers, so
   `available` (and with it 200s instead of 503s) comes back on its own after
   an outage of any length. Ingest stays ready meanwhile: a 503 is an answer.
+* The producer, kafka-python's batching and compression, runs in a process of
+  its own where a CPU is to spare (`kafka.producer_process`,
+  producer_process.py says why); a producer process that dies is a failed send
+  like any other: what it held is sent again through a new one.
 * `stop(timeout_s)` waits up to `timeout_s` for the buffer to be delivered.
 
 kafka-python exceptions are caught only in the bus package.
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import threading
@@ -60,16 +65,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
 from service.bus.kafka_client import ClientThread, ensure_topics, producer_settings, task_failure
 from service.bus.outage_log import OutageLog
+from service.bus.producer_process import Producer, ProducerGroup, ThreadProducer
 from service.config import KafkaConfig
 from service.errors import QueueFull
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
+from service.processes import usable_cpus
 
 __all__ = ["KafkaBus", "OutRecord"]
 
@@ -79,6 +85,9 @@ _MIN_BACKOFF_S = 0.1
 _MAX_BACKOFF_S = 5.0
 # records handed to the producer in one call on its thread (each call is one hop between threads)
 _SEND_CHUNK = 2000
+# producer processes when `kafka.producer_processes` is unset and more than one CPU is usable
+# (two beat one and the server's own thread on two cores: bench/RESULTS.md, issue 36)
+DEFAULT_PRODUCER_PROCESSES = 2
 
 # where an entry is: behind an earlier record of its trace, in the buffer to send, with the
 # producer, or finished (acknowledged, or dropped after its caller withdrew)
@@ -146,7 +155,13 @@ class KafkaBus:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._producer: KafkaProducer | None = None
+        self._producer: Producer | None = None
+        # the producer in processes of its own (producer_process.py says why); unset: with a CPU to spare
+        self.producer_processes = (
+            config.producer_processes
+            if config.producer_processes is not None
+            else (DEFAULT_PRODUCER_PROCESSES if usable_cpus() > 1 else 0)
+        )
         self._topics_ready = not config.create_topics
         self._thread = ClientThread("kafka-producer")
         self._closers: list[threading.Thread] = []  # producers given up, closing once they are done
@@ -296,33 +311,26 @@ class KafkaBus:
 
     # -- on the producer's thread -------------------------------------------------------------
 
-    def _open_producer(self) -> KafkaProducer:
+    def _open_producer(self) -> Producer:
         c = self.config
         if not self._topics_ready:
             ensure_topics(c)
             self._topics_ready = True
-        return KafkaProducer(**producer_settings(c))
+        if self.producer_processes == 0:
+            return ThreadProducer(producer_settings(c))
+        return ProducerGroup(producer_settings(c), self.producer_processes)
 
     def _hand_over(self, chunk: list[_Entry], generation: int) -> None:
         """Give `chunk` to the producer (made first if there is none); each record's outcome comes
         back through `_completed`. Raises what opening a producer raises."""
         if self._producer is None:
             self._producer = self._open_producer()
-        producer = self._producer
-        for i, entry in enumerate(chunk):
-            record = entry.record
-            try:
-                future = producer.send(
-                    record.topic, key=record.key, value=record.value, headers=list(record.headers) or None
-                )
-            except KafkaError as exc:
-                # no metadata within max_block_s, or the producer is closed: the rest would wait as long
-                for rest in chunk[i:]:
-                    self._completed(rest, generation, exc)
-                return
-            future.add_both(self._completed, entry, generation)
+        self._producer.send_many(
+            [(e, e.record.topic, e.record.key, e.record.value, e.record.headers, None) for e in chunk],
+            functools.partial(self._completed, generation),
+        )
 
-    def _completed(self, entry: _Entry, generation: int, outcome: Any) -> None:
+    def _completed(self, generation: int, entry: _Entry, outcome: Any) -> None:
         """A record's outcome (metadata or exception), on whichever thread the client reports it."""
         self._done.append((entry, generation, outcome))
         if not self._done_scheduled and self._loop is not None:
@@ -336,29 +344,15 @@ class KafkaBus:
         if producer is None:
             return
         self.metrics.kafka_producer_rebuilds.inc()
-        try:
-            producer.close(timeout=0)
-        except KafkaError:
-            # kafka-python's close flushes first and raises, leaving the producer open, while records
-            # are pending (they would be retried until the delivery timeout). Its sender's force_close
-            # aborts them (what they report is stale here); the close then completes on a thread of
-            # its own, so the next producer need not wait for it.
-            producer._sender.force_close()
-            closer = threading.Thread(
-                target=self._close_quietly, args=(producer,), name="kafka-producer-close", daemon=True
-            )
-            closer.start()
+        closer = producer.abort()
+        if closer is not None:
             self._closers.append(closer)
-
-    def _close_quietly(self, producer: KafkaProducer) -> None:
-        with contextlib.suppress(Exception):
-            producer.close(timeout=self.config.request_timeout_s)
 
     def _probe(self) -> None:
         """Raises unless a new producer gets the spans topic's metadata from the broker."""
         self._discard_producer()
         self._producer = self._open_producer()
-        self._producer.partitions_for(self.config.spans_topic)
+        self._producer.partition_count(self.config.spans_topic)
 
     # -- on the event loop ----------------------------------------------------------------------
 
@@ -456,7 +450,7 @@ class KafkaBus:
                 # no producer (broker unreachable at bootstrap) or topics could not be created
                 error = exc
                 for entry in chunk:
-                    self._completed(entry, generation, error)
+                    self._completed(generation, entry, error)
 
     @property
     def failure(self) -> str | None:

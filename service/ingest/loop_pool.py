@@ -42,18 +42,17 @@ import os
 import pickle
 import signal
 import struct
-import sys
 import time
-import types
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, TypeVar
+
+from service.processes import main_module_hidden
 
 log = logging.getLogger(__name__)
 
@@ -76,24 +75,6 @@ REAP_TIMEOUT_S = 10.0
 
 class WorkerDied(Exception):
     """The worker process that held a call ended before answering it (or none is running)."""
-
-
-@contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Start a worker without the parent's `__main__`.
-
-    A forkserver or spawn child re-imports the parent's main module (pytest, a
-    user's script, the CLI with FastAPI) before it runs anything: ~0.7 s and
-    tens of MB per worker, for nothing a worker uses. Python 3.11 ignores
-    "__main__" in the forkserver preload list, so the main module is swapped for
-    a bare one while a worker starts.
-    """
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
 
 
 def _pipe_limit() -> int:
@@ -263,7 +244,7 @@ class LoopProcessPool:
             daemon=True,
         )
         try:
-            with _main_module_hidden():
+            with main_module_hidden():
                 process.start()
         except Exception:
             call_writer.close()  # the other two are closed below either way

@@ -44,11 +44,8 @@ import asyncio
 import functools
 import gc
 import logging
-import math
-import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 from service.assemble import SpanGroups, build_each
@@ -62,6 +59,7 @@ from service.ingest.loop_pool import LoopProcessPool, WorkerDied
 from service.ingest.span_redaction import SpanRedaction
 from service.metrics import Metrics
 from service.model import RagTrace
+from service.processes import usable_cpus, worker_context
 from service.runtime import GC_THRESHOLDS
 
 log = logging.getLogger(__name__)
@@ -79,38 +77,10 @@ T = TypeVar("T")
 U = TypeVar("U")
 
 
-def _cgroup_cpus(path: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
-    """CPUs a cgroup v2 quota allows (a container's CPU limit), None without a quota."""
-    try:
-        quota, period = path.read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    if quota == "max":
-        return None
-    return max(1, math.ceil(int(quota) / int(period)))
-
-
 def default_processes() -> int:
-    """One worker per role per CPU this process may use, beyond the first (0 on one CPU).
-
-    "May use": the CPUs it is pinned to, and no more than a container's CPU quota allows
-    (a pod limited to one CPU on a 64-core node must not start 4 decoders)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    quota = _cgroup_cpus()
-    if quota is not None:
-        cpus = min(cpus, quota)
-    return max(0, min(MAX_DEFAULT_PROCESSES, cpus - 1))
-
-
-def worker_context() -> multiprocessing.context.BaseContext:
-    """Where ragmon's worker processes come from: a forkserver that imported this module once (one
-    forkserver per server process, whichever pool starts it first)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["service.ingest.pool"])
-    return context
+    """One worker per role per CPU this process may use (`usable_cpus`), beyond the first (0 on one
+    CPU)."""
+    return max(0, min(MAX_DEFAULT_PROCESSES, usable_cpus() - 1))
 
 
 def _unpacked(span: AnySpan, problems: otlp.DecodedBatch) -> Span | LogEvent:

@@ -31,9 +31,10 @@ from service.conventions.semconv import build_trace
 from service.conventions.spans import AnySpan, PackedSpan, Span, WireSpan
 from service.errors import DecodeError, PayloadTooLarge, UnsupportedMediaType
 from service.ingest import otlp, otlp_body, otlp_protobuf
-from service.ingest.pool import IngestPool, _cgroup_cpus, _unpacked
+from service.ingest.pool import IngestPool, _unpacked
 from service.metrics import Metrics
 from service.model import RagTrace
+from service.processes import cgroup_cpus
 from tests.live_server import live_server
 
 TENANT = "acme"
@@ -345,8 +346,8 @@ def test_a_container_cpu_quota_caps_the_default_worker_count(
 ) -> None:
     quota_file = tmp_path / "cpu.max"
     quota_file.write_text(cpu_max)
-    assert _cgroup_cpus(quota_file) == cpus
-    assert _cgroup_cpus(tmp_path / "absent") is None
+    assert cgroup_cpus(quota_file) == cpus
+    assert cgroup_cpus(tmp_path / "absent") is None
 
 
 @pytest.mark.parametrize("processes", [0, 1])
