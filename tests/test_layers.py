@@ -33,6 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("metric_base",),
     ("metric_labels", "metric_tally"),
     ("conventions", "config"),
+    ("config_transport", "config_quality"),
+    ("config_base",),
     ("sampler", "detectors"),
     ("model", "errors", "labels", "lifecycle", "processes", "runtime", "throttled_log"),
 )
