@@ -1,6 +1,6 @@
 """`DriftStore`: the observation sample, pinned references and drift runs, on the trace store's database.
 
-Tables (own `MetaData`, created on the store's engine):
+Tables (own `MetaData` in `tables.py`, created on the store's engine):
 
 * `drift_buckets` / `drift_observations`: per (tenant, app, embedding model,
   time bucket) a uniform sample of at most `bucket_capacity` observations and
@@ -34,13 +34,11 @@ lock first (SQLite `BEGIN IMMEDIATE`), so two writers cannot lose each other's r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -48,132 +46,23 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from detectors import DriftResult
-from service.drift.sample import Observation, Sample, draw_counts, merge_counts
+from service.drift.records import BucketBatch as BucketBatch
+from service.drift.records import ReferenceInfo as ReferenceInfo
+from service.drift.records import RunRecord as RunRecord
+from service.drift.records import _observation, _observation_values, _reference_info, _run_record
+from service.drift.records import sample_hash as sample_hash
+from service.drift.sample import Sample, draw_counts, merge_counts
+from service.drift.tables import drift_buckets as drift_buckets
+from service.drift.tables import drift_monitor_state as drift_monitor_state
+from service.drift.tables import drift_observations as drift_observations
+from service.drift.tables import drift_reference_embedders as drift_reference_embedders
+from service.drift.tables import drift_reference_rows as drift_reference_rows
+from service.drift.tables import drift_references as drift_references
+from service.drift.tables import drift_runs as drift_runs
+from service.drift.tables import metadata as metadata
 from service.errors import StoreUnavailable
-from service.store.tables import UtcDateTime
 
 __all__ = ["BucketBatch", "DriftStore", "ReferenceInfo", "RunRecord", "bucket_start"]
-
-metadata = sa.MetaData()
-
-
-def _key_columns() -> list[sa.Column[Any]]:
-    return [
-        sa.Column("tenant", sa.Text, nullable=False),
-        sa.Column("app", sa.Text, nullable=False),
-        sa.Column("model_key", sa.Text, nullable=False),
-    ]
-
-
-def _observation_columns() -> list[sa.Column[Any]]:
-    return [
-        sa.Column("trace_id", sa.String(32), nullable=False),
-        sa.Column("trace_time", UtcDateTime, nullable=False),
-        sa.Column("release", sa.Text),
-        sa.Column("intent", sa.Text),
-        sa.Column("query", sa.Text),
-        sa.Column("vector", sa.LargeBinary),
-        sa.Column("top1", sa.Float),
-        sa.Column("topk", sa.Float),
-        sa.Column("empty", sa.Boolean),
-        sa.Column("hit", sa.Text),
-    ]
-
-
-drift_buckets = sa.Table(
-    "drift_buckets",
-    metadata,
-    *_key_columns(),
-    sa.Column("bucket_start", UtcDateTime, nullable=False),
-    sa.Column("seen", sa.BigInteger, nullable=False),
-    sa.Column("kept", sa.Integer, nullable=False),
-    sa.PrimaryKeyConstraint("tenant", "app", "model_key", "bucket_start"),
-    sa.Index("drift_buckets_by_time", "bucket_start"),
-)
-
-drift_observations = sa.Table(
-    "drift_observations",
-    metadata,
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
-    *_key_columns(),
-    sa.Column("bucket_start", UtcDateTime, nullable=False),
-    *_observation_columns(),
-    sa.Index("drift_observations_by_bucket", "tenant", "app", "model_key", "bucket_start"),
-)
-
-drift_references = sa.Table(
-    "drift_references",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    *_key_columns(),
-    sa.Column("version", sa.Integer, nullable=False),
-    sa.Column("label", sa.Text, nullable=False),
-    sa.Column("created_at", UtcDateTime, nullable=False),
-    sa.Column("range_start", UtcDateTime),
-    sa.Column("range_end", UtcDateTime),
-    sa.Column("release", sa.Text),
-    sa.Column("n", sa.Integer, nullable=False),
-    sa.Column("traces_represented", sa.BigInteger, nullable=False),
-    sa.Column("excluded_buckets", sa.Integer, nullable=False),
-    sa.Column("content_hash", sa.String(64), nullable=False),
-    sa.UniqueConstraint("tenant", "app", "model_key", "version", name="drift_references_version"),
-)
-
-drift_reference_rows = sa.Table(
-    "drift_reference_rows",
-    metadata,
-    sa.Column("reference_id", sa.Integer, sa.ForeignKey("drift_references.id"), primary_key=True),
-    sa.Column("position", sa.Integer, primary_key=True, autoincrement=False),
-    *_observation_columns(),
-)
-
-drift_reference_embedders = sa.Table(
-    "drift_reference_embedders",
-    metadata,
-    sa.Column("reference_id", sa.Integer, sa.ForeignKey("drift_references.id"), primary_key=True),
-    sa.Column("embedder_key", sa.Text, nullable=False),
-    sa.Column("state", sa.LargeBinary, nullable=False),
-)
-
-drift_runs = sa.Table(
-    "drift_runs",
-    metadata,
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
-    sa.Column("tenant", sa.Text, nullable=False),
-    sa.Column("app", sa.Text, nullable=False),
-    sa.Column("model_key", sa.Text),
-    sa.Column("intent", sa.Text),
-    sa.Column("detector", sa.String(64), nullable=False),
-    sa.Column("version", sa.String(16), nullable=False),
-    sa.Column("reference_id", sa.Text),
-    sa.Column("window_start", UtcDateTime),
-    sa.Column("window_end", UtcDateTime),
-    sa.Column("n_reference", sa.Integer, nullable=False),
-    sa.Column("n_window", sa.Integer, nullable=False),
-    sa.Column("statistic", sa.Float),
-    sa.Column("p_value", sa.Float),
-    sa.Column("alpha", sa.Float),
-    sa.Column("drifted", sa.Boolean, nullable=False),
-    sa.Column("alarm", sa.Boolean, nullable=False),
-    sa.Column("outcome", sa.String(24), nullable=False),
-    sa.Column("trigger", sa.String(16), nullable=False),
-    sa.Column("details", sa.Text, nullable=False),
-    sa.Column("explanation", sa.Text),
-    sa.Column("ran_at", UtcDateTime, nullable=False),
-    sa.Index("drift_runs_by_app", "tenant", "app", "detector", "ran_at"),
-    sa.Index("drift_runs_by_time", "ran_at"),
-)
-
-drift_monitor_state = sa.Table(
-    "drift_monitor_state",
-    metadata,
-    sa.Column("tenant", sa.Text, primary_key=True),
-    sa.Column("app", sa.Text, primary_key=True),
-    sa.Column("intent", sa.Text, primary_key=True),
-    sa.Column("state", sa.Text, nullable=False),
-    sa.Column("updated_at", UtcDateTime, nullable=False),
-)
 
 
 def bucket_start(at: datetime, bucket_s: float) -> datetime:
@@ -183,140 +72,6 @@ def bucket_start(at: datetime, bucket_s: float) -> datetime:
     aware = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
     seconds = math.floor(aware.timestamp() / bucket_s) * bucket_s
     return datetime.fromtimestamp(seconds, UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class BucketBatch:
-    """New observations of one bucket since the last write: a uniform sample of `seen` traces."""
-
-    tenant: str
-    app: str
-    model_key: str
-    bucket_start: datetime
-    seen: int
-    observations: Sequence[Observation]
-
-
-@dataclass(frozen=True, slots=True)
-class ReferenceInfo:
-    """A pinned reference as listed (without its sample)."""
-
-    id: int
-    label: str
-    tenant: str
-    app: str
-    model_key: str
-    version: int
-    created_at: datetime
-    range_start: datetime | None
-    range_end: datetime | None
-    release: str | None
-    n: int
-    traces_represented: int
-    excluded_buckets: int
-    content_hash: str
-    embedder_key: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.label,
-            "tenant": self.tenant,
-            "app": self.app,
-            "model_key": self.model_key,
-            "version": self.version,
-            "created_at": self.created_at.isoformat(),
-            "from": None if self.range_start is None else self.range_start.isoformat(),
-            "to": None if self.range_end is None else self.range_end.isoformat(),
-            "release": self.release,
-            "n": self.n,
-            "traces_represented": self.traces_represented,
-            "excluded_buckets": self.excluded_buckets,
-            "content_hash": self.content_hash,
-            "embedder": self.embedder_key,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    """One detector result as stored: the `DriftResult`, where it ran, and what it concluded."""
-
-    tenant: str
-    app: str
-    model_key: str | None
-    intent: str | None
-    result: DriftResult
-    alarm: bool
-    outcome: str
-    trigger: str
-    ran_at: datetime
-    explanation: list[dict[str, Any]] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tenant": self.tenant,
-            "app": self.app,
-            "model_key": self.model_key,
-            "intent": self.intent,
-            **self.result.model_dump(mode="json"),
-            "alarm": self.alarm,
-            "outcome": self.outcome,
-            "trigger": self.trigger,
-            "ran_at": self.ran_at.isoformat(),
-            "explanation": self.explanation,
-        }
-
-
-def _vector_bytes(vector: np.ndarray[Any, Any] | None) -> bytes | None:
-    return None if vector is None else np.asarray(vector, dtype="<f4").tobytes()
-
-
-def _vector_from(raw: bytes | None) -> np.ndarray[Any, np.dtype[np.float32]] | None:
-    if raw is None:
-        return None
-    return np.frombuffer(raw, dtype="<f4").astype(np.float32)
-
-
-def _observation_values(o: Observation) -> dict[str, Any]:
-    return {
-        "trace_id": o.trace_id,
-        "trace_time": o.time,
-        "release": o.release,
-        "intent": o.intent,
-        "query": o.query,
-        "vector": _vector_bytes(o.vector),
-        "top1": o.top1,
-        "topk": o.topk,
-        "empty": o.empty,
-        "hit": o.hit,
-    }
-
-
-def _observation(row: Any) -> Observation:
-    return Observation(
-        trace_id=row.trace_id,
-        time=row.trace_time,
-        release=row.release,
-        intent=row.intent,
-        query=row.query,
-        vector=_vector_from(row.vector),
-        top1=row.top1,
-        topk=row.topk,
-        empty=row.empty,
-        hit=row.hit,
-    )
-
-
-def sample_hash(sample: Sample) -> str:
-    """sha256 over every field of every observation, in order: equal samples give equal hashes."""
-    digest = hashlib.sha256()
-    for o in sample.observations:
-        digest.update(
-            json.dumps(
-                [o.trace_id, o.query, o.top1, o.topk, o.empty, o.hit, o.release, o.intent], default=str
-            ).encode()
-        )
-        digest.update(_vector_bytes(o.vector) or b"-")
-    return digest.hexdigest()
 
 
 class DriftStore:
@@ -819,52 +574,3 @@ class DriftStore:
                 (row.tenant, row.app, row.intent): json.loads(row.state)
                 for row in conn.execute(sa.select(drift_monitor_state))
             }
-
-
-def _reference_info(row: Any) -> ReferenceInfo:
-    return ReferenceInfo(
-        id=int(row.id),
-        label=row.label,
-        tenant=row.tenant,
-        app=row.app,
-        model_key=row.model_key,
-        version=int(row.version),
-        created_at=row.created_at,
-        range_start=row.range_start,
-        range_end=row.range_end,
-        release=row.release,
-        n=int(row.n),
-        traces_represented=int(row.traces_represented),
-        excluded_buckets=int(row.excluded_buckets),
-        content_hash=row.content_hash,
-        embedder_key=getattr(row, "embedder_key", None),
-    )
-
-
-def _run_record(row: Any) -> RunRecord:
-    result = DriftResult(
-        detector=row.detector,
-        version=row.version,
-        reference_id=row.reference_id,
-        window_start=row.window_start,
-        window_end=row.window_end,
-        n_reference=row.n_reference,
-        n_window=row.n_window,
-        statistic=row.statistic if row.statistic is not None else 0.0,
-        p_value=row.p_value,
-        alpha=row.alpha,
-        drifted=bool(row.drifted),
-        details=json.loads(row.details),
-    )
-    return RunRecord(
-        tenant=row.tenant,
-        app=row.app,
-        model_key=row.model_key,
-        intent=row.intent,
-        result=result,
-        alarm=bool(row.alarm),
-        outcome=row.outcome,
-        trigger=row.trigger,
-        ran_at=row.ran_at,
-        explanation=None if row.explanation is None else json.loads(row.explanation),
-    )
