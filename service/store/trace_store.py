@@ -2,11 +2,13 @@
 
 One code path for SQLite (a file in WAL mode, the embedded default) and
 PostgreSQL (`postgresql+psycopg://...`), written in SQLAlchemy Core (one
-exception, for speed: new traces, under "Idempotent writes"). Table shapes and
-the record ↔ row converters live in `service.store.tables`, the engines and
-their transactions in `engine.py`, listing filters and cursors in
-`trace_query.py`; `StoreSink` (`store_sink.py`) is the pipeline stage that
-feeds the store.
+exception, for speed: new traces, under "Idempotent writes"). This module holds
+the writes; `Store` has its reads from `TraceReads` (`trace_reads.py`), and its
+error translation, transactions, schema and health from `StoreBase`
+(`store_base.py`). Table shapes and the record ↔ row converters live in
+`service.store.tables`, the engines and their transactions in `engine.py`,
+listing filters and cursors in `trace_query.py`; `StoreSink` (`store_sink.py`)
+is the pipeline stage that feeds the store.
 
 Guarantees every method keeps:
 
@@ -24,12 +26,12 @@ Guarantees every method keeps:
 * Tenant isolation: every read filters by the tenant it is given.
 * Bounded waits: connecting, waiting for a lock and running a statement are
   each limited by the timeouts given to `Store`.
-* Errors: SQLAlchemy exceptions are caught only in this module. A database
-  that cannot be reached, times out or fails for reasons a retry may cure
-  raises `StoreUnavailable`; data the database refuses (an integer out of
-  range, a constraint) raises `InvalidInput`, a `PermanentError`, whose
-  message names the cause but not the statement or its parameters (they hold
-  every record of the batch, of any tenant).
+* Errors: SQLAlchemy exceptions are caught only in `StoreBase._translated`
+  (store_base.py). A database that cannot be reached, times out or fails for
+  reasons a retry may cure raises `StoreUnavailable`; data the database
+  refuses (an integer out of range, a constraint) raises `InvalidInput`, a
+  `PermanentError`, whose message names the cause but not the statement or
+  its parameters (they hold every record of the batch, of any tenant).
 * Dead letters: `insert_dead_letters` keeps records a sink refused for good
   (the bus hands them over one at a time, `service/bus/memory.py`), once per
   (tenant, kind, record id); `list_dead_letters` reads them per tenant.
@@ -49,59 +51,43 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Unpack
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateTable
 
 from service.config import masked_url
-from service.errors import InvalidInput, StoreUnavailable
 from service.model import Feedback, RagTrace
 from service.store import trace_updates
-from service.store.engine import postgres_engine, sqlite_engine, transaction
+from service.store.engine import postgres_engine, sqlite_engine
 from service.store.keys import keys_by_group, keys_in
 from service.store.row_insert import CopyRows, PlainInsert
 from service.store.rows import (
-    dead_letter_record,
     dead_letter_row,
     feedback_row,
     non_request_row,
-    rag_trace_from_record,
     storable_text,
     to_utc,
     trace_context,
-    trace_record,
     trace_row,
 )
 from service.store.tables import (
-    SCHEMA_VERSION,
     dead_letters,
     fanout_outbox,
     feedback,
-    metadata,
     non_request_traces,
-    schema_version,
     trace_contexts,
     trace_counted,
     trace_spans,
     traces,
 )
-from service.store.trace_query import (
-    MAX_PAGE_SIZE,
-    TraceFilters,
-    decode_cursor,
-    encode_cursor,
-    regenerate_feedback,
-    trace_conditions,
-)
+from service.store.trace_query import regenerate_feedback
+from service.store.trace_reads import TraceReads
 from service.store.trace_updates import FanoutState
 
 __all__ = ["Store", "StoredTraces"]
@@ -115,19 +101,6 @@ class StoredTraces:
 
     new: list[str]
     updated: list[tuple[str, str]]
-
-
-def _feedback_of(row: Any) -> Feedback:
-    return Feedback(
-        event_id=row["event_id"],
-        trace_id=row["trace_id"],
-        tenant=row["tenant"],
-        app=row["app"],
-        kind=row["kind"],
-        reason=row["reason"],
-        text=row["text"],
-        time=to_utc(row["time"]),
-    )
 
 
 def _outbox_rows(tenant: str, kind: str, ids: Sequence[str]) -> tuple[sa.ColumnElement[bool], ...]:
@@ -169,38 +142,13 @@ _MARK_FEEDBACK_REGENERATIONS = (
     )
     .values(is_regeneration=True, regeneration_source="feedback")
 )
-_FEEDBACK_OF_TRACES = (
-    sa.select(feedback)
-    .where(
-        feedback.c.tenant == sa.bindparam("for_tenant"),
-        feedback.c.trace_id.in_(sa.bindparam("keys", expanding=True)),
-    )
-    .order_by(feedback.c.time, feedback.c.event_id)
-)
 
 
 def _context_row(key: tuple[str, str], trace: RagTrace) -> dict[str, Any]:
     return {"tenant": key[0], "trace_id": key[1], "context": trace_context(trace)}
 
 
-def _add_missing_columns(conn: Connection) -> None:
-    """Add the columns of ragmon's tables that an existing database lacks (newer schema versions)."""
-    inspector = sa.inspect(conn)
-    for table in metadata.sorted_tables:
-        if not inspector.has_table(table.name):
-            continue
-        present = {column["name"] for column in inspector.get_columns(table.name)}
-        for column in table.columns:
-            if column.name in present:
-                continue
-            if column.server_default is None and not column.nullable:
-                raise RuntimeError(f"{table.name}.{column.name} has no default to add it to old rows with")
-            definition = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
-            preparer = conn.dialect.identifier_preparer
-            conn.execute(sa.text(f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN {definition}"))
-
-
-class Store:
+class Store(TraceReads):
     """The trace and feedback store on SQLite or PostgreSQL; thread-safe, blocking.
 
     `url` is a SQLAlchemy URL: `sqlite:///path.db` (the file is created; its
@@ -285,108 +233,6 @@ class Store:
                 cursor.execute(staging)
             dbapi_connection.commit()
 
-    @property
-    def dialect(self) -> str:
-        """`sqlite` or `postgresql`."""
-        return self._engine.dialect.name
-
-    def __repr__(self) -> str:
-        return f"Store({self.url!r})"
-
-    @contextmanager
-    def _translated(self, action: str) -> Iterator[None]:
-        if self._closed:
-            raise StoreUnavailable(f"{action}: store {self.url} is closed")
-        try:
-            yield
-        except (sa_exc.IntegrityError, sa_exc.DataError) as exc:
-            raise InvalidInput(f"{action}: the database refused the data: {exc.orig}") from exc
-        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
-            cause = getattr(exc, "orig", None) or exc
-            raise StoreUnavailable(
-                f"{action}: store {self.url} unavailable: {type(cause).__name__}: {cause}"
-            ) from exc
-        except (sa_exc.StatementError, OverflowError) as exc:
-            # Raised while binding values, before the database saw them. The cause alone: the
-            # StatementError's text carries the statement and the batch's parameters.
-            cause = getattr(exc, "orig", None) or exc
-            raise InvalidInput(f"{action}: value cannot be stored: {type(cause).__name__}: {cause}") from exc
-
-    @contextmanager
-    def _write(self, action: str) -> Iterator[Connection]:
-        with self._translated(action), transaction(self._engine, writes=True) as conn:
-            yield conn
-
-    @contextmanager
-    def _read(self, action: str) -> Iterator[Connection]:
-        with self._translated(action), self._engine.connect() as conn:
-            yield conn
-
-    def _insert(self, table: sa.Table) -> Any:
-        """`INSERT ... ON CONFLICT (primary key) DO NOTHING` in this store's dialect."""
-        insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
-        return insert(table).on_conflict_do_nothing(index_elements=list(table.primary_key.columns))
-
-    @property
-    def engine(self) -> Engine:
-        """The engine, for stores of other record kinds that share this database (judge queue, judgments)."""
-        return self._engine
-
-    def create_schema(self) -> None:
-        """Create missing tables and indexes, add missing columns, and record `SCHEMA_VERSION`; safe
-        to repeat.
-
-        A column added to an existing table after schema 1 has a server default (`tables.py`), so a
-        database of an older schema gets it with one `ALTER TABLE ... ADD COLUMN`, its old rows the
-        default; nothing else in an existing table is changed.
-        """
-        with self._write("create schema") as conn:
-            metadata.create_all(conn, checkfirst=True)
-            _add_missing_columns(conn)
-            conn.execute(
-                self._insert(schema_version),
-                [{"version": SCHEMA_VERSION, "applied_at": datetime.now(UTC)}],
-            )
-
-    def schema_version(self) -> int | None:
-        """The newest schema version recorded in the database; None before `create_schema`."""
-        with self._read("read schema version") as conn:
-            if not sa.inspect(conn).has_table(schema_version.name):
-                return None
-            version = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
-        return None if version is None else int(version)
-
-    def sync_to_disk(self) -> None:
-        """Make every transaction committed so far survive a power loss, not only a crash of ragmon.
-
-        On SQLite (synchronous=NORMAL) a commit is written to the WAL file but fsynced only at the
-        next checkpoint; this fsyncs the WAL file. Checkpoints fsync the database file themselves.
-        PostgreSQL commits are durable when they return: nothing to do."""
-        if self.engine.dialect.name != "sqlite":
-            return
-        database = self.engine.url.database
-        if not database or database == ":memory:":
-            return
-        try:
-            fd = os.open(f"{database}-wal", os.O_RDONLY)
-        except FileNotFoundError:  # nothing written since the last checkpoint that removed it
-            return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def ping(self) -> None:
-        """Return when the database answers a trivial query; raise `StoreUnavailable` otherwise."""
-        with self._read("ping") as conn:
-            conn.execute(sa.select(1)).scalar_one()
-
-    def close(self) -> None:
-        """Close every pooled connection. Safe to call twice; later calls raise `StoreUnavailable`."""
-        if not self._closed:
-            self._closed = True
-            self._engine.dispose()
-
     def insert_traces(self, batch: Sequence[RagTrace], *, outbox: bool = False) -> list[str]:
         """Store a batch of traces in one transaction; return the ids that were new.
 
@@ -450,30 +296,6 @@ class Store:
             with self._write("finish the fan-out of updated traces") as conn:
                 trace_updates.finish_updates(conn, self._dialect_module, done, datetime.now(UTC))
 
-    def stored_partial(self, keys: Iterable[tuple[str, str]]) -> list[RagTrace]:
-        """The stored traces among `keys` that are partial (no root span), as records."""
-        found: list[RagTrace] = []
-        with self._read("read partial traces") as conn:
-            for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
-                rows = conn.execute(
-                    sa.select(traces, trace_contexts.c.context)
-                    .select_from(
-                        traces.outerjoin(
-                            trace_contexts,
-                            sa.and_(
-                                trace_contexts.c.tenant == traces.c.tenant,
-                                trace_contexts.c.trace_id == traces.c.trace_id,
-                            ),
-                        )
-                    )
-                    .where(
-                        traces.c.tenant == tenant, traces.c.trace_id.in_(ids), traces.c.partial == sa.true()
-                    )
-                ).mappings()
-                for row in rows:
-                    found.append(rag_trace_from_record(trace_record(row, context=row["context"] or {})))
-        return found
-
     def forget_counted(self, keys: Iterable[tuple[str, str]]) -> None:
         """Delete what was counted for these traces: no later version of them can come."""
         with self._write("forget counted traces") as conn:
@@ -483,19 +305,6 @@ class Store:
                         trace_counted.c.tenant == tenant, trace_counted.c.trace_id.in_(ids)
                     )
                 )
-
-    @contextmanager
-    def writing(self, action: str) -> Iterator[Connection]:
-        """A write transaction with this store's timeouts and error translation (`StoreUnavailable`,
-        `InvalidInput`), for tables kept beside the traces (span_archive.py)."""
-        with self._write(action) as conn:
-            yield conn
-
-    @contextmanager
-    def reading(self, action: str) -> Iterator[Connection]:
-        """A connection for reads, with this store's error translation."""
-        with self._read(action) as conn:
-            yield conn
 
     def _insert_new_traces(
         self, conn: Connection, pending: dict[tuple[str, str], RagTrace], created_at: datetime
@@ -593,38 +402,6 @@ class Store:
                 found.update((row_tenant, trace_id) for row_tenant, trace_id in rows)
         return found
 
-    def waiting_feedback(self, keys: Iterable[tuple[str, str]]) -> list[Feedback]:
-        """Feedback events about these traces ((tenant, trace_id)) whose fan-out is still to come:
-        they arrived before their trace and wait in the outbox for it."""
-        events: list[Feedback] = []
-        with self._read("read waiting feedback") as conn:
-            for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
-                rows = conn.execute(
-                    sa.select(feedback)
-                    .join(
-                        fanout_outbox,
-                        sa.and_(
-                            fanout_outbox.c.tenant == feedback.c.tenant,
-                            fanout_outbox.c.kind == "feedback",
-                            fanout_outbox.c.record_id == feedback.c.event_id,
-                        ),
-                    )
-                    .where(feedback.c.tenant == tenant, feedback.c.trace_id.in_(ids))
-                ).mappings()
-                events += [_feedback_of(row) for row in rows]
-        return events
-
-    def feedback_events(self, keys: Iterable[tuple[str, str]]) -> list[Feedback]:
-        """Stored feedback events by (tenant, event id), as records."""
-        events: list[Feedback] = []
-        with self._read("read feedback") as conn:
-            for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
-                rows = conn.execute(
-                    sa.select(feedback).where(feedback.c.tenant == tenant, feedback.c.event_id.in_(ids))
-                ).mappings()
-                events += [_feedback_of(row) for row in rows]
-        return events
-
     def insert_non_requests(self, batch: Sequence[RagTrace]) -> int:
         """Store traces that are not user requests in `non_request_traces`; return how many were new.
 
@@ -700,142 +477,6 @@ class Store:
         )
         with self._write("insert dead letters") as conn:
             return len(conn.execute(statement, [pending[k] for k in sorted(pending)]).all())
-
-    def list_dead_letters(
-        self,
-        tenant: str,
-        *,
-        limit: int = 50,
-        cursor: str | None = None,
-        kind: Literal["trace", "feedback"] | None = None,
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        """One page of a tenant's dead letters, newest first, and the cursor of the next page (None on
-        the last). A malformed cursor raises `InvalidInput`; a limit outside 1..`MAX_PAGE_SIZE`,
-        `ValueError`."""
-        if not 1 <= limit <= MAX_PAGE_SIZE:
-            raise ValueError(f"limit must be within 1..{MAX_PAGE_SIZE}, got {limit}")
-        where: list[sa.ColumnElement[bool]] = [dead_letters.c.tenant == tenant]
-        if kind is not None:
-            where.append(dead_letters.c.kind == kind)
-        if cursor is not None:
-            if not cursor.isdigit() or len(cursor) > 19:
-                raise InvalidInput(f"malformed page cursor: {cursor[:64]!r}")
-            where.append(dead_letters.c.id < int(cursor))
-        query = sa.select(dead_letters).where(*where).order_by(dead_letters.c.id.desc()).limit(limit + 1)
-        with self._read("list dead letters") as conn:
-            rows = conn.execute(query).mappings().all()
-        page = rows[:limit]
-        next_cursor = str(page[-1]["id"]) if len(rows) > limit else None
-        return [dead_letter_record(r) for r in page], next_cursor
-
-    def get_trace(self, tenant: str, trace_id: str) -> dict[str, Any] | None:
-        """One trace as JSON-ready data (row, `context` and `feedback` oldest first), or None.
-
-        None when the tenant has no such trace, even if feedback for it exists.
-        """
-        where = (traces.c.tenant == tenant, traces.c.trace_id == trace_id)
-        with self._read("get trace") as conn:
-            row = conn.execute(sa.select(traces).where(*where)).mappings().first()
-            if row is None:
-                return None
-            context = conn.execute(
-                sa.select(trace_contexts.c.context).where(
-                    trace_contexts.c.tenant == tenant, trace_contexts.c.trace_id == trace_id
-                )
-            ).scalar_one_or_none()
-            events = (
-                conn.execute(
-                    sa.select(feedback)
-                    .where(feedback.c.tenant == tenant, feedback.c.trace_id == trace_id)
-                    .order_by(feedback.c.time, feedback.c.event_id)
-                )
-                .mappings()
-                .all()
-            )
-        return trace_record(
-            row,
-            regenerate_feedback=any(e["kind"] == "regenerate" for e in events),
-            context=context if context is not None else {},
-            feedback=events,
-        )
-
-    def feedback_for(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[Feedback]]:
-        """(tenant, trace_id) -> its stored feedback, oldest first; keys without feedback are absent."""
-        wanted = list(dict.fromkeys(keys))
-        found: dict[tuple[str, str], list[Feedback]] = {}
-        if not wanted:
-            return found
-        with self._read("read feedback") as conn:
-            for tenant, trace_ids in keys_by_group(wanted):
-                params = {"for_tenant": tenant, "keys": trace_ids}
-                rows = conn.execute(_FEEDBACK_OF_TRACES, params).mappings().all()
-                for row in rows:
-                    found.setdefault((row["tenant"], row["trace_id"]), []).append(_feedback_of(row))
-        return found
-
-    def trace_labels(self, keys: Iterable[tuple[str, str]]) -> dict[str, tuple[str, str | None]]:
-        """(app, intent) of the stored traces among `keys` ((tenant, trace_id) pairs), by trace id.
-
-        Keys with no stored trace are absent. For labelling feedback metrics
-        with the app and intent of the trace the feedback is about.
-        """
-        wanted = set(keys)
-        if not wanted:
-            return {}
-        query = sa.select(traces.c.trace_id, traces.c.app, traces.c.intent).where(
-            keys_in(traces.c.tenant, traces.c.trace_id, wanted)
-        )
-        with self._read("read trace labels") as conn:
-            return {trace_id: (app, intent) for trace_id, app, intent in conn.execute(query)}
-
-    def list_traces(
-        self,
-        tenant: str,
-        *,
-        limit: int = 50,
-        cursor: str | None = None,
-        **filters: Unpack[TraceFilters],
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        """One page of a tenant's traces, newest first, and the cursor of the next page.
-
-        Ordered by (start_time, trace_id) descending and paged by keyset, so
-        rows with equal start times are neither repeated nor skipped across
-        pages. Items are compact records without context or feedback lists.
-        The next cursor is None on the last page. A malformed cursor raises
-        `InvalidInput`; a limit outside 1..`MAX_PAGE_SIZE`, `ValueError`.
-        """
-        if not 1 <= limit <= MAX_PAGE_SIZE:
-            raise ValueError(f"limit must be within 1..{MAX_PAGE_SIZE}, got {limit}")
-        where = trace_conditions(tenant, filters)
-        if cursor is not None:
-            after_time, after_id = decode_cursor(cursor)
-            where.append(
-                sa.or_(
-                    traces.c.start_time < after_time,
-                    sa.and_(traces.c.start_time == after_time, traces.c.trace_id < after_id),
-                )
-            )
-        query = (
-            sa.select(traces, regenerate_feedback().label("regenerate_feedback"))
-            .where(*where)
-            .order_by(traces.c.start_time.desc(), traces.c.trace_id.desc())
-            .limit(limit + 1)
-        )
-        with self._read("list traces") as conn:
-            rows = conn.execute(query).mappings().all()
-        page = rows[:limit]
-        items = [trace_record(r, regenerate_feedback=bool(r["regenerate_feedback"])) for r in page]
-        next_cursor = None
-        if len(rows) > limit:
-            last = page[-1]
-            next_cursor = encode_cursor(last["start_time"], last["trace_id"])
-        return items, next_cursor
-
-    def count_traces(self, tenant: str, **filters: Unpack[TraceFilters]) -> int:
-        """How many of a tenant's traces match the filters (the same ones as `list_traces`)."""
-        query = sa.select(sa.func.count()).select_from(traces).where(*trace_conditions(tenant, filters))
-        with self._read("count traces") as conn:
-            return int(conn.execute(query).scalar_one())
 
     def delete_older_than(self, cutoff: datetime, *, chunk_size: int = 500) -> int:
         """Delete data older than `cutoff` in all tenants; return how many traces went.
