@@ -95,7 +95,7 @@ class DriftStore:
         try:
             with self.engine.connect() as conn:
                 if write:
-                    # SQLite write lock at BEGIN (store.trace_store): read-then-write must not deadlock.
+                    # SQLite write lock at BEGIN (store/engine.py): read-then-write must not deadlock.
                     conn.execution_options(ragmon_writes=True)
                 with conn.begin():
                     yield conn
