@@ -59,11 +59,13 @@ no span of the same stage below it reports usage.
 
 `attribute_kind`, `embedding_model_of` and `RagmonAttributes` live in
 `attributes.py` and are re-exported here for the decoder and for apps.
+`joined_spans.py` joins log events to their spans (and gives parent chains and
+the revision), `retrieved_chunks.py` merges nested retrievers' documents, names
+content-hash chunks by the trace's LangChain documents and drops duplicates.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -97,16 +99,11 @@ from service.conventions.attributes import (
     attribute_kind,
     embedding_model_of,
 )
-from service.conventions.content import (
-    CONTENT_ID_PREFIX,
-    ChunkFields,
-    SpanContent,
-    has_documents,
-    langchain_document,
-    ranked,
-)
+from service.conventions.content import CONTENT_ID_PREFIX, SpanContent, ranked
+from service.conventions.joined_spans import ancestors_of, revision_of, with_log_events
 from service.conventions.pricing import PriceTable
-from service.conventions.spans import Attributes, LogEvent, Span, SpanEvent
+from service.conventions.retrieved_chunks import dedupe, merged_with_nested, named_by_trace
+from service.conventions.spans import Attributes, LogEvent, Span
 from service.conventions.stage import Stage, span_stage
 from service.conventions.usage import Call, span_call, usage_rows
 from service.conventions.user_hash import user_hash
@@ -303,172 +300,6 @@ def _app_name(resource: Attributes) -> str:
     return project if isinstance(project, str) and project else "unknown"
 
 
-def _dedupe(documents: Iterable[ChunkFields]) -> list[ChunkFields]:
-    seen: set[str] = set()
-    kept: list[ChunkFields] = []
-    for doc in documents:
-        if doc["id"] not in seen:
-            seen.add(doc["id"])
-            kept.append(doc)
-    return kept
-
-
-# payload attributes that may carry serialised LangChain documents with their ids
-_DOCUMENT_PAYLOADS = (
-    TraceloopAttributes.ENTITY_OUTPUT,
-    TraceloopAttributes.ENTITY_INPUT,
-    SpanAttributes.OUTPUT_VALUE,
-    SpanAttributes.INPUT_VALUE,
-)
-_MAX_PAYLOAD_DEPTH = 8
-
-
-def _documents_in(value: Any, found: dict[str, str], depth: int = 0) -> None:
-    """content -> id of every LangChain document with an id inside a parsed payload."""
-    if depth > _MAX_PAYLOAD_DEPTH:
-        return
-    if isinstance(value, list):
-        for item in value:
-            _documents_in(item, found, depth + 1)
-    elif isinstance(value, dict):
-        doc = langchain_document(value)
-        if doc is not None:
-            doc_id, content = doc.get("id"), doc.get("content")
-            if isinstance(doc_id, str) and doc_id and isinstance(content, str):
-                found.setdefault(content, doc_id)
-            return
-        for item in value.values():
-            _documents_in(item, found, depth + 1)
-
-
-def _named_by_trace(chunks: list[ChunkFields], spans: Sequence[Span]) -> list[ChunkFields]:
-    """Chunks that only have a content-hash id, given the id a LangChain document with the same
-    content carries elsewhere in the trace: OpenLLMetry's retriever span drops `Document.id`, while
-    the chain spans around it serialise whole documents."""
-    found: dict[str, str] = {}
-    for span in spans:
-        for key in _DOCUMENT_PAYLOADS:
-            value = span.attributes.get(key)
-            if isinstance(value, str) and '"id"' in value and has_documents(value):
-                _documents_in(parse_json(value), found)
-    if not found:
-        return chunks
-    return [
-        {**doc, "id": found[doc["content"]]}
-        if doc["id"].startswith(CONTENT_ID_PREFIX) and doc["content"] in found
-        else doc
-        for doc in chunks
-    ]
-
-
-def _merged(outer: list[ChunkFields], inner: list[list[ChunkFields]]) -> list[ChunkFields]:
-    """The outer retriever's documents, each with the id and score a nested retriever span gave it.
-
-    DSPy's `Retrieve.forward` span carries only the passages, the `ColBERTv2.__call__` span inside
-    it their ids and scores. A document is matched by content, else by position when the nested
-    list is as long; what the outer span has itself wins.
-    """
-    if not inner:
-        return outer
-    by_content: dict[str, ChunkFields] = {}
-    for docs in inner:
-        for doc in docs:
-            if doc["content"] is not None:
-                by_content.setdefault(doc["content"], doc)
-    same_length = next((docs for docs in inner if len(docs) == len(outer)), None)
-    merged: list[ChunkFields] = []
-    for position, doc in enumerate(outer):
-        match = None if doc["content"] is None else by_content.get(doc["content"])
-        if match is None and same_length is not None:
-            match = same_length[position]
-        if match is None:
-            merged.append(doc)
-            continue
-        has_id = not doc["id"].startswith(CONTENT_ID_PREFIX)
-        merged.append(
-            {
-                "id": doc["id"] if has_id or match["id"].startswith(CONTENT_ID_PREFIX) else match["id"],
-                "score": doc["score"] if doc["score"] is not None else match["score"],
-                "content": doc["content"] if doc["content"] is not None else match["content"],
-                "metadata": doc["metadata"] if doc["metadata"] is not None else match["metadata"],
-            }
-        )
-    return merged
-
-
-def _ancestors(span: Span, by_id: dict[str, Span]) -> list[Span]:
-    """The parent chain of `span`, nearest first; stops at a missing parent or a cycle."""
-    seen = {span.span_id}
-    chain: list[Span] = []
-    parent = by_id.get(span.parent_span_id or "")
-    while parent is not None and parent.span_id not in seen:
-        seen.add(parent.span_id)
-        chain.append(parent)
-        parent = by_id.get(parent.parent_span_id or "")
-    return chain
-
-
-def _revision(items: Sequence[Span | LogEvent]) -> int:
-    """How many distinct spans (by span id) and events (by span, name and time) a trace is built
-    from: a later version of the trace with more of them replaces the stored one."""
-    spans = {item.span_id for item in items if isinstance(item, Span)}
-    events = {(item.span_id, item.name, item.time_ns) for item in items if isinstance(item, LogEvent)}
-    return len(spans) + len(events)
-
-
-def _joined(spans: Sequence[Span | LogEvent]) -> list[Span]:
-    """The spans with each `LogEvent` added to its span's events (by span id, in time order).
-
-    A redelivered record (same span, name and time) is added once. Events
-    whose span never arrived are kept on a span of their own (the span was
-    dropped, or sampled out), a child of the root when there is one, so their
-    content is not lost. The spans given are not changed: copies carry the
-    events, so building the same spans twice gives the same trace.
-    """
-    events = [item for item in spans if isinstance(item, LogEvent)]
-    plain = [item for item in spans if isinstance(item, Span)]
-    if not events:
-        return plain
-    by_span: dict[str, list[SpanEvent]] = {}
-    seen: set[tuple[str, str, int]] = set()
-    carriers: dict[str, LogEvent] = {}
-    for event in sorted(events, key=attrgetter("time_ns", "name")):
-        key = (event.span_id, event.name, event.time_ns)
-        if key in seen:
-            continue
-        seen.add(key)
-        by_span.setdefault(event.span_id, []).append(event.as_span_event())
-        carriers.setdefault(event.span_id, event)
-    joined = [
-        dataclasses.replace(span, events=[*span.events, *by_span[span.span_id]])
-        if span.span_id in by_span
-        else span
-        for span in plain
-    ]
-    known = {span.span_id for span in plain}
-    # what these events describe is a model call: its span is an LLM span, even if it never came
-    root = next((span for span in plain if span.is_root), None)
-    for span_id, first in carriers.items():
-        if span_id in known:
-            continue
-        times = [e.time_ns for e in by_span[span_id]]
-        joined.append(
-            Span(
-                trace_id=first.trace_id,
-                span_id=span_id,
-                parent_span_id=root.span_id if root is not None else None,
-                name=first.name,
-                start_ns=min(times),
-                end_ns=max(times),
-                attributes={GenAIAttributes.OPERATION_NAME: "chat"},
-                events=by_span[span_id],
-                resource=first.resource,
-                tenant=first.tenant,
-            )
-        )
-    return joined
-
-
 def _kind(of_stage: dict[Stage, list[Span]], query: str | None, answer: str | None) -> TraceKind:
     """Whether a trace is a user's request (see `TraceKind`).
 
@@ -508,14 +339,14 @@ def build_trace(
     if len(trace_ids) != 1:
         raise ValueError(f"spans of {len(trace_ids)} traces given; build_trace takes one trace")
     unique: dict[str, Span] = {}
-    for span in _joined(spans):
+    for span in with_log_events(spans):
         unique.setdefault(span.span_id, span)
     by_start = sorted(unique.values(), key=_BY_START)
     root = next((s for s in by_start if not s.parent_span_id), None)
     ordered = ([root] if root else []) + [s for s in by_start if s is not root]
     stages = {s.span_id: span_stage(s) for s in by_start}
     # (span, its stage, its ancestors' stages) for every span, computed once for all nesting rules
-    ancestors = {s.span_id: _ancestors(s, unique) for s in by_start}
+    ancestors = {s.span_id: ancestors_of(s, unique) for s in by_start}
     # a model call's events describe that call: on a span of another stage they were misattributed
     contents = {s.span_id: SpanContent(s, model_call_events=stages[s.span_id] == "llm") for s in by_start}
     of_stage: dict[Stage, list[Span]] = {}
@@ -589,9 +420,9 @@ def build_trace(
         ]
         for s in used
     }
-    chunks = _dedupe(doc for s in used for doc in _merged(found[s.span_id], nested[s.span_id]))
+    chunks = dedupe(doc for s in used for doc in merged_with_nested(found[s.span_id], nested[s.span_id]))
     if any(doc["id"].startswith(CONTENT_ID_PREFIX) for doc in chunks):
-        chunks = _dedupe(_named_by_trace(chunks, by_start))
+        chunks = dedupe(named_by_trace(chunks, by_start))
     retrieval = {
         "retriever": first_retriever.name if first_retriever else None,
         "k": k,
@@ -695,7 +526,7 @@ def build_trace(
             or _meta_text(meta, "probe_question_id"),
             "partial": partial,
             "span_count": len(by_start),
-            "revision": _revision(spans),
+            "revision": revision_of(spans),
             "kind": _kind(of_stage, query, answer),
         }
     )
