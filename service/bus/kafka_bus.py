@@ -42,10 +42,10 @@ Guarantees, DESIGN.md "A 200 is a promise":
   request from a new producer) with backoff until the broker answers, so
   `available` (and with it 200s instead of 503s) comes back on its own after
   an outage of any length. Ingest stays ready meanwhile: a 503 is an answer.
-* The producer, kafka-python's batching and compression, runs in a process of
-  its own where a CPU is to spare (`kafka.producer_process`,
+* The producer, kafka-python's batching and compression, runs in processes of
+  its own where a CPU is to spare (`kafka.producer_processes`,
   producer_process.py says why); a producer process that dies is a failed send
-  like any other: what it held is sent again through a new one.
+  like any other: what the group held is sent again through a new one.
 * `stop(timeout_s)` waits up to `timeout_s` for the buffer to be delivered.
 
 kafka-python exceptions are caught only in the bus package.

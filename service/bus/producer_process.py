@@ -1,18 +1,18 @@
-"""Ingest's Kafka producer, in the server process (`ThreadProducer`) or its own (`ProcessProducer`).
+"""Ingest's Kafka producer: a thread of the server (`ThreadProducer`) or processes (`ProducerGroup`).
 
-Why a process of its own: kafka-python is pure Python. For each record its
-`send` hashes the key (murmur2) and appends to a batch, and its sender thread
+Why processes of their own: kafka-python is pure Python, and one producer
 compresses every batch (gzip at level 9, which kafka-python does not let one
-change). In the server process that was two thirds of its samples at 16
-requests in flight (bench/RESULTS.md, issue 36), on the core the event loop
-needs for HTTP: the server process, not the broker, set the rate. In a
-process of its own the producer gets a core of its own, as the plain
-producer ragmon is measured against has.
+change) in its one sender thread, between its turns on the network. That
+thread, not the server process nor the broker, bounded one ingest replica: with
+the producer moved to a process of its own the server used a third of a core
+and the rate did not move, while two plain producers side by side sent 1.5x
+what one sends (bench/RESULTS.md, issue 36). So `ProducerGroup` runs several
+`ProcessProducer`s, each batching and compressing the partitions it owns.
 
-`KafkaBus` (kafka_bus.py) drives either kind the same way, from its one
+`KafkaBus` (kafka_bus.py) drives every kind the same way, from its one
 client thread: `send_many` hands records over, each one's outcome (the
 broker's acknowledgement, or an exception) comes back through `report` on
-another thread; `partitions_for` asks the broker for metadata (the probe
+another thread; `partition_count` asks the broker for metadata (the probe
 after an outage); `abort` gives the producer up without waiting for what it
 holds; `close` flushes and ends it. What the bus guarantees (a 200 only for
 acknowledged records; one record per trace in flight; failures send
@@ -56,7 +56,15 @@ from kafka.partitioner.default import murmur2
 from service.bus.kafka_client import quiet_client_logs
 from service.processes import main_module_hidden, worker_context
 
-__all__ = ["ProcessProducer", "Producer", "ProducerProcessError", "Record", "Report", "ThreadProducer"]
+__all__ = [
+    "ProcessProducer",
+    "Producer",
+    "ProducerGroup",
+    "ProducerProcessError",
+    "Record",
+    "Report",
+    "ThreadProducer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,23 +93,14 @@ class Producer(Protocol):
 
 
 class ThreadProducer:
-    """A `KafkaProducer` in this process (`kafka.producer_process: false`, or one usable CPU)."""
+    """A `KafkaProducer` in this process (`kafka.producer_processes: 0`, the default on one usable CPU)."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self._producer = KafkaProducer(**settings)
         self._close_timeout_s = settings["request_timeout_ms"] / 1000
 
     def send_many(self, records: Sequence[Record], report: Report) -> None:
-        send = self._producer.send
-        for i, (context, topic, key, value, headers, partition) in enumerate(records):
-            try:
-                future = send(topic, key=key, value=value, headers=list(headers) or None, partition=partition)
-            except KafkaError as exc:
-                # no metadata within max_block_s, or the producer is closed: the rest would wait as long
-                for rest in records[i:]:
-                    report(rest[0], exc)
-                return
-            future.add_both(report, context)
+        _send_each(self._producer, records, report, KafkaError)
 
     def partition_count(self, topic: str) -> int:
         """The topic's partitions, from the broker (raises when it does not answer)."""
@@ -402,7 +401,8 @@ def _serve(settings: dict[str, Any], commands: Connection, outcomes: Connection)
             os._exit(0)  # the server has gone: nothing it held was answered with a 200
         kind = message[0]
         if kind == "send":
-            _send(producer, message[1], outbox)
+            # any failure of a send is the record's, reported to the server: this loop must go on
+            _send_each(producer, message[1], outbox.outcome, Exception)
         elif kind == "probe":
             try:
                 count = len(producer.partitions_for(message[1]))
@@ -417,19 +417,19 @@ def _serve(settings: dict[str, Any], commands: Connection, outcomes: Connection)
             return
 
 
-def _send(producer: KafkaProducer, batch: list[Record], outbox: _Outbox) -> None:
-    """Hand a batch to the producer; a record's first element is its token."""
-    for i, (token, topic, key, value, headers, partition) in enumerate(batch):
+def _send_each(
+    producer: KafkaProducer, records: Sequence[Record], report: Report, failure: type[Exception]
+) -> None:
+    """Hand `records` to `producer`; `report(context, outcome)` once each. A send that raises
+    `failure` (no metadata within max_block_s, or the producer is closed) fails it and the rest,
+    which would wait as long."""
+    for i, (context, topic, key, value, headers, partition) in enumerate(records):
         try:
             future = producer.send(
                 topic, key=key, value=value, headers=list(headers) or None, partition=partition
             )
-        except Exception as exc:
-            for rest in batch[i:]:
-                outbox.outcome(rest[0], exc)
+        except failure as exc:
+            for rest in records[i:]:
+                report(rest[0], exc)
             return
-        future.add_both(_reported, outbox, token)
-
-
-def _reported(outbox: _Outbox, token: int, outcome: Any) -> None:
-    outbox.outcome(token, outcome)
+        future.add_both(report, context)
