@@ -95,6 +95,9 @@ class Result:
     lag_samples: list[float] = field(default_factory=list, repr=False)
     queued_max: float = 0.0
     cpu_ms_per_trace: dict[str, float] = field(default_factory=dict)
+    # PostgreSQL transactions (commits + rollbacks; a connection pool's ping is one) per stored trace:
+    # a count of round trips, which the machine's speed does not move as it moves CPU times
+    pg_transactions_per_trace: float | None = None
     # (seconds since the load started, traces stored as counted by ragmon), sampled while the load runs
     stored: list[tuple[float, int]] = field(default_factory=list, repr=False)
 
@@ -193,6 +196,24 @@ def new_database(admin_url: str) -> str:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     engine.dispose()
     return sa.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+
+
+def transactions(store_url: str) -> int:
+    """Commits + rollbacks in the database of `store_url` so far, as PostgreSQL counts them (its
+    backends report within a second of finishing a transaction, so read it after a pause)."""
+    url = sa.make_url(store_url)
+    engine = sa.create_engine(url.set(database="postgres"), poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+            return int(
+                conn.execute(
+                    sa.text("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = :name"),
+                    {"name": url.database},
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
 
 
 def env_for(store_url: str, data_dir: Path, bootstrap: str | None, tag: str) -> dict[str, str]:
@@ -434,6 +455,9 @@ def run_mode(
             spies = profile([procs[0].pid], args.py_spy / f"{mode}-ingest") + profile(
                 [p.pid for p in procs[1:]], args.py_spy / f"{mode}-worker"
             )
+        if not sqlite:
+            time.sleep(1.5)  # the start's transactions reported
+            transactions_before = transactions(store_url)
         cpu_before = roles_cpu_s(roles)
         started = time.perf_counter()
         sampler.start()
@@ -445,6 +469,10 @@ def run_mode(
             time.sleep(0.05)
         end_to_end_s = time.perf_counter() - started
         cpu_after = roles_cpu_s(roles)
+        pg_per_trace = None
+        if not sqlite:
+            time.sleep(1.5)
+            pg_per_trace = (transactions(store_url) - transactions_before) / args.traces
         for spy in spies:
             spy.send_signal(signal.SIGINT)
         for spy in spies:
@@ -464,6 +492,7 @@ def run_mode(
             queued_max=max(queued, default=0),
             cpu_ms_per_trace=cpu_ms,
             stored=stored,
+            pg_transactions_per_trace=pg_per_trace,
         )
         if lag:
             result.lag_max = max(lag)
@@ -552,6 +581,11 @@ def main() -> None:
     print("CPU ms per stored trace, by role (process trees):")
     for r in results:
         print(f"  {r.mode:<17}" + "  ".join(f"{role} {ms:.2f}" for role, ms in r.cpu_ms_per_trace.items()))
+    if any(r.pg_transactions_per_trace is not None for r in results):
+        print("PostgreSQL transactions per stored trace (commits + rollbacks, pings included):")
+        for r in results:
+            if r.pg_transactions_per_trace is not None:
+                print(f"  {r.mode:<17}{r.pg_transactions_per_trace:.2f}")
     if args.json:
         args.json.write_text(
             json.dumps(

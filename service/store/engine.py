@@ -6,13 +6,15 @@ pysqlite's implicit BEGIN replaced by ours: `transaction(writes=True)` opens wit
 BEGIN IMMEDIATE, so a read-then-write queues for the write lock instead of
 failing to upgrade its read lock. Its busy timeout is the statement timeout.
 PostgreSQL (psycopg): statement and lock timeouts, a connect timeout, and a ping
-before a pooled connection is used. Both write JSON columns with `json_text`.
+before a pooled connection that sat idle is used (`PING_AFTER_IDLE_S`). Both write
+JSON columns with `json_text`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,6 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
 __all__ = [
+    "PING_AFTER_IDLE_S",
     "SQLITE_CACHED_STATEMENTS",
     "SQLITE_CHECKPOINT_PAGES",
     "WRITES_OPTION",
@@ -42,6 +45,13 @@ SQLITE_CHECKPOINT_PAGES = 10_000
 # Marks a connection whose transaction will write: on SQLite it takes the
 # write lock at BEGIN, so a later read-then-write cannot deadlock on upgrade.
 WRITES_OPTION = "ragmon_writes"  # execution option: open the SQLite transaction with BEGIN IMMEDIATE
+# A pooled PostgreSQL connection idle at least this long is pinged before use. SQLAlchemy's
+# `pool_pre_ping` pings on every checkout: a round trip before every statement batch, 4-5 % of a
+# sinks worker's samples (bench/RESULTS.md). A connection used within the last second was
+# answering then; should the server have restarted since, its first statement fails, the pool
+# drops every connection older than the failure, and the caller's retry gets a new one.
+PING_AFTER_IDLE_S = 1.0
+_IDLE_SINCE = "ragmon_idle_since"  # pool record info: monotonic time of the last checkin
 
 
 @contextmanager
@@ -124,6 +134,7 @@ def postgres_engine(
     pool_timeout_s: float,
     connect_timeout_s: float,
     statement_timeout_s: float,
+    ping_after_idle_s: float = PING_AFTER_IDLE_S,
 ) -> Engine:
     """The engine of the PostgreSQL database at `url` (psycopg), set up as the module docstring says.
     Server options given in the URL (`?options=-csearch_path%3Dx`) are kept; ours come last and win."""
@@ -131,13 +142,11 @@ def postgres_engine(
     given = url.query.get("options", "")
     given = " ".join(given) if isinstance(given, tuple) else given
     options = f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms} -c TimeZone=UTC"
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_timeout=pool_timeout_s,
-        # A restarted server leaves dead pooled connections; ping before use.
-        pool_pre_ping=True,
         json_serializer=json_text,
         # psycopg re-parses every long multi-row INSERT; positional markers parse faster than named ones.
         paramstyle="format",
@@ -146,3 +155,25 @@ def postgres_engine(
             "options": f"{given} {options}".strip(),
         },
     )
+    _ping_when_idle(engine, ping_after_idle_s)
+    return engine
+
+
+def _ping_when_idle(engine: Engine, idle_s: float) -> None:
+    """A restarted server leaves dead pooled connections: ping one that sat idle `idle_s` or more
+    before handing it out. A failed ping makes the pool discard it and connect anew (SQLAlchemy's
+    `DisconnectionError` protocol, up to three tries)."""
+
+    @sa.event.listens_for(engine, "checkin")
+    def _checked_in(dbapi_connection: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        idle_since = record.info.get(_IDLE_SINCE)
+        if idle_since is None or time.monotonic() - idle_since < idle_s:
+            return  # just connected, or in use within `idle_s`
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise sa.exc.DisconnectionError("a pooled connection that sat idle failed its ping") from exc
