@@ -475,6 +475,23 @@ def _pipeline(t: Thresholds) -> list[Alert]:
             " producer; callers past kafka.publish_timeout_s were answered 503.",
         ),
         Alert(
+            "RagmonKafkaBadRecords",
+            "sum without (instance, topic) (increase(ragmon_kafka_bad_records_total[15m])) > 0",
+            "warning",
+            "Kafka records could not be decoded",
+            "{{ $value | humanize }} Kafka records did not decode over the last 15m and were skipped, not"
+            " stored (ragmon_kafka_bad_records_total by topic): a producer other than ragmon's ingest, or an"
+            " ingest newer than its workers.",
+        ),
+        Alert(
+            "RagmonRecordsDeadLettered",
+            "sum without (instance, kind) (increase(ragmon_dead_letters_total[15m])) > 0",
+            "warning",
+            "Records were refused for good",
+            "{{ $value | humanize }} records were refused for good over the last 15m and set aside as dead"
+            " letters instead of stored; GET /api/v1/dead-letters says which and why.",
+        ),
+        Alert(
             "RagmonKafkaConsumerLagHigh",
             # every ingest replica and sinks worker measures the same backlog: max over them, then the
             # partitions summed

@@ -214,6 +214,23 @@ def overview(t: Thresholds) -> dict[str, Any]:
         runbooks=["RagmonKafkaProduceErrors"],
     )
     b.series(
+        "Records not stored",
+        "records a sink refused for good (dead letters: GET /api/v1/dead-letters) and Kafka records that did"
+        " not decode (skipped); each line is data missing from every metric and report",
+        "short",
+        [
+            (
+                "sum by (kind) (increase(ragmon_dead_letters_total[$__rate_interval]))",
+                "dead letters {{kind}}",
+            ),
+            (
+                "sum by (topic) (increase(ragmon_kafka_bad_records_total[$__rate_interval]))",
+                "undecodable {{topic}}",
+            ),
+        ],
+        runbooks=["RagmonRecordsDeadLettered", "RagmonKafkaBadRecords"],
+    )
+    b.series(
         "Kafka consumer lag",
         "backlog: records per group and topic not yet stored (high watermark minus the committed offset,"
         " measured from the broker; no line while it is unreachable); unread: past the workers' read"

@@ -128,3 +128,9 @@ def test_fast_variant_changes_only_timing(tmp_path: Path) -> None:
             assert fr["expr"] == sr["expr"]
             if "alert" in fr:
                 assert fr["for"] == "2s" and fr["annotations"] == sr["annotations"]
+
+
+def test_the_readme_alert_table_names_every_alert_once() -> None:
+    text = (DASHBOARDS / "README.md").read_text()
+    listed = re.findall(r"^\| (Ragmon[A-Za-z]+) \|", text, flags=re.MULTILINE)
+    assert sorted(listed) == sorted({str(r["alert"]) for r in _alert_rules()})
