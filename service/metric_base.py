@@ -2,7 +2,7 @@
 
 `MetricsBase` owns one process's `CollectorRegistry` and decides which label values a series
 gets: the scope labels (`app`, or `tenant` and `app`), the tenant label's cap, and each
-tenant's own `LabelBudget`. The area classes (service/metric_areas.py) and `Metrics`
+tenant's own `LabelBudget`. The area classes (service/metric_areas.py, metric_judge.py) and `Metrics`
 (service/metrics.py) derive from it and declare their series on `registry` under
 `scope_labels` / `tenant_scope_labels`.
 """

@@ -26,11 +26,12 @@ traces the store reported as new, so a redelivered batch changes no counter.
 
 Where each part lives: this module declares the trace, ingest, assembly, WAL and sink series
 and counts traces (`count_traces`, the hot path); `Metrics` derives from one class per other
-area in `service/metric_areas.py` (judge, review, drift, Kafka, Phoenix, probes), whose
-series it declares in a fixed order. `service/metric_base.py` holds the registry, the label
-scopes (`scope`, `tenant_scope`, ...) and the shared buckets; `service/metric_labels.py` the
-capped labels (`BoundedLabel`, `LabelBudget`); `service/metric_tally.py` the batch tally
-(`Tally`, `observe_many`) and the scrape-time collector (`StateCollector`).
+area, in `service/metric_judge.py` (judge) and `service/metric_areas.py` (review, drift,
+Kafka, Phoenix, probes), whose series it declares in a fixed order. `service/metric_base.py`
+holds the registry, the label scopes (`scope`, `tenant_scope`, ...) and the shared buckets;
+`service/metric_labels.py` the capped labels (`BoundedLabel`, `LabelBudget`);
+`service/metric_tally.py` the batch tally (`Tally`, `observe_many`) and the scrape-time
+collector (`StateCollector`).
 """
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ from service.config import MetricsConfig
 from service.labels import RejectReason
 from service.metric_areas import (
     DriftMetrics,
-    JudgeMetrics,
     KafkaMetrics,
     PhoenixMetrics,
     ProbeMetrics,
     ReviewMetrics,
 )
 from service.metric_base import CHUNK_COUNT_BUCKETS, COST_BUCKETS, DURATION_BUCKETS, SCORE_BUCKETS
+from service.metric_judge import JudgeMetrics
 from service.metric_tally import Tally, observe_many
 from service.model import Feedback, RagTrace
 
@@ -80,7 +81,8 @@ REQUEST_REJECT_REASONS = (
 
 class Metrics(JudgeMetrics, DriftMetrics, ReviewMetrics, KafkaMetrics, ProbeMetrics, PhoenixMetrics):
     """The registry and every metric of one ragmon process: the trace counters here, each other
-    area's series from its class in service/metric_areas.py, label scopes from `MetricsBase`."""
+    area's series from its class in service/metric_areas.py (the judge's: service/metric_judge.py),
+    label scopes from `MetricsBase`."""
 
     def __init__(self, config: MetricsConfig | None = None, *, tenants: Iterable[str] = ()) -> None:
         """`tenants`: the tenants the API keys name (see `MetricsBase`)."""

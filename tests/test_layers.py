@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("corrections",),
     ("metrics", "consumer"),
     ("metric_areas",),
+    ("metric_judge",),
     ("metric_base",),
     ("metric_labels", "metric_tally"),
     ("conventions", "config"),
