@@ -3,7 +3,7 @@ docs/security.md's list of redacted fields.
 
 The configuration table comes from the settings models (`ragmon config --markdown`); the metrics list is the
 table of `dashboards/METRICS.md` (itself generated from the registry by `python -m dashboards.build`); the
-field list is `service.redaction.FIELDS`.
+field list is `service.redaction_fields.FIELDS`.
 
 python scripts/update_readme.py          # rewrite README.md and docs/security.md in place
 python scripts/update_readme.py --check  # exit 1 if either is out of date (tests run this)
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from service.config import settings_table
-from service.redaction import fields_table
+from service.redaction_fields import fields_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 METRICS = README.parent / "dashboards" / "METRICS.md"

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("probes", "outbox", "span_expiry", "stages"),
     ("judge", "ingest", "non_requests"),
     ("store", "bus", "assemble", "regeneration", "redaction"),
+    ("redaction_fields",),
     ("corrections",),
     ("metrics", "consumer"),
     ("metric_areas",),
