@@ -13,9 +13,8 @@
 are started by the API once this returns); `stop()` runs the other way round
 and flushes every open trace, so each stage drains into a live consumer.
 
-Back-pressure: `accept_*` raise `QueueFull` (503 + Retry-After) while the
-backlog (traces complete past their grace but not yet built, plus the bus) is at capacity;
-nothing is taken that cannot be delivered.
+Back-pressure (`accept_*` raise `QueueFull` while the backlog is at capacity) and the rest of
+taking work in are `PipelineIntake`'s (pipeline_intake.py), which `Pipeline` derives from.
 """
 
 from __future__ import annotations
@@ -25,44 +24,37 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from pydantic import TypeAdapter
+from typing import TYPE_CHECKING, Any
 
 from sampler import FairAdmission, FairShares, SqlJudgeQueue, TraceSampler, create_tables
 from service.assemble import SpanAssembler
 from service.bus.leader import exclusive
 from service.bus.memory import MemoryBus
 from service.config import RagmonConfig
-from service.consumer import TraceConsumer
 from service.conventions.pricing import PriceTable
-from service.conventions.spans import AnySpan, LogEvent
 from service.drift.monitor import DriftScheduler
 from service.drift.store import DriftStore
 from service.drift.window_sink import DriftWindowSink
-from service.errors import QueueFull, StoreUnavailable
-from service.ingest import span_records
+from service.errors import StoreUnavailable
 from service.ingest.durable import DurableAcks
 from service.ingest.pool import IngestPool
 from service.ingest.span_codec import OtlpSpanCodec
 from service.ingest.span_redaction import SpanRedaction
-from service.ingest.wal import LoggedRequest
 from service.judge.build import build_judge
 from service.judge.judging import FaithfulnessEstimator, JudgeQueueSink, JudgeWorker
 from service.judge.judgment import Judgment
 from service.judge.shared_budget import SharedJudgeBudget, create_budget_tables, judge_budget
 from service.judge.store import JudgmentStore
 from service.metrics import Metrics
-from service.model import Feedback, RagTrace
 from service.non_requests import RequestFilter
 from service.outbox import OutboxSweep
 from service.phoenix.annotations import PhoenixAnnotator
 from service.phoenix.forward import PhoenixForwarder
+from service.pipeline_intake import PipelineIntake
 from service.probes.gauges import restore_probe_gauges
 from service.probes.store import GoldenStore
-from service.redaction import RedactingFilter, Redactor, redaction_key
+from service.redaction import Redactor, redaction_key
 from service.regeneration import ReaskDetector
 from service.review.correction import HumanCorrection
 from service.review.gauges import ReviewGauges
@@ -70,7 +62,7 @@ from service.review.intake import ReviewIntake
 from service.review.records import ReviewRecord
 from service.review.store import ReviewStore
 from service.span_expiry import SpanExpiry
-from service.stages import ArchiveKeeper, Delivered, Fanout, MetricsSink, feedback_keys, trace_keys
+from service.stages import ArchiveKeeper, Delivered, Fanout, MetricsSink
 from service.store.span_archive import SpanArchive
 from service.store.store_sink import StoreSink
 from service.store.trace_store import Store
@@ -84,15 +76,11 @@ log = logging.getLogger(__name__)
 
 _RETENTION_EVERY_S = 3600.0
 _STORE_SETUP_MAX_DELAY_S = 30.0
-_R = TypeVar("_R")
 
 
-_TRACES = TypeAdapter(list[RagTrace])
-_FEEDBACK = TypeAdapter(list[Feedback])
-
-
-class Pipeline:
-    """Everything between the receivers and the sinks of one ragmon process."""
+class Pipeline(PipelineIntake):
+    """Everything between the receivers and the sinks of one ragmon process (what takes work in:
+    `PipelineIntake`, pipeline_intake.py)."""
 
     def __init__(self, config: RagmonConfig, metrics: Metrics | None = None) -> None:
         self.config = config
@@ -329,23 +317,6 @@ class Pipeline:
             evict_when_full=True,
         )
 
-    def decode(self, value: bytes, headers: Sequence[tuple[str, bytes]]) -> Sequence[AnySpan]:
-        """A spans-topic record's spans (the `SpanIntake` of a sinks worker's `KafkaReceiver`)."""
-        return span_records.decode(value, headers)
-
-    async def consume_spans(self, batch: Sequence[AnySpan]) -> None:
-        """A sinks worker's spans, read from the spans topic, into its assembler (`SpanIntake`)."""
-        await self.assembler.consume_spans(batch)
-
-    async def _publish(self, kafka: KafkaBus, spans: Sequence[AnySpan]) -> None:
-        """Ingest in distributed mode: returns once the broker acknowledged `spans` (acks=all)."""
-        from service.bus.kafka_bus import OutRecord
-
-        self.check_room()
-        topic = self.config.kafka.spans_topic
-        records = span_records.encode(spans, self.config.kafka.max_record_bytes)
-        await kafka.publish([OutRecord(topic, r.key, r.value, r.headers) for r in records])
-
     async def _after_judgment(self, judgment: Judgment) -> None:
         await self.review_intake.after_judgment(judgment)
         if not await self._blind_pending(judgment):
@@ -386,119 +357,6 @@ class Pipeline:
     def _queue_oldest_age(self) -> float:
         oldest = self._queue_stats().oldest_enqueued_at
         return 0.0 if oldest is None else max(0.0, (datetime.now(UTC) - oldest).total_seconds())
-
-    @property
-    def backlog(self) -> int:
-        """Records accepted and not yet delivered: waiting to be built, then in the bus."""
-        return self.assembler.backlog + self.bus.depth
-
-    def has_room(self) -> bool:
-        return self.backlog < self.bus.capacity
-
-    def check_room(self) -> None:
-        """Refuse new work while the backlog is at capacity (the receiver counts the refusal)."""
-        if self.kafka is not None and not self.kafka.available:
-            raise QueueFull(
-                "Kafka is unavailable to ingest; retry later", retry_after_s=self.config.bus.retry_after_s
-            )
-        if not self.has_room():
-            raise QueueFull(
-                f"ragmon is behind ({self.assembler.backlog} traces to build, {self.bus.depth} records "
-                "queued); retry later",
-                retry_after_s=self.config.bus.retry_after_s,
-            )
-        if self.assembler.full:
-            raise QueueFull(
-                f"the open-trace buffer is at its bound ({self.assembler.open_spans} spans, "
-                f"{self.assembler.open_bytes} bytes of {self.assembler.open_traces} traces); retry later",
-                retry_after_s=self.config.bus.retry_after_s,
-            )
-
-    async def accept_spans(
-        self, spans: Sequence[AnySpan], receiver: str, logged: LoggedRequest | None = None
-    ) -> None:
-        """Take a request's spans; with `logged` (the request as received) they are in the write-ahead
-        log before this returns (embedded), or acknowledged by the brokers (Kafka): what makes the
-        receiver's 200 a promise."""
-        if self.kafka is not None:
-            await self._publish(self.kafka, spans)
-            self.metrics.spans_received.labels(receiver=receiver).inc(len(spans))
-            return
-        self.check_room()
-        if self.durable is not None and logged is not None and spans:
-            await self.durable.log(logged, trace_keys(spans))
-        await self.assembler.consume_spans(spans)
-        self.metrics.spans_received.labels(receiver=receiver).inc(len(spans))
-
-    async def accept_log_events(
-        self, events: Sequence[LogEvent], receiver: str, logged: LoggedRequest | None = None
-    ) -> None:
-        """GenAI events sent as log records: buffered with the spans of their trace, joined at build."""
-        if self.kafka is not None:
-            await self._publish(self.kafka, events)
-            self.metrics.log_events_received.labels(receiver=receiver).inc(len(events))
-            return
-        self.check_room()
-        if self.durable is not None and logged is not None and events:
-            await self.durable.log(logged, trace_keys(events))
-        await self.assembler.consume_spans(events)
-        self.metrics.log_events_received.labels(receiver=receiver).inc(len(events))
-
-    def _redacted(self, next: TraceConsumer) -> TraceConsumer:
-        """`next`, behind the redaction step when redaction is on."""
-        return RedactingFilter(self.redactor, next) if self.redactor is not None else next
-
-    def redacted(self, record: _R) -> _R:
-        """`record` as ragmon may keep it: redacted field by field (`redaction.FIELDS`) when redaction
-        is on, else unchanged. For what arrives outside the trace path: reviews, notes, golden rows."""
-        return record if self.redactor is None else self.redactor.record(record)
-
-    async def accept_traces(self, traces: Sequence[RagTrace]) -> None:
-        self.check_room()
-        if self.redactor is not None:  # before the log too: nothing unredacted is kept
-            traces = self.redactor.traces(traces)
-        if self.durable is not None and traces:
-            body = _TRACES.dump_json(list(traces))
-            await self.durable.log(LoggedRequest("traces", "", body, receiver="json"), trace_keys(traces))
-        await self.reask.consume_traces(traces)
-
-    async def accept_feedback(self, events: Sequence[Feedback]) -> None:
-        self.check_room()
-        if self.redactor is not None:
-            events = self.redactor.feedback(events)
-        if self.durable is not None and events:
-            body = _FEEDBACK.dump_json(list(events))
-            await self.durable.log(
-                LoggedRequest("feedback", "", body, receiver="json"), feedback_keys(events)
-            )
-        await self.reask.consume_feedback(events)
-
-    async def _replay(self, record: LoggedRequest) -> None:
-        """Ingest a logged record again (at start, before the receivers open): decoded as when it
-        was first accepted, held at its old seq, and never logged a second time."""
-        assert self.durable is not None
-        # the log may hold more than the bus (or the open-trace buffer) takes at once
-        while not self.has_room() or self.assembler.full:
-            await asyncio.sleep(0.05)
-        limit = self.config.server.max_body_bytes
-        is_json = record.media_type == "application/json"
-        items: Sequence[AnySpan]
-        if record.kind in ("otlp_traces", "otlp_logs"):
-            decode = self.ingest_pool.decode if record.kind == "otlp_traces" else self.ingest_pool.decode_logs
-            decoded = await decode(
-                record.body, json_body=is_json, encoding=record.encoding, tenant=record.tenant, limit=limit
-            )
-            items = decoded.spans
-            self.durable.hold(trace_keys(items), record.seq)
-            await self.assembler.consume_spans(items)
-        elif record.kind == "traces":
-            traces = _TRACES.validate_json(record.body)
-            self.durable.hold(trace_keys(traces), record.seq)
-            await self.reask.consume_traces(traces)
-        else:
-            events = _FEEDBACK.validate_json(record.body)
-            self.durable.hold(feedback_keys(events), record.seq)
-            await self.reask.consume_feedback(events)
 
     async def _retention(self) -> None:
         while True:

@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("api", "worker"),
     ("pipeline",),
+    ("pipeline_intake",),
     ("phoenix", "report", "demo"),
     ("review", "drift"),
     ("probes", "outbox", "span_expiry", "stages"),
