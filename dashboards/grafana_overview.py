@@ -182,6 +182,83 @@ def overview(t: Thresholds) -> dict[str, Any]:
             )
         ],
     )
+    b.row("Pipeline")
+    b.series(
+        "Records not stored",
+        "records a sink refused for good (dead letters: GET /api/v1/dead-letters) and Kafka records that did"
+        " not decode (skipped); each line is data missing from every metric and report",
+        "short",
+        [
+            (
+                "sum by (kind) (increase(ragmon_dead_letters_total[$__rate_interval]))",
+                "dead letters {{kind}}",
+            ),
+            (
+                "sum by (topic) (increase(ragmon_kafka_bad_records_total[$__rate_interval]))",
+                "undecodable {{topic}}",
+            ),
+        ],
+        runbooks=["RagmonRecordsDeadLettered", "RagmonKafkaBadRecords"],
+    )
+    b.series(
+        "Spans dropped after ingest, traces flushed early",
+        "accepted spans dropped later, by reason (too_late: past assembler.late_window_s; duplicate;"
+        " build_failed); traces the assembler flushed before their root span ended (idle, max_age,"
+        " evicted: the open-trace buffer was full), per second",
+        "reqps",
+        [
+            ("sum by (reason) (rate(ragmon_dropped_spans_total[$__rate_interval]))", "dropped {{reason}}"),
+            (
+                'sum by (reason) (rate(ragmon_assembled_traces_total{reason=~"idle|max_age|evicted"}'
+                "[$__rate_interval]))",
+                "flushed early {{reason}}",
+            ),
+        ],
+        runbooks=["RagmonOpenTraceBufferNearFull"],
+    )
+    b.series(
+        "Traces stored in parts",
+        "traces first stored without their root span, those later completed by it, stored traces replaced by"
+        " a fuller version, and spans that arrived after their trace's first flush, per second",
+        "reqps",
+        [
+            (f"sum (rate(ragmon_partial_traces_total{{{APPS}}}[$__rate_interval]))", "stored partial"),
+            (
+                f"sum (rate(ragmon_partial_traces_completed_total{{{APPS}}}[$__rate_interval]))",
+                "completed later",
+            ),
+            (f"sum (rate(ragmon_traces_updated_total{{{APPS}}}[$__rate_interval]))", "replaced"),
+            ("sum (rate(ragmon_late_spans_total[$__rate_interval]))", "late spans"),
+        ],
+    )
+    b.series(
+        "Waiting to be stored",
+        "embedded mode: acknowledged but not yet stored (the write-ahead log), traces complete but not yet"
+        " built, records in the in-process bus and the bound at which ingest answers 503",
+        "short",
+        [
+            ("sum by (instance) (ragmon_wal_unstored_records)", "acknowledged, unstored {{instance}}"),
+            ("sum by (instance) (ragmon_build_backlog_traces)", "to build {{instance}}"),
+            ("sum by (instance) (ragmon_bus_queue_depth)", "in the bus {{instance}}"),
+            ("max by (instance) (ragmon_bus_capacity)", "503 above {{instance}}"),
+        ],
+    )
+    b.series(
+        "Sink failures per second",
+        "batches a sink refused, by sink and kind (retryable: tried again; permanent: split down to the"
+        " records refused for good)",
+        "reqps",
+        [("sum by (sink, kind) (rate(ragmon_sink_failures_total[$__rate_interval]))", "{{sink}} {{kind}}")],
+        runbooks=["RagmonRecordsDeadLettered"],
+    )
+    b.series(
+        "Time since each sink last took a batch",
+        "a sink that stopped taking batches (its store refuses, or it is stuck) grows here; no line before"
+        " its first batch",
+        "s",
+        [("time() - max by (sink) (ragmon_sink_last_success_timestamp_seconds)", "{{sink}}")],
+        runbooks=["RagmonNoTraces"],
+    )
     b.row("Kafka (distributed mode)")
     b.series(
         "Ingest Kafka buffer",
@@ -212,23 +289,6 @@ def overview(t: Thresholds) -> dict[str, Any]:
             ("sum (rate(ragmon_kafka_producer_rebuilds_total[$__rate_interval]))", "producer rebuilds"),
         ],
         runbooks=["RagmonKafkaProduceErrors"],
-    )
-    b.series(
-        "Records not stored",
-        "records a sink refused for good (dead letters: GET /api/v1/dead-letters) and Kafka records that did"
-        " not decode (skipped); each line is data missing from every metric and report",
-        "short",
-        [
-            (
-                "sum by (kind) (increase(ragmon_dead_letters_total[$__rate_interval]))",
-                "dead letters {{kind}}",
-            ),
-            (
-                "sum by (topic) (increase(ragmon_kafka_bad_records_total[$__rate_interval]))",
-                "undecodable {{topic}}",
-            ),
-        ],
-        runbooks=["RagmonRecordsDeadLettered", "RagmonKafkaBadRecords"],
     )
     b.series(
         "Kafka consumer lag",
