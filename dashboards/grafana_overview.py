@@ -252,6 +252,13 @@ def overview(t: Thresholds) -> dict[str, Any]:
         runbooks=["RagmonRecordsDeadLettered"],
     )
     b.series(
+        "Ingest worker processes replaced",
+        "decoder and builder processes that died and were replaced (the calls they held ran in the server"
+        " process); a steady rise is a crash loop",
+        "short",
+        [("sum by (role) (increase(ragmon_ingest_pool_restarts_total[$__rate_interval]))", "{{role}}")],
+    )
+    b.series(
         "Time since each sink last took a batch",
         "a sink that stopped taking batches (its store refuses, or it is stuck) grows here; no line before"
         " its first batch",
@@ -275,7 +282,8 @@ def overview(t: Thresholds) -> dict[str, Any]:
     )
     b.series(
         "Kafka produce errors and refusals",
-        "failed produce attempts (sent again on a new producer) and requests answered 503 for Kafka",
+        "failed produce attempts (sent again on a new producer), requests answered 503 for Kafka, and"
+        " consumer offset commits that failed (the records are read again, not lost)",
         "reqps",
         [
             (
@@ -287,6 +295,10 @@ def overview(t: Thresholds) -> dict[str, Any]:
                 "503 {{reason}}",
             ),
             ("sum (rate(ragmon_kafka_producer_rebuilds_total[$__rate_interval]))", "producer rebuilds"),
+            (
+                "sum by (group) (rate(ragmon_kafka_commit_failures_total[$__rate_interval]))",
+                "commit failures {{group}}",
+            ),
         ],
         runbooks=["RagmonKafkaProduceErrors"],
     )

@@ -277,6 +277,7 @@ def quality(t: Thresholds) -> dict[str, Any]:
         "short",
         [
             ("max(ragmon_judge_queue_depth)", "depth"),
+            ("max(ragmon_judge_queue_deferred)", "deferred (waiting for the budget)"),
             ("max(ragmon_judge_queue_failed)", "failed"),
         ],
         limit=Limit((float(t.judge.backlog_min_items),)),
@@ -286,7 +287,10 @@ def quality(t: Thresholds) -> dict[str, Any]:
         "Since the last judgment",
         "alert when the queue is not empty and this passes the dashed line (judge.stalled_after_seconds)",
         "s",
-        [("time() - max(ragmon_judge_last_success_timestamp_seconds)", "since last judgment")],
+        [
+            ("time() - max(ragmon_judge_last_success_timestamp_seconds)", "since last judgment"),
+            ("max(ragmon_judge_queue_oldest_age_seconds)", "oldest queued item's age"),
+        ],
         limit=Limit((t.judge.stalled_after_seconds,)),
         runbooks=["RagmonJudgeStalled"],
     )
@@ -313,5 +317,30 @@ def quality(t: Thresholds) -> dict[str, Any]:
         "by reason",
         "short",
         [("60 * sum by (reason) (rate(ragmon_judge_failures_total[$__rate_interval]))", "{{reason}}")],
+    )
+    b.row("Human review queue")
+    b.series(
+        "Review items by queue and state",
+        "flagged: answers the judge or feedback flagged; blind: the random sample reviewers label without"
+        " the judge's verdict (an expired lease counts as open)",
+        "short",
+        [("max by (queue, state) (ragmon_review_items)", "{{queue}} {{state}}")],
+    )
+    b.series(
+        "Oldest open review item",
+        "how long the oldest item of each queue has waited for a reviewer",
+        "s",
+        [("max by (queue) (ragmon_review_oldest_open_age_seconds)", "{{queue}}")],
+    )
+    b.series(
+        "Reviews per hour",
+        "labels recorded, by queue and verdict",
+        "short",
+        [
+            (
+                "3600 * sum by (queue, verdict) (rate(ragmon_reviews_total[$__rate_interval]))",
+                "{{queue}} {{verdict}}",
+            )
+        ],
     )
     return b.json()
