@@ -423,6 +423,16 @@ def _pipeline(t: Thresholds) -> list[Alert]:
             + f" (threshold {j.failure_ratio:.0%}); see ragmon_judge_failures_total by reason.",
         ),
         Alert(
+            "RagmonReviewQueueStale",
+            "max without (instance) (ragmon_review_oldest_open_age_seconds)"
+            f" > {j.review_oldest_open_seconds:g}",
+            "warning",
+            "Review items wait too long for a reviewer",
+            "The oldest open item of the {{ $labels.queue }} review queue has waited"
+            " {{ $value | humanizeDuration }}: the reviewer-corrected faithfulness estimate and the judge's"
+            " calibration lag the traffic.",
+        ),
+        Alert(
             "RagmonIngestRejectionsSpiking",
             f"job:ragmon_ingest_rejected_per_received:ratio_rate5m > {i.rejected_ratio:g}"
             f"\nand job:ragmon_ingest_rejected:rate5m > {i.rejected_min_per_second:g}",

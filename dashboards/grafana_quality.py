@@ -328,9 +328,12 @@ def quality(t: Thresholds) -> dict[str, Any]:
     )
     b.series(
         "Oldest open review item",
-        "how long the oldest item of each queue has waited for a reviewer",
+        "how long the oldest item of each queue has waited for a reviewer; dashed line:"
+        " judge.review_oldest_open_seconds",
         "s",
         [("max by (queue) (ragmon_review_oldest_open_age_seconds)", "{{queue}}")],
+        limit=Limit((t.judge.review_oldest_open_seconds,)),
+        runbooks=["RagmonReviewQueueStale"],
     )
     b.series(
         "Reviews per hour",

@@ -53,6 +53,7 @@ class Judge(_Section):
     failure_ratio: float = Field(gt=0, le=1)
     human_disagreement_alpha: float = Field(0.01, gt=0, lt=1)
     human_disagreement_increase_min: float = Field(0.05, ge=0, lt=1)
+    review_oldest_open_seconds: float = Field(3 * 86400.0, gt=0)
 
 
 class Ingest(_Section):

@@ -141,6 +141,7 @@ def _expected_limits() -> dict[str, tuple[set[float], bool]]:
         "Judge failures per call": ({t.judge.failure_ratio}, False),
         "Queue depth and failed items": ({float(t.judge.backlog_min_items)}, False),
         "Since the last judgment": ({t.judge.stalled_after_seconds}, False),
+        "Oldest open review item": ({t.judge.review_oldest_open_seconds}, False),
         f"recall@{p.recall_k} change with its paired interval, golden set $golden": (
             {-p.recall_drop_budget},
             True,
