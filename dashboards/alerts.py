@@ -17,6 +17,8 @@ from typing import Any, Literal
 from dashboards.thresholds import Thresholds
 
 __all__ = [
+    "BACK_PRESSURE_REASONS",
+    "BACK_PRESSURE_SERIES",
     "RELEASE_JOIN",
     "Alert",
     "Recording",
@@ -33,6 +35,12 @@ _APP_NAME = "{{ $labels.app }}{{ with $labels.tenant }} (tenant {{ . }}){{ end }
 # Appended to a description: ", release X" when the alert carries one.
 _RELEASE = "{{ with $labels.release }}, release {{ . }}{{ end }}"
 _QUANTILES = {"0.5": "p50", "0.95": "p95", "0.99": "p99"}
+# The reasons ingest counts for a request it answers 503 + Retry-After (every `RetryableError` of
+# service/errors.py, service/ingest/wal.py; a test holds the list to them).
+BACK_PRESSURE_REASONS = ("queue_full", "wal_full", "wal_unavailable", "store_unavailable", "unavailable")
+BACK_PRESSURE_SERIES = f'ragmon_ingest_rejected_total{{reason=~"{"|".join(BACK_PRESSURE_REASONS)}"}}'
+# a sink that refused batches over the last 5 minutes (retryable or permanent)
+_SINK_FAILING = "sum without (kind) (rate(ragmon_sink_failures_total[5m])) > 0"
 
 
 @dataclass(frozen=True)
@@ -440,6 +448,41 @@ def _pipeline(t: Thresholds) -> list[Alert]:
             "Ingest refuses many spans or requests",
             "{{ $value | humanizePercentage }} of what reached ingest was refused over the last 5m"
             + f" (threshold {i.rejected_ratio:.0%}); see ragmon_ingest_rejected_total by reason.",
+        ),
+        Alert(
+            "RagmonIngestBackPressure",
+            f"sum without (instance, reason) (rate({BACK_PRESSURE_SERIES}[5m]))"
+            f" > {i.backpressure_min_per_second:g}",
+            "warning",
+            "Ingest answers 503: it takes traffic slower than it arrives",
+            'Ingest answered {{ printf "%.2f" $value }} requests/s with 503 + Retry-After over the last 5m'
+            " (ragmon_ingest_rejected_total by reason: queue_full, wal_full, wal_unavailable, ...). Nothing"
+            " refused was acknowledged and the exporters retry, but an exporter whose own queue fills"
+            " meanwhile drops spans before they reach ragmon.",
+        ),
+        Alert(
+            "RagmonSinkStalled",
+            # failing and no batch taken for the window, or failing and no batch taken since the process
+            # started (the gauge appears with a sink's first batch)
+            f"(time() - ragmon_sink_last_success_timestamp_seconds > {i.sink_stalled_seconds:g})\n"
+            f"and on (instance, sink) ({_SINK_FAILING})\n"
+            f"or ({_SINK_FAILING}\n"
+            "unless on (instance, sink) ragmon_sink_last_success_timestamp_seconds)",
+            "critical",
+            "A sink keeps failing and stores nothing",
+            "The {{ $labels.sink }} sink of {{ $labels.instance }} keeps failing and has taken no batch for"
+            f" over {i.sink_stalled_seconds / 60:g} minutes (or none since the process started): what was"
+            " acknowledged waits (write-ahead log, bus or Kafka) and is stored once the sink recovers; at"
+            " bus.capacity ingest answers 503.",
+        ),
+        Alert(
+            "RagmonIngestWorkersCrashLooping",
+            f"increase(ragmon_ingest_pool_restarts_total[15m]) > {i.worker_restarts_15m:g}",
+            "warning",
+            "Ingest worker processes keep dying",
+            "{{ $value | humanize }} {{ $labels.role }} processes of {{ $labels.instance }} died and were"
+            " replaced in the last 15m: the calls each held ran again in the server process (nothing lost),"
+            " but a crash loop costs every request that time; out of memory (the pod's limit) or a bug.",
         ),
         Alert(
             "RagmonOpenTraceBufferNearFull",

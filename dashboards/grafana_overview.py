@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dashboards.alerts import BACK_PRESSURE_SERIES
 from dashboards.grafana_board import APPS, Board, Limit
 from dashboards.thresholds import Thresholds
 
@@ -242,6 +243,16 @@ def overview(t: Thresholds) -> dict[str, Any]:
             ("sum by (instance) (ragmon_bus_queue_depth)", "in the bus {{instance}}"),
             ("max by (instance) (ragmon_bus_capacity)", "503 above {{instance}}"),
         ],
+        runbooks=["RagmonSinkStalled"],
+    )
+    b.series(
+        "Requests answered 503",
+        "requests refused with 503 + Retry-After, by reason (queue_full: the backlog above; wal_full,"
+        " wal_unavailable: the write-ahead log; Kafka's refusals count as queue_full): the exporters retry,"
+        " and one whose own queue fills drops spans before they reach ragmon",
+        "reqps",
+        [(f"sum by (reason) (rate({BACK_PRESSURE_SERIES}[$__rate_interval]))", "{{reason}}")],
+        runbooks=["RagmonIngestBackPressure"],
     )
     b.series(
         "Sink failures per second",
@@ -249,7 +260,7 @@ def overview(t: Thresholds) -> dict[str, Any]:
         " records refused for good)",
         "reqps",
         [("sum by (sink, kind) (rate(ragmon_sink_failures_total[$__rate_interval]))", "{{sink}} {{kind}}")],
-        runbooks=["RagmonRecordsDeadLettered"],
+        runbooks=["RagmonRecordsDeadLettered", "RagmonSinkStalled"],
     )
     b.series(
         "Ingest worker processes replaced",
@@ -257,6 +268,7 @@ def overview(t: Thresholds) -> dict[str, Any]:
         " process); a steady rise is a crash loop",
         "short",
         [("sum by (role) (increase(ragmon_ingest_pool_restarts_total[$__rate_interval]))", "{{role}}")],
+        runbooks=["RagmonIngestWorkersCrashLooping"],
     )
     b.series(
         "Time since each sink last took a batch",

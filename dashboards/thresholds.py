@@ -63,6 +63,9 @@ class Ingest(_Section):
     kafka_buffer_fill_ratio: float = Field(gt=0, le=1)
     kafka_consumer_lag_records: PositiveFloat
     kafka_unreachable_seconds: PositiveFloat = 120.0
+    backpressure_min_per_second: PositiveFloat = 0.01
+    sink_stalled_seconds: PositiveFloat = 600.0
+    worker_restarts_15m: float = Field(3, ge=0)
 
 
 class Drift(_Section):

@@ -134,3 +134,22 @@ def test_the_readme_alert_table_names_every_alert_once() -> None:
     text = (DASHBOARDS / "README.md").read_text()
     listed = re.findall(r"^\| (Ragmon[A-Za-z]+) \|", text, flags=re.MULTILINE)
     assert sorted(listed) == sorted({str(r["alert"]) for r in _alert_rules()})
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(sub for direct in cls.__subclasses__() for sub in _subclasses(direct))]
+
+
+def test_the_back_pressure_alert_counts_every_reason_ingest_answers_503_for() -> None:
+    # every retryable error is a 503 + Retry-After; the modules that define ingest's own are imported
+    # so that their classes are among the subclasses (the judge's is never raised at ingest)
+    import service.bus.kafka_bus
+    import service.ingest.wal
+    from dashboards.alerts import BACK_PRESSURE_REASONS
+    from service.errors import JudgeUnavailable, RetryableError, http_status
+
+    assert service.bus.kafka_bus.QueueFull is service.ingest.wal.QueueFull  # both raise the same class
+
+    retryable = {c for c in _subclasses(RetryableError) if c is not JudgeUnavailable}
+    assert {http_status(c("x")) for c in retryable} == {503}
+    assert sorted(BACK_PRESSURE_REASONS) == sorted({c.reason for c in retryable})
