@@ -311,6 +311,9 @@ class JudgeWorker:
         """A later version of the trace stored while it was being judged (its answer arrived late):
         queue it again. Checked after completing, and the update's fan-out queues judged items
         again after its commit, so an update is never missed between the two."""
+        revision = await asyncio.to_thread(self.store.trace_revision, key.tenant, key.trace_id)
+        if revision is None or revision <= judged.revision:
+            return  # the common case, told by one value: no later version
         stored = await asyncio.to_thread(self.store.get_trace, key.tenant, key.trace_id)
         if stored is None:
             return

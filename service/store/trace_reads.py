@@ -176,6 +176,21 @@ class TraceReads(StoreBase):
             feedback=events,
         )
 
+    def trace_revision(self, tenant: str, trace_id: str) -> int | None:
+        """The revision of the stored version of a trace (`RagTrace.revision`), or None when the tenant
+        has no such trace: one value read in the database, for a caller that only asks whether a
+        later version was stored (the judge, after judging: judging.py) and would otherwise parse
+        the whole context."""
+        c = trace_contexts.c
+        query = sa.select(c.context["revision"].as_integer()).where(
+            c.tenant == tenant, c.trace_id == trace_id
+        )
+        with self._read("read a trace's revision") as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            return None
+        return int(row[0] or 0)  # a context written before revisions were kept: revision 0
+
     def feedback_for(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[Feedback]]:
         """(tenant, trace_id) -> its stored feedback, oldest first; keys without feedback are absent."""
         wanted = list(dict.fromkeys(keys))

@@ -130,3 +130,16 @@ def test_an_update_stored_before_the_first_fan_out_finished_counts_from_what_it_
     store.finish_updates([(("t1", TRACE), queued, Counted.of(WHOLE, Counted.of(version(1))).to_json())])
     state = store.fanout_state([("t1", TRACE)])[("t1", TRACE)]
     assert state.update_queued_at is not None and state.counted is not None and state.counted.revision == 3
+
+
+def test_trace_revision_reads_the_stored_versions_revision_alone(store: Store) -> None:
+    assert store.trace_revision("t1", TRACE) is None
+    store.store_traces([version(1)])
+    assert store.trace_revision("t1", TRACE) == 1
+    store.store_traces([WHOLE])
+    assert store.trace_revision("t1", TRACE) == 3
+    store.store_traces([version(2)])  # older: the stored version stays
+    assert store.trace_revision("t1", TRACE) == 3
+    assert store.trace_revision("t2", TRACE) is None  # another tenant has no such trace
+    # it agrees with the whole record's revision, which a caller would otherwise parse for it
+    assert store.get_trace("t1", TRACE)["context"]["revision"] == 3  # type: ignore[index]
