@@ -58,6 +58,15 @@ _FEEDBACK_OF_TRACES = (
 )
 
 
+# a trace's row with its `trace_contexts` payload (NULL where none), in one statement
+_WITH_CONTEXT = sa.select(traces, trace_contexts.c.context).select_from(
+    traces.outerjoin(
+        trace_contexts,
+        sa.and_(trace_contexts.c.tenant == traces.c.tenant, trace_contexts.c.trace_id == traces.c.trace_id),
+    )
+)
+
+
 class TraceReads(StoreBase):
     """The reads of `Store`; each filters by tenant and raises `StoreUnavailable` when the
     database cannot answer."""
@@ -68,17 +77,7 @@ class TraceReads(StoreBase):
         with self._read("read partial traces") as conn:
             for tenant, ids in keys_by_group((storable_text(t), i) for t, i in keys):
                 rows = conn.execute(
-                    sa.select(traces, trace_contexts.c.context)
-                    .select_from(
-                        traces.outerjoin(
-                            trace_contexts,
-                            sa.and_(
-                                trace_contexts.c.tenant == traces.c.tenant,
-                                trace_contexts.c.trace_id == traces.c.trace_id,
-                            ),
-                        )
-                    )
-                    .where(
+                    _WITH_CONTEXT.where(
                         traces.c.tenant == tenant, traces.c.trace_id.in_(ids), traces.c.partial == sa.true()
                     )
                 ).mappings()
@@ -152,14 +151,10 @@ class TraceReads(StoreBase):
         """
         where = (traces.c.tenant == tenant, traces.c.trace_id == trace_id)
         with self._read("get trace") as conn:
-            row = conn.execute(sa.select(traces).where(*where)).mappings().first()
+            row = conn.execute(_WITH_CONTEXT.where(*where)).mappings().first()
             if row is None:
                 return None
-            context = conn.execute(
-                sa.select(trace_contexts.c.context).where(
-                    trace_contexts.c.tenant == tenant, trace_contexts.c.trace_id == trace_id
-                )
-            ).scalar_one_or_none()
+            context = row["context"]
             events = (
                 conn.execute(
                     sa.select(feedback)
