@@ -57,6 +57,7 @@ __all__ = [
     "json_id",
     "json_int",
     "json_pairs",
+    "json_resource",
     "json_structure",
     "json_value",
 ]
@@ -306,6 +307,23 @@ def json_structure(container: Any, key: str, where: str) -> list[Any]:
     return items
 
 
+def json_resource(
+    entry: dict[str, Any], batch: DecodedBatch, where: str, r: int
+) -> tuple[Attributes, str | None]:
+    """The attributes of the `resource` of a request's `r`-th entry (resourceSpans or resourceLogs,
+    at `where`), and why it is too large when it is (every item under it is then rejected)."""
+    at = f"{where}.resource"
+    raw = entry.get("resource") or {}
+    resource, size = finish_attributes(
+        json_pairs(json_structure(raw, "attributes", at), batch, at), batch, at, None
+    )
+    batch.dropped_keys.clear()  # a resource is not marked: what it lost is counted and logged
+    # text is at most 4 bytes a character on the wire: only a resource near the limit is measured
+    if size * 4 <= MAX_RESOURCE_BYTES:
+        return resource, None
+    return resource, resource_too_large(resource, len(resource_bytes(resource)), batch, r)
+
+
 def decode_json(body: bytes, tenant: str) -> DecodedBatch:
     """Decode an OTLP/HTTP JSON body; raises `DecodeError` when it is not a valid request."""
     if not isinstance(body, bytes | bytearray | memoryview):
@@ -324,18 +342,7 @@ def decode_json(body: bytes, tenant: str) -> DecodedBatch:
     for r, resource_spans in enumerate(json_structure(document, "resourceSpans", "request")):
         where_r = f"resourceSpans[{r}]"
         scope_list = json_structure(resource_spans, "scopeSpans", where_r)
-        raw_resource = resource_spans.get("resource") or {}
-        resource_attributes = json_structure(raw_resource, "attributes", f"{where_r}.resource")
-        resource, resource_size = finish_attributes(
-            json_pairs(resource_attributes, batch, f"{where_r}.resource"), batch, f"{where_r}.resource", None
-        )
-        batch.dropped_keys.clear()  # a resource is not marked: what it lost is counted and logged
-        # text is at most 4 bytes a character on the wire: only a resource near the limit is measured
-        too_large = (
-            resource_too_large(resource, len(resource_bytes(resource)), batch, r)
-            if resource_size * 4 > MAX_RESOURCE_BYTES
-            else None
-        )
+        resource, too_large = json_resource(resource_spans, batch, where_r, r)
         for s, scope_spans in enumerate(scope_list):
             where_s = f"{where_r}.scopeSpans[{s}]"
             for i, span in enumerate(json_structure(scope_spans, "spans", where_s)):

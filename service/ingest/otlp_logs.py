@@ -56,7 +56,7 @@ from service.ingest.otlp import (
     value_size,
 )
 from service.ingest.otlp_body import decompress
-from service.ingest.otlp_encode import event_bytes, resource_bytes
+from service.ingest.otlp_encode import event_bytes
 from service.ingest.otlp_json import (
     HEX16,
     HEX32,
@@ -65,11 +65,12 @@ from service.ingest.otlp_json import (
     json_id,
     json_int,
     json_pairs,
+    json_resource,
     json_structure,
     json_value,
 )
 from service.ingest.otlp_protobuf import pb_attributes, pb_value
-from service.ingest.span_size import MAX_RESOURCE_BYTES, MAX_SPAN_BYTES, fit_event
+from service.ingest.span_size import MAX_SPAN_BYTES, fit_event
 from service.labels import RejectReason
 
 __all__ = ["GENAI_EVENT_PREFIX", "DecodedLogs", "decode_json", "decode_logs_body", "decode_protobuf"]
@@ -272,19 +273,7 @@ def decode_json(body: bytes, tenant: str) -> DecodedLogs:
     for r, resource_logs in enumerate(json_structure(document, "resourceLogs", "request")):
         where_r = f"resourceLogs[{r}]"
         scopes = json_structure(resource_logs, "scopeLogs", where_r)
-        raw_resource = resource_logs.get("resource") or {}
-        resource, resource_size = finish_attributes(
-            json_pairs(json_structure(raw_resource, "attributes", f"{where_r}.resource"), batch, where_r),
-            batch,
-            f"{where_r}.resource",
-            None,
-        )
-        batch.dropped_keys.clear()  # a resource is not marked: what it lost is counted and logged
-        too_large = (
-            resource_too_large(resource, len(resource_bytes(resource)), batch, r)
-            if resource_size * 4 > MAX_RESOURCE_BYTES
-            else None
-        )
+        resource, too_large = json_resource(resource_logs, batch, where_r, r)
         for s, scope_logs in enumerate(scopes):
             where_s = f"{where_r}.scopeLogs[{s}]"
             for i, record in enumerate(json_structure(scope_logs, "logRecords", where_s)):
