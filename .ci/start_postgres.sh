@@ -5,7 +5,9 @@
 #   pytest tests/service/store/test_trace_store.py
 #   .ci/stop_postgres.sh /tmp/ragmon-pg
 #
-# Env: PGPORT (default 25432). Listens on 127.0.0.1 only, trust auth, user postgres.
+# Env: PGPORT (default 25432), PG_OPTIONS (more server options, e.g. "-c shared_preload_libraries=
+# pg_stat_statements" for bench/scale/run.py --pg-statements). Listens on 127.0.0.1 only, trust auth,
+# user postgres.
 # Durability is switched off (fsync, synchronous_commit, full_page_writes): this
 # server exists for tests and throws its data away; never reuse these settings.
 # Running it again on a live directory only prints the URL.
@@ -42,7 +44,7 @@ fi
 if ! "${as_owner[@]}" "$bindir/pg_ctl" status --pgdata="$data" >/dev/null 2>&1; then
   # The socket goes into $dir so nothing needs write access to /var/run/postgresql.
   "${as_owner[@]}" "$bindir/pg_ctl" start --pgdata="$data" --log="$dir/server.log" --wait --timeout=60 \
-    --options="-p $port -c listen_addresses=127.0.0.1 -k $dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+    --options="-p $port -c listen_addresses=127.0.0.1 -k $dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off ${PG_OPTIONS:-}" \
     >/dev/null || { tail -n 20 "$dir/server.log" >&2; exit 1; }
 fi
 "$bindir/pg_isready" --host=127.0.0.1 --port="$port" --timeout=30 >/dev/null

