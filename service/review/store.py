@@ -99,52 +99,79 @@ class ReviewStore:
 
         Idempotent: the same entry twice changes nothing. Entries are applied
         in (tenant, queue, trace_id) order so concurrent batches never deadlock.
+        One statement inserts the new items and one their reasons, whatever the
+        batch's size; an item a queue has already is raised by its own update.
         """
         now = now or _now()
-        created: list[int] = []
+        items: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for entry in sorted(entries, key=lambda e: (e.tenant, e.queue, e.trace_id, e.reason)):
+            key = (entry.tenant, entry.queue, entry.trace_id)
+            item = items.get(key)
+            if item is None:
+                items[key] = item = {
+                    "tenant": entry.tenant,
+                    "queue": entry.queue,
+                    "trace_id": entry.trace_id,
+                    "app": entry.app,
+                    "severity": SEVERITY[entry.reason],
+                    "diagnosis": entry.diagnosis,
+                    "judge_version": entry.judge_version,
+                    "reasons": {},
+                }
+            else:  # several reasons for one item: the most severe, and what the later ones say
+                item["severity"] = max(item["severity"], SEVERITY[entry.reason])
+                if entry.diagnosis is not None:
+                    item["diagnosis"] = entry.diagnosis
+                if entry.judge_version is not None:
+                    item["judge_version"] = entry.judge_version
+                if entry.app != "unknown":
+                    item["app"] = entry.app
+            item["reasons"].setdefault(entry.reason, entry.detail)  # a reason given twice: the first
+        if not items:
+            return []
         t = review_items.c
+        new_items = [
+            {**{k: v for k, v in item.items() if k != "reasons"}, "state": "open", "created_at": now}
+            for item in items.values()
+        ]
         with self._connect(writes=True) as conn:
-            for entry in sorted(entries, key=lambda e: (e.tenant, e.queue, e.trace_id, e.reason)):
-                key = (t.tenant == entry.tenant, t.queue == entry.queue, t.trace_id == entry.trace_id)
-                inserted = conn.execute(
+            inserted = {
+                (row.tenant, row.queue, row.trace_id): int(row.id)
+                for row in conn.execute(
                     self._insert(review_items)
-                    .values(
-                        tenant=entry.tenant,
-                        queue=entry.queue,
-                        trace_id=entry.trace_id,
-                        app=entry.app,
-                        severity=SEVERITY[entry.reason],
-                        diagnosis=entry.diagnosis,
-                        judge_version=entry.judge_version,
-                        state="open",
-                        created_at=now,
-                    )
                     .on_conflict_do_nothing()
-                    .returning(t.id)
-                ).scalar_one_or_none()
-                if inserted is not None:
-                    created.append(int(inserted))
-                    item_id = int(inserted)
-                else:
-                    item_id = conn.execute(sa.select(t.id).where(*key)).scalar_one()
-                    changes: dict[str, Any] = {
-                        "severity": sa.case(
-                            (t.severity < SEVERITY[entry.reason], SEVERITY[entry.reason]), else_=t.severity
-                        )
-                    }
-                    if entry.diagnosis is not None:
-                        changes["diagnosis"] = entry.diagnosis
-                    if entry.judge_version is not None:
-                        changes["judge_version"] = entry.judge_version
-                    if entry.app != "unknown":
-                        changes["app"] = entry.app
-                    conn.execute(sa.update(review_items).where(t.id == item_id).values(**changes))
-                conn.execute(
-                    self._insert(review_reasons)
-                    .values(item_id=item_id, reason=entry.reason, detail=entry.detail, created_at=now)
-                    .on_conflict_do_nothing()
+                    .returning(t.id, t.tenant, t.queue, t.trace_id),
+                    new_items,
                 )
-        return created
+            }
+            ids = dict(inserted)
+            for key, item in items.items():
+                if key in inserted:
+                    continue
+                # the queue has this trace already: list the reasons on it and raise it, never reopen it
+                item_id = conn.execute(
+                    sa.select(t.id).where(t.tenant == key[0], t.queue == key[1], t.trace_id == key[2])
+                ).scalar_one()
+                changes: dict[str, Any] = {
+                    "severity": sa.case((t.severity < item["severity"], item["severity"]), else_=t.severity)
+                }
+                if item["diagnosis"] is not None:
+                    changes["diagnosis"] = item["diagnosis"]
+                if item["judge_version"] is not None:
+                    changes["judge_version"] = item["judge_version"]
+                if item["app"] != "unknown":
+                    changes["app"] = item["app"]
+                conn.execute(sa.update(review_items).where(t.id == item_id).values(**changes))
+                ids[key] = item_id
+            conn.execute(
+                self._insert(review_reasons).on_conflict_do_nothing(),
+                [
+                    {"item_id": ids[key], "reason": reason, "detail": detail, "created_at": now}
+                    for key, item in items.items()
+                    for reason, detail in item["reasons"].items()
+                ],
+            )
+        return [inserted[key] for key in items if key in inserted]
 
     # -- reading ----------------------------------------------------------------------------------
 

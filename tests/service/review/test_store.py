@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -11,7 +12,7 @@ from service.config import ReviewConfig
 from service.judge.judgment import Judgment
 from service.judge.store import JudgmentStore
 from service.review.intake import ReviewIntake
-from service.review.records import ClaimRefused, Intake, ItemFilters, ReviewIn
+from service.review.records import QUEUES, REASONS, ClaimRefused, Intake, ItemFilters, ReviewIn
 from service.review.store import ReviewStore
 from service.store.trace_store import Store
 
@@ -52,6 +53,64 @@ def test_a_trace_enters_a_queue_once_with_all_its_reasons(reviews: ReviewStore) 
     )
     assert len(reviews.list_items(["a"])) == 2
     assert len(reviews.list_items(["a", "b"])) == 3
+
+
+def _state(
+    reviews: ReviewStore, tenants: list[str], prefix: str
+) -> dict[tuple[str, str, str], tuple[object, ...]]:
+    """Every item of `tenants` with its reasons, keyed without the tenants' `prefix`."""
+    return {
+        (i.tenant.removeprefix(prefix), i.queue, i.trace_id): (
+            i.app,
+            i.severity,
+            i.diagnosis,
+            i.judge_version,
+            i.state,
+            i.created_at,
+            tuple(sorted(i.reasons, key=str)),
+        )
+        for i in reviews.list_items(tenants, limit=1000)
+    }
+
+
+def test_a_batch_leaves_what_its_entries_one_at_a_time_leave(reviews: ReviewStore) -> None:
+    """`add` takes a batch in two statements; the items and reasons must be those that adding each
+    entry alone, in the batch's order, gives: several reasons for one item, a reason given twice,
+    diagnoses and judge versions given by some entries only, an unknown app, items stored before."""
+    rng = random.Random(7)
+
+    def entries(prefix: str, n: int, seed: int) -> list[Intake]:
+        pick = random.Random(seed)
+        return [
+            Intake(
+                f"{prefix}{pick.choice('xy')}",
+                pick.choice(QUEUES),
+                tid(pick.randrange(12)),
+                pick.choice(("shop", "unknown", "help")),
+                pick.choice(REASONS),
+                pick.choice((None, "because", "2 of 3 claims unsupported")),
+                pick.choice((None, "retrieval_failure", "generation_failure")),
+                pick.choice((None, "v1", "v2")),
+            )
+            for _ in range(n)
+        ]
+
+    for prefix in ("one-", "batch-"):
+        reviews.add(entries(prefix, 15, seed=1), now=T0)  # items stored before, alike on both sides
+    batch_seed = rng.randrange(1 << 30)
+    one_at_a_time = sorted(
+        entries("one-", 80, batch_seed), key=lambda e: (e.tenant, e.queue, e.trace_id, e.reason)
+    )
+    created_alone = [i for e in one_at_a_time for i in reviews.add([e], now=T0 + timedelta(seconds=1))]
+    created_batch = reviews.add(entries("batch-", 80, batch_seed), now=T0 + timedelta(seconds=1))
+    alone = _state(reviews, ["one-x", "one-y"], "one-")
+    batch = _state(reviews, ["batch-x", "batch-y"], "batch-")
+    assert len(created_alone) == len(created_batch) > 0
+    assert len(batch) > 15 and batch == alone
+    assert any(len(item[-1]) > 1 for item in batch.values())  # items with several reasons were made
+    # the same batch again adds nothing
+    assert reviews.add(entries("batch-", 80, batch_seed), now=T0 + timedelta(seconds=2)) == []
+    assert _state(reviews, ["batch-x", "batch-y"], "batch-") == batch
 
 
 def test_priority_is_severity_then_recency_and_filters_apply(reviews: ReviewStore) -> None:
