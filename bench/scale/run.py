@@ -37,6 +37,8 @@ trace, assembled by ragmon). Reported per mode:
     python bench/scale/run.py [--traces 20000] [--concurrency 4] [--broker memory|durable]
         [--load json|otlp] [--py-spy DIR] [--json out.json]
 
+`--set RAGMON_X=VALUE` gives every mode's ragmon processes a setting (repeatable).
+
 `--py-spy DIR` records each mode's processes (ingest and workers, with their children) with py-spy
 while the load runs, as collapsed stacks in DIR/<mode>-<role>.txt.
 
@@ -64,7 +66,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -260,7 +262,11 @@ def statement_costs(admin_url: str, store_url: str, traces: int, top: int) -> li
     ]
 
 
-def env_for(store_url: str, data_dir: Path, bootstrap: str | None, tag: str) -> dict[str, str]:
+def env_for(
+    store_url: str, data_dir: Path, bootstrap: str | None, tag: str, settings: Sequence[str] = ()
+) -> dict[str, str]:
+    """The environment of a mode's ragmon processes: the caller's without its RAGMON_ settings, the
+    mode's, then `settings` (KEY=VALUE, from --set)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGMON_")}
     env.update(
         RAGMON_STORE__URL=store_url,
@@ -278,6 +284,9 @@ def env_for(store_url: str, data_dir: Path, bootstrap: str | None, tag: str) -> 
             RAGMON_KAFKA__SESSION_TIMEOUT_S="6",
             RAGMON_KAFKA__HEARTBEAT_INTERVAL_S="2",
         )
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        env[key] = value
     return env
 
 
@@ -432,7 +441,7 @@ def run_mode(
     else:
         store_url = new_database(admin_url)
     tag = uuid.uuid4().hex[:8]
-    env = env_for(store_url, work / mode, bootstrap, tag)
+    env = env_for(store_url, work / mode, bootstrap, tag, args.set)
     procs: list[subprocess.Popen[bytes]] = []
     logs = work / f"{mode}.log"
     try:
@@ -582,6 +591,13 @@ def main() -> None:
     parser.add_argument("--broker", choices=("memory", "durable"), default="memory")
     parser.add_argument("--load", choices=("json", "otlp"), default="json")
     parser.add_argument("--py-spy", type=Path, metavar="DIR", help="profile each mode's processes into DIR")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="RAGMON_X=VALUE",
+        help="a setting for every mode's ragmon processes, as an environment variable (repeatable)",
+    )
     parser.add_argument(
         "--pg-statements",
         type=int,
