@@ -46,12 +46,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from service.conventions.spans import AnySpan
 from service.store.keys import keys_by_group
-from service.store.row_insert import PlainInsert
+from service.store.row_insert import InsertNew, PlainInsert
 from service.store.rows import storable_text
 from service.store.tables import trace_spans
 from service.store.trace_store import Store
@@ -112,12 +111,14 @@ class SpanArchive:
         self.codec = codec
         self.late_window_s = late_window_s
         self.clock = clock
-        # new rows by the driver's executemany on SQLite (service/store/row_insert.py says why)
-        self._plain = PlainInsert(trace_spans, store.engine.dialect) if store.dialect == "sqlite" else None
-
-    def _insert(self) -> Any:
-        insert = postgresql.insert if self.store.dialect == "postgresql" else sqlite.insert
-        return insert(trace_spans)
+        # new rows by the driver's executemany: plain on SQLite, with ON CONFLICT on PostgreSQL
+        # (service/store/row_insert.py says why)
+        dialect = store.engine.dialect
+        self._new_rows = (
+            PlainInsert(trace_spans, dialect)
+            if store.dialect == "sqlite"
+            else InsertNew(trace_spans, dialect, ["tenant", "trace_id"])
+        )
 
     def merge(self, groups: Sequence[Sequence[AnySpan]]) -> list[Merged]:
         """Keep each group's items (one trace per group, in order) with what is kept for its trace, in
@@ -179,17 +180,12 @@ class SpanArchive:
                 }
                 for key, (spans, events) in zip(fresh, encoded, strict=True)
             ]
-            if self._plain is not None:
-                # SQLite: this transaction holds the only write lock, so a key read as absent is absent
-                self._plain.execute(conn, rows)
-                inserted = set(fresh)
+            if isinstance(self._new_rows, InsertNew):
+                inserted = {(t, i) for t, i in self._new_rows.execute(conn, rows)}
             else:
-                statement = (
-                    self._insert()
-                    .on_conflict_do_nothing(index_elements=["tenant", "trace_id"])
-                    .returning(trace_spans.c.tenant, trace_spans.c.trace_id)
-                )
-                inserted = {(t, i) for t, i in conn.execute(statement, rows)}
+                # SQLite: this transaction holds the only write lock, so a key read as absent is absent
+                self._new_rows.execute(conn, rows)
+                inserted = set(fresh)
             for key in fresh:
                 if key in inserted:
                     items, _, duplicates = batch[key]
