@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
 
+from service.store.engine import postgres_engine
 from service.store.trace_store import Store
 
 _NO_POSTGRES = (
@@ -74,6 +77,28 @@ def postgres_url(postgres_database: sa.URL) -> Iterator[str]:
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
             conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        engine.dispose()
+
+
+@pytest.fixture
+def postgres_engines(postgres_url: str) -> Iterator[Callable[..., Engine]]:
+    """Makes engines as the store makes them (`postgres_engine`) on this test's schema, with small
+    pools and timeouts that keyword arguments override; each is disposed after the test."""
+    made: list[Engine] = []
+
+    def make(**overrides: Any) -> Engine:
+        settings: dict[str, Any] = {
+            "pool_size": 2,
+            "max_overflow": 0,
+            "pool_timeout_s": 5,
+            "connect_timeout_s": 5,
+            "statement_timeout_s": 5,
+        }
+        made.append(postgres_engine(sa.make_url(postgres_url), **{**settings, **overrides}))
+        return made[-1]
+
+    yield make
+    for engine in made:
         engine.dispose()
 
 

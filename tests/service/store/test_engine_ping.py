@@ -9,7 +9,7 @@ after the idle window and recover on the next call within it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,23 +17,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
 
-from service.store.engine import PING_AFTER_IDLE_S, postgres_engine
+from service.store.engine import PING_AFTER_IDLE_S
 
 pytestmark = pytest.mark.postgres
 
 IDLE_S = 1.0  # the window these tests give the engine: back-to-back uses stay far inside it on a busy machine
-
-
-def _engine(url: str, idle_s: float = IDLE_S) -> Engine:
-    return postgres_engine(
-        sa.make_url(url),
-        pool_size=2,
-        max_overflow=0,
-        pool_timeout_s=5,
-        connect_timeout_s=5,
-        statement_timeout_s=5,
-        ping_after_idle_s=idle_s,
-    )
 
 
 class PingCount:
@@ -73,10 +61,8 @@ def _terminate(url: str, pid: int) -> None:
 
 
 @pytest.fixture
-def engine(postgres_url: str) -> Iterator[Engine]:
-    engine = _engine(postgres_url)
-    yield engine
-    engine.dispose()
+def engine(postgres_engines: Callable[..., Engine]) -> Engine:
+    return postgres_engines(ping_after_idle_s=IDLE_S)
 
 
 def test_the_default_window_is_one_second() -> None:
@@ -109,21 +95,18 @@ def test_a_dead_connection_that_sat_idle_is_replaced_before_use(engine: Engine, 
 
 
 def test_a_dead_connection_used_within_the_window_fails_one_call_then_the_pool_reconnects(
-    postgres_url: str,
+    postgres_url: str, postgres_engines: Callable[..., Engine]
 ) -> None:
     """The price of not pinging every checkout: after a server restart, a connection used within
     the window fails its next statement once (a DBAPIError, which the store turns into
     `StoreUnavailable` and every caller retries); the pool then drops every connection older than
     the failure, so the next call connects anew."""
-    engine = _engine(postgres_url, idle_s=60.0)  # no ping can happen within this test
-    try:
-        first = _backend_pid(engine)
-        _terminate(postgres_url, first)
-        with pytest.raises(sa.exc.DBAPIError) as failed:
-            _backend_pid(engine)
-        assert failed.value.connection_invalidated
-        second = _backend_pid(engine)
-        assert second != first
-        assert _backend_pid(engine) == second
-    finally:
-        engine.dispose()
+    engine = postgres_engines(ping_after_idle_s=60.0)  # no ping can happen within this test
+    first = _backend_pid(engine)
+    _terminate(postgres_url, first)
+    with pytest.raises(sa.exc.DBAPIError) as failed:
+        _backend_pid(engine)
+    assert failed.value.connection_invalidated
+    second = _backend_pid(engine)
+    assert second != first
+    assert _backend_pid(engine) == second

@@ -1,8 +1,10 @@
-"""PlainInsert writes exactly the values SQLAlchemy's own insert writes (SQLite, the store's path)."""
+"""PlainInsert writes exactly the values SQLAlchemy's own insert writes (SQLite, the store's path); so
+does InsertNew (PostgreSQL, the span archive's), which also says which rows were new."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from service.store.engine import json_text
-from service.store.row_insert import PlainInsert
+from service.store.row_insert import InsertNew, PlainInsert
 from service.store.tables import feedback, metadata, trace_contexts, traces
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)  # microsecond 0: formatted differently by sqlite3 itself
@@ -172,44 +174,29 @@ def test_refuses_a_dialect_with_named_parameters() -> None:
 
 
 @pytest.mark.postgres
-def test_insert_new_stores_what_sqlalchemy_stores_and_returns_only_the_new_keys(postgres_url: str) -> None:
+def test_insert_new_stores_what_sqlalchemy_stores_and_returns_only_the_new_keys(
+    postgres_engines: Callable[..., sa.Engine],
+) -> None:
     """`InsertNew` on PostgreSQL: the rows whose key is free are written as SQLAlchemy's own insert
     writes them; those whose key is taken are skipped, and only the new keys come back, in row order."""
-    from service.store.engine import postgres_engine
-    from service.store.row_insert import InsertNew
-
-    engine = postgres_engine(
-        sa.make_url(postgres_url),
-        pool_size=1,
-        max_overflow=0,
-        pool_timeout_s=5,
-        connect_timeout_s=5,
-        statement_timeout_s=10,
-    )
-    try:
-        metadata.create_all(engine)
-        rows = trace_rows()
-        with engine.begin() as conn:
-            conn.execute(sa.insert(traces), [rows[1]])  # one key taken before
-        insert_new = InsertNew(traces, engine.dialect, ["tenant", "trace_id"])
-        changed = {**rows[1], "answer": "not written: the key is taken"}
-        with engine.begin() as conn:
-            keys = insert_new.execute(conn, [rows[3], changed, rows[0], rows[2]])
-            assert insert_new.execute(conn, []) == []
-        assert keys == [(r["tenant"], r["trace_id"]) for r in (rows[3], rows[0], rows[2])]
-        with engine.connect() as conn:
-            written = [
-                dict(r) for r in conn.execute(sa.select(traces).order_by(traces.c.trace_id)).mappings()
-            ]
-            conn.execute(sa.delete(traces))
-            conn.execute(sa.insert(traces), rows)
-            expected = [
-                dict(r) for r in conn.execute(sa.select(traces).order_by(traces.c.trace_id)).mappings()
-            ]
-            conn.rollback()
-        assert written == expected  # every type converted as SQLAlchemy converts it; row 1 untouched
-        # a driver error surfaces as SQLAlchemy's, which the stores translate like any statement's
-        with pytest.raises(sa.exc.DBAPIError), engine.begin() as conn:
-            insert_new.execute(conn, [{**rows[0], "trace_id": "x" * 40}])  # over VARCHAR(32)
-    finally:
-        engine.dispose()
+    engine = postgres_engines()
+    metadata.create_all(engine)
+    rows = trace_rows()
+    with engine.begin() as conn:
+        conn.execute(sa.insert(traces), [rows[1]])  # one key taken before
+    insert_new = InsertNew(traces, engine.dialect, ["tenant", "trace_id"])
+    changed = {**rows[1], "answer": "not written: the key is taken"}
+    with engine.begin() as conn:
+        keys = insert_new.execute(conn, [rows[3], changed, rows[0], rows[2]])
+        assert insert_new.execute(conn, []) == []
+    assert keys == [(r["tenant"], r["trace_id"]) for r in (rows[3], rows[0], rows[2])]
+    with engine.connect() as conn:
+        written = [dict(r) for r in conn.execute(sa.select(traces).order_by(traces.c.trace_id)).mappings()]
+        conn.execute(sa.delete(traces))
+        conn.execute(sa.insert(traces), rows)
+        expected = [dict(r) for r in conn.execute(sa.select(traces).order_by(traces.c.trace_id)).mappings()]
+        conn.rollback()
+    assert written == expected  # every type converted as SQLAlchemy converts it; row 1 untouched
+    # a driver error surfaces as SQLAlchemy's, which the stores translate like any statement's
+    with pytest.raises(sa.exc.DBAPIError), engine.begin() as conn:
+        insert_new.execute(conn, [{**rows[0], "trace_id": "x" * 40}])  # over VARCHAR(32)

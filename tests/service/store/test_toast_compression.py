@@ -7,14 +7,16 @@ was 43 % of PostgreSQL's statement time in bench/scale (bench/RESULTS.md)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
 
 from service.model import RagTrace
-from service.store.engine import TOAST_COMPRESSION, postgres_engine
+from service.store.engine import TOAST_COMPRESSION
 from service.store.trace_store import Store
 
 pytestmark = pytest.mark.postgres
@@ -70,29 +72,18 @@ def test_a_stored_traces_large_values_are_compressed_with_lz4(postgres_url: str)
 
 
 def test_a_server_that_refuses_the_method_keeps_its_default_and_works(
-    postgres_url: str, caplog: pytest.LogCaptureFixture
+    postgres_engines: Callable[..., Engine], caplog: pytest.LogCaptureFixture
 ) -> None:
     # PostgreSQL's TOAST knows pglz and lz4 only: zstd is refused by every version to date
-    engine = postgres_engine(
-        sa.make_url(postgres_url),
-        pool_size=2,
-        max_overflow=0,
-        pool_timeout_s=5,
-        connect_timeout_s=5,
-        statement_timeout_s=5,
-        toast_compression="zstd",
-    )
-    try:
-        # two connections, one message
-        with (
-            caplog.at_level(logging.INFO, logger="service.store.engine"),
-            engine.connect() as first,
-            engine.connect() as second,
-        ):
-            for conn in (first, second):
-                assert conn.execute(sa.text("SHOW default_toast_compression")).scalar() == "pglz"
-                assert conn.execute(sa.text("SELECT 1")).scalar() == 1
-        said = [r.getMessage() for r in caplog.records if "keeps its default compression" in r.getMessage()]
-        assert len(said) == 1 and "zstd" in said[0]
-    finally:
-        engine.dispose()
+    engine = postgres_engines(toast_compression="zstd")
+    # two connections, one message
+    with (
+        caplog.at_level(logging.INFO, logger="service.store.engine"),
+        engine.connect() as first,
+        engine.connect() as second,
+    ):
+        for conn in (first, second):
+            assert conn.execute(sa.text("SHOW default_toast_compression")).scalar() == "pglz"
+            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+    said = [r.getMessage() for r in caplog.records if "keeps its default compression" in r.getMessage()]
+    assert len(said) == 1 and "zstd" in said[0]
