@@ -82,7 +82,9 @@ class Pipeline(PipelineIntake):
     """Everything between the receivers and the sinks of one ragmon process (what takes work in:
     `PipelineIntake`, pipeline_intake.py)."""
 
-    def __init__(self, config: RagmonConfig, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, config: RagmonConfig, metrics: Metrics | None = None, *, process: str = "ragmon"
+    ) -> None:
         self.config = config
         self.metrics = metrics or Metrics(config.metrics, tenants=config.auth.tenants)
         self.prices = PriceTable.default().with_overrides(config.pricing.overrides)
@@ -91,6 +93,7 @@ class Pipeline(PipelineIntake):
             config.store_url,
             connect_timeout_s=config.store.timeout_s,
             statement_timeout_s=config.store.timeout_s,
+            application_name=process,  # what PostgreSQL's pg_stat_activity names its connections
         )
         self.judgments = JudgmentStore(self.store.engine)
         self.golden = GoldenStore(self.store.engine)

@@ -78,7 +78,7 @@ class Worker:
         if "sinks" in self.roles and config.bus.kind != "kafka":
             raise ValueError("the sinks role consumes from Kafka: set bus.kind to kafka")
         self.config = config
-        self.pipeline = Pipeline(config, metrics)
+        self.pipeline = Pipeline(config, metrics, process="ragmon-worker")
         self.metrics = self.pipeline.metrics
         self.receiver: KafkaReceiver | None = None
         if "sinks" in self.roles:

@@ -49,7 +49,7 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pipeline = Pipeline(config, metrics)
+        pipeline = Pipeline(config, metrics, process="ragmon-serve")
         await pipeline.start()
         app.state.pipeline = pipeline
         # requests' CPU-heavy work (golden-set uploads) in a process of its own; threads where the

@@ -8,7 +8,8 @@ failing to upgrade its read lock. Its busy timeout is the statement timeout.
 PostgreSQL (psycopg): statement and lock timeouts, a connect timeout, a ping
 before a pooled connection that sat idle is used (`PING_AFTER_IDLE_S`), and
 values too large for a row page compressed with lz4 where the server has it
-(`TOAST_COMPRESSION`). Both write JSON columns with `json_text`.
+(`TOAST_COMPRESSION`), and an `application_name` naming the ragmon process in
+`pg_stat_activity`. Both write JSON columns with `json_text`.
 """
 
 from __future__ import annotations
@@ -147,9 +148,11 @@ def postgres_engine(
     statement_timeout_s: float,
     ping_after_idle_s: float = PING_AFTER_IDLE_S,
     toast_compression: str = TOAST_COMPRESSION,
+    application_name: str = "ragmon",
 ) -> Engine:
     """The engine of the PostgreSQL database at `url` (psycopg), set up as the module docstring says.
-    Server options given in the URL (`?options=-csearch_path%3Dx`) are kept; ours come last and win."""
+    Server options given in the URL (`?options=-csearch_path%3Dx`) are kept; ours come last and win.
+    An `application_name` in the URL wins over `application_name`."""
     timeout_ms = max(1, round(statement_timeout_s * 1000))
     given = url.query.get("options", "")
     given = " ".join(given) if isinstance(given, tuple) else given
@@ -165,6 +168,7 @@ def postgres_engine(
         connect_args={
             "connect_timeout": max(2, math.ceil(connect_timeout_s)),
             "options": f"{given} {options}".strip(),
+            "application_name": url.query.get("application_name", application_name),
         },
     )
     _ping_when_idle(engine, ping_after_idle_s)

@@ -159,8 +159,9 @@ class Store(TraceReads):
     connection (PostgreSQL; at least 2 s, libpq's floor), `pool_timeout_s` for
     waiting on a free pooled connection, `statement_timeout_s` for one
     statement and for waiting on a lock (PostgreSQL `statement_timeout` and
-    `lock_timeout`, SQLite busy timeout). Call `create_schema()` once before
-    use, `close()` at the end.
+    `lock_timeout`, SQLite busy timeout). `application_name` names its
+    PostgreSQL connections (`pg_stat_activity`) unless the URL does. Call
+    `create_schema()` once before use, `close()` at the end.
     """
 
     def __init__(
@@ -172,6 +173,7 @@ class Store(TraceReads):
         pool_timeout_s: float = 5.0,
         connect_timeout_s: float = 5.0,
         statement_timeout_s: float = 10.0,
+        application_name: str = "ragmon",
     ) -> None:
         for name, value in (
             ("pool_timeout_s", pool_timeout_s),
@@ -215,6 +217,7 @@ class Store(TraceReads):
                 pool_timeout_s=pool_timeout_s,
                 connect_timeout_s=connect_timeout_s,
                 statement_timeout_s=statement_timeout_s,
+                application_name=application_name,
             )
             self._on_connect_create_staging()
             dialect = self._engine.dialect

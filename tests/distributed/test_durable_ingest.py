@@ -62,6 +62,13 @@ def test_spans_of_one_trace_sent_to_two_ingest_replicas_become_one_trace(
     engine = sa.create_engine(pg_url, poolclass=NullPool)
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM traces WHERE partial")).scalar_one() == 0
+        # a DBA tells the roles' connections apart in pg_stat_activity
+        names = conn.execute(
+            sa.text(
+                "SELECT DISTINCT application_name FROM pg_stat_activity WHERE datname = current_database()"
+            ),
+        ).scalars()
+        assert {"ragmon-serve", "ragmon-worker"} <= set(names)
     engine.dispose()
 
 

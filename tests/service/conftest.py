@@ -82,11 +82,11 @@ def postgres_url(postgres_database: sa.URL) -> Iterator[str]:
 
 @pytest.fixture
 def postgres_engines(postgres_url: str) -> Iterator[Callable[..., Engine]]:
-    """Makes engines as the store makes them (`postgres_engine`) on this test's schema, with small
-    pools and timeouts that keyword arguments override; each is disposed after the test."""
+    """Makes engines as the store makes them (`postgres_engine`) on this test's schema (or at `url`),
+    with small pools and timeouts that keyword arguments override; each is disposed after the test."""
     made: list[Engine] = []
 
-    def make(**overrides: Any) -> Engine:
+    def make(url: sa.URL | None = None, **overrides: Any) -> Engine:
         settings: dict[str, Any] = {
             "pool_size": 2,
             "max_overflow": 0,
@@ -94,7 +94,7 @@ def postgres_engines(postgres_url: str) -> Iterator[Callable[..., Engine]]:
             "connect_timeout_s": 5,
             "statement_timeout_s": 5,
         }
-        made.append(postgres_engine(sa.make_url(postgres_url), **{**settings, **overrides}))
+        made.append(postgres_engine(url or sa.make_url(postgres_url), **{**settings, **overrides}))
         return made[-1]
 
     yield make

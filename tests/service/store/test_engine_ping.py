@@ -110,3 +110,18 @@ def test_a_dead_connection_used_within_the_window_fails_one_call_then_the_pool_r
     second = _backend_pid(engine)
     assert second != first
     assert _backend_pid(engine) == second
+
+
+def test_connections_name_the_ragmon_process_unless_the_url_does(
+    postgres_url: str, postgres_engines: Callable[..., Engine]
+) -> None:
+    """`application_name` is what pg_stat_activity shows a DBA for each connection."""
+
+    def name_of(engine: Engine) -> str:
+        with engine.connect() as conn:
+            return str(conn.execute(sa.text("SELECT current_setting('application_name')")).scalar_one())
+
+    assert name_of(postgres_engines()) == "ragmon"
+    assert name_of(postgres_engines(application_name="ragmon-worker")) == "ragmon-worker"
+    named = sa.make_url(postgres_url).update_query_dict({"application_name": "billing-rag"})
+    assert name_of(postgres_engines(named, application_name="ragmon-worker")) == "billing-rag"
