@@ -191,9 +191,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except PortTaken as exc:
         print(f"ragmon serve: {exc}", file=sys.stderr)
         return 1
+    grpc = (
+        f"OTLP/gRPC {config.server.host}:{config.server.grpc_port}"
+        if config.server.grpc_port
+        else "no OTLP/gRPC"
+    )
     print(
-        f"ragmon listening: OTLP/HTTP + API http://{config.server.host}:{config.server.port}, "
-        f"OTLP/gRPC {config.server.host}:{config.server.grpc_port}, store {config.store_url_masked}",
+        # the bound socket's port: --port 0 lets the system choose it
+        f"ragmon listening: OTLP/HTTP + API http://{config.server.host}:{sock.getsockname()[1]}, "
+        f"{grpc}, store {config.store_url_masked}",
         file=sys.stderr,
     )
     asyncio.run(serve(config, sock))
@@ -333,15 +339,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     threading.Thread(target=run_server, name="ragmon-demo-server", daemon=True).start()
     while not server.started:
         if stopped.is_set():
-            print("ragmon demo: the server did not start (is the port taken? try --port)", file=sys.stderr)
+            print("ragmon demo: the server did not start (is the port taken? try --port 0)", file=sys.stderr)
             return 2
         time.sleep(0.05)
+    # the port it listens on: --port 0 lets the system choose one (4318 is often an OTel collector's)
+    port = server.servers[0].sockets[0].getsockname()[1]
     # uvicorn runs in a thread here and cannot take signals: SIGTERM (`kill`, `timeout`, a
     # container stop) and Ctrl-C ask for the same orderly stop, ingest workers and all, from here on
     stop = _StopRequest()
     stop.install()
     try:
-        return _demo_until_stopped(args, config, stop, token)
+        return _demo_until_stopped(args, config, f"http://{config.server.host}:{port}", stop, token)
     finally:
         server.should_exit = True
         if not stopped.wait(SHUTDOWN_WAIT_S):
@@ -349,17 +357,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _demo_until_stopped(
-    args: argparse.Namespace, config: RagmonConfig, stop: _StopRequest, token: str
+    args: argparse.Namespace, config: RagmonConfig, url: str, stop: _StopRequest, token: str
 ) -> int:
-    """Send the demo traffic in windows (pinning a drift reference at the topic shift), run drift,
-    write the report, print what ragmon saw, and (without --exit) wait for a stop request."""
+    """Send the demo traffic to ragmon at `url` in windows (pinning a drift reference at the topic
+    shift), run drift, write the report, print what ragmon saw, and (without --exit) wait for a
+    stop request."""
     from datetime import UTC, datetime
 
     from service.demo import run as demo
     from service.demo.settings import WINDOW_S, DemoPlan
     from service.demo.tour import Ragmon, url_lines
 
-    url = f"http://{config.server.host}:{config.server.port}"
     try:
         plan = DemoPlan.of(args.requests, args.shift_after)
     except ValueError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -77,9 +78,12 @@ def test_demo_command_starts_ragmon_sends_traffic_and_reports(tmp_path: Path) ->
     assert look["regenerations by source"]  # labelled by source, not one number against the demo's
     assert f"http://127.0.0.1:{port}/metrics" in result.stdout
     assert (tmp_path / "data" / "ragmon.db").exists()
-    # again in the same place: the first run's data is moved aside, said so, and not counted again
-    again = _demo(port, grpc_port, tmp_path / "data")
+    # again in the same place: the first run's data is moved aside, said so, and not counted again;
+    # on port 0 this time (4318 is often an OTel collector's): the system picks one, the demo finds it
+    again = _demo(0, 0, tmp_path / "data")
     assert again.returncode == 0, again.stdout + again.stderr
+    running = re.search(r"ragmon is running at http://127\.0\.0\.1:(\d+)", again.stdout)
+    assert running is not None and int(running[1]) > 0, again.stdout
     assert f"the earlier demo's data was moved to {tmp_path / 'data.previous'}" in again.stderr
     assert look_list(again.stdout)["traces stored"].split()[0] == "40"
     assert (tmp_path / "data.previous" / "ragmon.db").exists()

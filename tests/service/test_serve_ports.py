@@ -87,3 +87,22 @@ def test_the_grpc_receiver_refuses_a_port_another_grpc_server_holds() -> None:
             await other.stop(0)
 
     asyncio.run(run())
+
+
+def test_port_0_serves_on_a_port_the_system_chose_and_says_which(tmp_path: Path) -> None:
+    """4318 is often an OTel collector's: `--port 0` must start anyway and print the real port."""
+    server = _serve(tmp_path, "zero", 0, 0)
+    try:
+        assert server.stderr is not None
+        deadline = time.monotonic() + 60
+        line = ""
+        while "ragmon listening" not in line:
+            assert time.monotonic() < deadline and server.poll() is None, "no 'ragmon listening' line"
+            line = server.stderr.readline()
+        url = line.split("API ", 1)[1].split(",", 1)[0]
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), line
+        assert "no OTLP/gRPC" in line  # --grpc-port 0: no gRPC receiver
+        _wait_ready(url, server)
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
