@@ -22,7 +22,10 @@ call, uncached: about half of the client's CPU per stored trace
 (bench/ingest/store_insert.py --postgres). COPY has no statement to parse
 and no markers. It has no `ON CONFLICT` either, so `Store` copies into a
 temporary staging table and moves the rows from there with one
-`INSERT ... SELECT ... ON CONFLICT DO NOTHING RETURNING`.
+`INSERT ... SELECT ... ON CONFLICT DO NOTHING RETURNING`. It copies in COPY's
+binary format: numbers, times and JSON need no text form written by the
+client and parsed by the server (~20-30 us less server CPU and ~35-45 us less
+client CPU a stored trace and its context, bench/RESULTS.md session 30).
 
 `InsertNew` (PostgreSQL) inserts rows that may exist already and says which
 were new: one single-row `INSERT ... ON CONFLICT DO NOTHING RETURNING key`,
@@ -76,22 +79,50 @@ class PlainInsert:
             conn.exec_driver_sql(self.sql, parameters)
 
 
+# PostgreSQL's name (as psycopg knows it) of each column type the copied tables use, by the type's
+# DDL without its length: binary COPY needs the exact type of every field
+_BINARY_TYPES = {
+    "TEXT": "text",
+    "VARCHAR": "varchar",
+    "FLOAT": "float8",  # FLOAT without a precision is double precision in PostgreSQL
+    "DOUBLE PRECISION": "float8",
+    "BIGINT": "int8",
+    "INTEGER": "int4",
+    "BOOLEAN": "bool",
+    "TIMESTAMP WITH TIME ZONE": "timestamptz",
+    "JSON": "json",
+    "BYTEA": "bytea",
+}
+
+
+def _binary_type(column: sa.Column[Any], dialect: Dialect) -> str:
+    ddl = column.type.compile(dialect=dialect).split("(", 1)[0].strip()
+    try:
+        return _BINARY_TYPES[ddl]
+    except KeyError:
+        raise ValueError(
+            f"CopyRows has no binary COPY type for {column.table.name}.{column.name} ({ddl})"
+        ) from None
+
+
 class CopyRows:
-    """`COPY target (every column of table) FROM STDIN` on PostgreSQL through psycopg 3."""
+    """`COPY target (every column of table) FROM STDIN (FORMAT BINARY)` on PostgreSQL through psycopg 3."""
 
     def __init__(self, table: sa.Table, dialect: Dialect) -> None:
         self._rows = PlainInsert(table, dialect)
         self._columns = ", ".join(dialect.identifier_preparer.quote(name) for name in self._rows.columns)
+        self._types = [_binary_type(table.columns[name], dialect) for name in self._rows.columns]
 
     def copy(self, conn: Connection, target: str, rows: Iterable[Mapping[str, Any]]) -> None:
         """Copy `rows` into the table named `target` (this table or one LIKE it), in the connection's
         transaction. Errors are SQLAlchemy's DBAPIError family, as for any statement."""
         import psycopg  # the PostgreSQL extra; only a PostgreSQL store builds a CopyRows
 
-        statement = f"COPY {target} ({self._columns}) FROM STDIN"
+        statement = f"COPY {target} ({self._columns}) FROM STDIN (FORMAT BINARY)"
         driver = conn.connection.driver_connection
         try:
             with driver.cursor() as cursor, cursor.copy(statement) as copy:  # type: ignore[union-attr]
+                copy.set_types(self._types)
                 for row in rows:
                     copy.write_row(self._rows.values(row))
         except psycopg.Error as exc:

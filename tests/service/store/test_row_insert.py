@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from service.store.engine import json_text
-from service.store.row_insert import InsertNew, PlainInsert
+from service.store.row_insert import CopyRows, InsertNew, PlainInsert
 from service.store.tables import feedback, metadata, trace_contexts, traces
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)  # microsecond 0: formatted differently by sqlite3 itself
@@ -200,3 +200,36 @@ def test_insert_new_stores_what_sqlalchemy_stores_and_returns_only_the_new_keys(
     # a driver error surfaces as SQLAlchemy's, which the stores translate like any statement's
     with pytest.raises(sa.exc.DBAPIError), engine.begin() as conn:
         insert_new.execute(conn, [{**rows[0], "trace_id": "x" * 40}])  # over VARCHAR(32)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("table", "rows"),
+    [(traces, trace_rows()), (trace_contexts, context_rows())],
+    ids=["traces", "trace_contexts"],
+)
+def test_copy_rows_stores_what_sqlalchemy_stores(
+    postgres_engines: Callable[..., sa.Engine], table: sa.Table, rows: list[dict[str, Any]]
+) -> None:
+    """`CopyRows` (binary COPY, PostgreSQL): every column type the store copies, odd values included
+    (None, 2**40, a naive time, non-ASCII text, nested JSON), reads back as SQLAlchemy's insert wrote it."""
+    engine = postgres_engines()
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        CopyRows(table, engine.dialect).copy(conn, table.name, rows)
+    order = list(table.primary_key.columns)
+    with engine.connect() as conn:
+        copied = [dict(r) for r in conn.execute(sa.select(table).order_by(*order)).mappings()]
+        conn.execute(sa.delete(table))
+        conn.execute(sa.insert(table), rows)
+        expected = [dict(r) for r in conn.execute(sa.select(table).order_by(*order)).mappings()]
+        conn.rollback()
+    assert len(copied) == len(rows) and copied == expected
+
+
+def test_copy_rows_refuses_a_column_type_it_has_no_binary_form_for() -> None:
+    odd = sa.Table(
+        "odd", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), sa.Column("at", sa.Time)
+    )
+    with pytest.raises(ValueError, match=r"odd\.at \(TIME"):
+        CopyRows(odd, postgresql.psycopg.dialect(paramstyle="format"))
