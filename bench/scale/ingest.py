@@ -7,8 +7,8 @@ for tansu in memory). For the same OTLP protobuf bodies (`bench/ingest/payload.p
 * ceiling: the spans records ragmon would publish for those bodies (screened
   and encoded by `service.ingest.span_records`, outside the timing) sent by a
   plain kafka-python `KafkaProducer` with ragmon's producer settings
-  (`producer_settings`: acks=all, idempotent, the same compression, batch size
-  and linger), all at once, then `flush()`: the most this client gets from
+  (`producer_settings` by `new_producer`: acks=all, idempotent, the same compression
+  and gzip level, batch size and linger), all at once, then `flush()`: the most this client gets from
   this broker for records of these sizes; with `--ceiling-producers 1 2` also
   two such producers side by side, each with half the records (ragmon runs
   two producer processes by default: `kafka.producer_processes`);
@@ -135,10 +135,8 @@ def spans_records(
 
 CEILING = r"""
 import json, pickle, sys, time
-from kafka import KafkaProducer
-from kafka.admin import KafkaAdminClient, NewTopic
 sys.path.insert(0, sys.argv[1])
-from service.bus.kafka_client import ensure_topics, producer_settings
+from service.bus.kafka_client import ensure_topics, new_producer, producer_settings
 from service.config import KafkaConfig
 config = KafkaConfig.model_validate_json(sys.argv[2])
 with open(sys.argv[3], "rb") as file:
@@ -146,7 +144,7 @@ with open(sys.argv[3], "rb") as file:
 share, shares = int(sys.argv[4]), int(sys.argv[5])
 records = records[share::shares]
 ensure_topics(config)
-producer = KafkaProducer(**producer_settings(config))
+producer = new_producer(producer_settings(config))
 producer.partitions_for(config.spans_topic)
 cpu0, t0 = time.process_time(), time.perf_counter()
 futures = [producer.send(config.spans_topic, key=k, value=v, headers=hs) for k, v, hs in records]

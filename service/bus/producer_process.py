@@ -53,7 +53,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
 
-from service.bus.kafka_client import quiet_client_logs
+from service.bus.kafka_client import new_producer, quiet_client_logs
 from service.processes import main_module_hidden, worker_context
 
 __all__ = [
@@ -96,7 +96,7 @@ class ThreadProducer:
     """A `KafkaProducer` in this process (`kafka.producer_processes: 0`, the default on one usable CPU)."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
-        self._producer = KafkaProducer(**settings)
+        self._producer = new_producer(settings)
         self._close_timeout_s = settings["request_timeout_ms"] / 1000
 
     def send_many(self, records: Sequence[Record], report: Report) -> None:
@@ -389,7 +389,7 @@ def _serve(settings: dict[str, Any], commands: Connection, outcomes: Connection)
     quiet_client_logs()
     outbox = _Outbox(outcomes)
     try:
-        producer = KafkaProducer(**settings)
+        producer = new_producer(settings)
     except Exception as exc:
         outbox.send(("failed", repr(exc)))
         return

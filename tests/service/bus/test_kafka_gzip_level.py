@@ -1,0 +1,38 @@
+"""Ingest's producer gzips at `kafka.gzip_level` (kafka_client.use_gzip_level): kafka-python alone always
+compresses at 9. The level shows in the gzip header (XFL: 2 = best compression, 4 = fastest, 0 otherwise)."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+pytest.importorskip("kafka", reason="kafka-python comes with the kafka extra")
+
+from kafka.record import default_records
+
+from service.bus.kafka_client import GZIP_LEVEL, producer_settings, use_gzip_level
+from service.config import KafkaConfig
+
+DATA = b"spans of a RAG trace, retrieved chunk text " * 2000
+
+
+def test_batches_are_gzipped_at_the_level_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(default_records, "gzip_encode", default_records.gzip_encode)  # restored after
+    sizes = {}
+    for level, xfl in ((1, 4), (6, 0), (9, 2)):
+        use_gzip_level(level)
+        compressed = default_records.gzip_encode(DATA)  # what kafka-python's batch builder calls
+        assert compressed[8] == xfl, level
+        assert gzip.decompress(compressed) == DATA
+        sizes[level] = len(compressed)
+    assert sizes[1] > sizes[6] >= sizes[9]
+    with pytest.raises(ValueError, match="1 to 9"):
+        use_gzip_level(0)
+
+
+def test_the_producer_settings_carry_the_configured_level_and_6_by_default() -> None:
+    assert producer_settings(KafkaConfig())[GZIP_LEVEL] == 6
+    assert producer_settings(KafkaConfig(gzip_level=1))[GZIP_LEVEL] == 1
+    with pytest.raises(ValueError):
+        KafkaConfig(gzip_level=10)
