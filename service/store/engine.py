@@ -181,18 +181,19 @@ def _compress_with(engine: Engine, method: str) -> None:
     setting of the session: it applies to every column left at the default, temporary staging
     tables included). A server that refuses it (older than 14, or built without the method) keeps
     its default; said once in the log."""
-    refused: list[str] = []
+    said = False
 
     @sa.event.listens_for(engine, "connect")
     def _connected(dbapi_connection: Any, record: Any) -> None:
+        nonlocal said
         try:
             with dbapi_connection.cursor() as cursor:
                 cursor.execute(f"SET default_toast_compression = {method}")
             dbapi_connection.commit()
         except engine.dialect.loaded_dbapi.Error as exc:  # a server that does not know the method
             dbapi_connection.rollback()
-            if not refused:
-                refused.append(str(exc))
+            if not said:
+                said = True
                 log.info(
                     "PostgreSQL keeps its default compression of large values (%s refused: %s)", method, exc
                 )

@@ -38,7 +38,8 @@ server no longer parses and plans a new statement of ~560 markers each batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -79,6 +80,20 @@ class PlainInsert:
             conn.exec_driver_sql(self.sql, parameters)
 
 
+@contextmanager
+def _driver_cursor(conn: Connection, statement: str) -> Iterator[Any]:
+    """A psycopg cursor on the connection's transaction; a driver error leaves it as SQLAlchemy's
+    DBAPIError family, the form `Store` translates into StoreUnavailable / InvalidInput for every
+    other statement."""
+    import psycopg  # the PostgreSQL extra; only a PostgreSQL store builds CopyRows or InsertNew
+
+    try:
+        with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
+            yield cursor
+    except psycopg.Error as exc:
+        raise sa.exc.DBAPIError.instance(statement, None, exc, psycopg.Error) from exc
+
+
 # PostgreSQL's name (as psycopg knows it) of each column type the copied tables use, by the type's
 # DDL without its length: binary COPY needs the exact type of every field
 _BINARY_TYPES = {
@@ -116,18 +131,11 @@ class CopyRows:
     def copy(self, conn: Connection, target: str, rows: Iterable[Mapping[str, Any]]) -> None:
         """Copy `rows` into the table named `target` (this table or one LIKE it), in the connection's
         transaction. Errors are SQLAlchemy's DBAPIError family, as for any statement."""
-        import psycopg  # the PostgreSQL extra; only a PostgreSQL store builds a CopyRows
-
         statement = f"COPY {target} ({self._columns}) FROM STDIN (FORMAT BINARY)"
-        driver = conn.connection.driver_connection
-        try:
-            with driver.cursor() as cursor, cursor.copy(statement) as copy:  # type: ignore[union-attr]
-                copy.set_types(self._types)
-                for row in rows:
-                    copy.write_row(self._rows.values(row))
-        except psycopg.Error as exc:
-            # the form `Store` translates into StoreUnavailable / InvalidInput for every other statement
-            raise sa.exc.DBAPIError.instance(statement, None, exc, psycopg.Error) from exc
+        with _driver_cursor(conn, statement) as cursor, cursor.copy(statement) as copy:
+            copy.set_types(self._types)
+            for row in rows:
+                copy.write_row(self._rows.values(row))
 
 
 class InsertNew:
@@ -143,20 +151,14 @@ class InsertNew:
         """Insert `rows` in the connection's transaction, skipping each whose key is taken (by a row
         before, or one committed meanwhile); returns the keys of the rows inserted, in row order.
         Errors are SQLAlchemy's DBAPIError family, as for any statement."""
-        import psycopg  # the PostgreSQL extra; only a PostgreSQL store builds an InsertNew
-
         parameters = [self._rows.values(row) for row in rows]
         if not parameters:
             return []
-        driver = conn.connection.driver_connection
         inserted: list[tuple[Any, ...]] = []
-        try:
-            with driver.cursor() as cursor:  # type: ignore[union-attr]
-                cursor.executemany(self.sql, parameters, returning=True)
-                while True:  # one result a row: its key, or nothing when the key was taken
-                    inserted += cursor.fetchall()
-                    if not cursor.nextset():
-                        break
-        except psycopg.Error as exc:
-            raise sa.exc.DBAPIError.instance(self.sql, None, exc, psycopg.Error) from exc
+        with _driver_cursor(conn, self.sql) as cursor:
+            cursor.executemany(self.sql, parameters, returning=True)
+            while True:  # one result a row: its key, or nothing when the key was taken
+                inserted += cursor.fetchall()
+                if not cursor.nextset():
+                    break
         return inserted
