@@ -105,7 +105,7 @@ class ReviewStore:
         now = now or _now()
         items: dict[tuple[str, str, str], dict[str, Any]] = {}
         for entry in sorted(entries, key=lambda e: (e.tenant, e.queue, e.trace_id, e.reason)):
-            key = (entry.tenant, entry.queue, entry.trace_id)
+            key: tuple[str, str, str] = (entry.tenant, entry.queue, entry.trace_id)
             item = items.get(key)
             if item is None:
                 items[key] = item = {
