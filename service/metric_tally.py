@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from prometheus_client import Counter, Histogram
@@ -39,10 +39,13 @@ class StateCollector(Collector):
         """A labelled gauge: `read` returns (label values, value) pairs, one per series."""
         self._families[name] = (documentation, tuple(labels), read)
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self, names: Collection[str] | None = None) -> Iterable[GaugeMetricFamily]:
+        """Every gauge read now, or only those in `names` (the others are not read)."""
         # A gauge whose source fails (the database is down) is left out of this scrape instead of
         # failing the whole scrape: every other metric must stay visible during an outage.
         for name, (documentation, read) in sorted(self._gauges.items()):
+            if names is not None and name not in names:
+                continue
             try:
                 value = float(read())
             except Exception:
@@ -50,6 +53,8 @@ class StateCollector(Collector):
                 continue
             yield GaugeMetricFamily(name, documentation, value=value)
         for name, (documentation, labels, read_family) in sorted(self._families.items()):
+            if names is not None and name not in names:
+                continue
             family = GaugeMetricFamily(name, documentation, labels=labels)
             try:
                 for values, value in read_family():

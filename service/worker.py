@@ -38,11 +38,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import FastAPI, Request
 from sqlalchemy import exc as sa_exc
 from starlette.responses import JSONResponse, Response
 
+from service.api.scrape import scrape_response
 from service.bus.leader import leader_lock
 from service.bus.outage_log import OutageLog
 from service.config import RagmonConfig, WorkerRole
@@ -246,9 +246,11 @@ def create_worker_app(
     async def readyz() -> Response:
         return readiness_response(*await worker.ready())
 
-    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics of this worker")
-    async def prometheus_metrics() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    @app.get(
+        "/metrics", tags=["ops"], summary="Prometheus metrics of this worker (`name[]` to ask for some only)"
+    )
+    async def prometheus_metrics(request: Request) -> Response:
+        return await scrape_response(request, metrics, config.metrics.scrape_token)
 
     return app
 

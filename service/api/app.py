@@ -6,8 +6,6 @@ never at import, so a test process can build many apps side by side.
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,7 +13,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -27,6 +24,7 @@ from service.api import probes as probes_api
 from service.api import reports as reports_api
 from service.api import traces as traces_api
 from service.api.request_pool import RequestPool
+from service.api.scrape import scrape_response
 from service.config import RagmonConfig
 from service.errors import DecodeError, InvalidInput, RagmonError
 from service.ingest import http_receivers as ingest
@@ -151,23 +149,9 @@ def create_app(config: RagmonConfig, metrics: Metrics | None = None) -> FastAPI:
 
     scrape_token = config.metrics.scrape_token
 
-    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics (`name[]` to ask for some only)")
     async def prometheus_metrics(request: Request) -> Response:
-        if scrape_token is not None:
-            given = request.headers.get("authorization", "")
-            expected = f"Bearer {scrape_token.get_secret_value()}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                metrics.reject("unauthenticated")
-                return Response(
-                    "metrics need Authorization: Bearer <metrics.scrape_token>\n",
-                    401,
-                    {"WWW-Authenticate": "Bearer"},
-                    media_type="text/plain",
-                )
-        # in a thread: the scrape-time gauges ask the database (judge queue, review queue), and
-        # rendering thousands of series is not free; neither may hold up the event loop
-        body = await asyncio.to_thread(generate_latest, metrics.registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        return await scrape_response(request, metrics, scrape_token)
 
     # The last added runs first: the key check (headers only) before the body is read against its cap.
     app.add_middleware(

@@ -54,7 +54,17 @@ SASL_PASSWORD = "sasl-pass-9f7e5d3c1b"
 SESSION_SECRET = "session-secret-" + "x" * 24
 REVIEWER_HASH = "ab" * 32
 KEY_PASSWORD = "tls-key-pass-3b1d7f"
-SECRET_VALUES = (API_KEY, JUDGE_KEY, PG_PASSWORD, SASL_PASSWORD, SESSION_SECRET, REVIEWER_HASH, KEY_PASSWORD)
+SCRAPE_TOKEN = "scrape-tok-5e2a8c0f7d1b"
+SECRET_VALUES = (
+    API_KEY,
+    JUDGE_KEY,
+    PG_PASSWORD,
+    SASL_PASSWORD,
+    SESSION_SECRET,
+    REVIEWER_HASH,
+    KEY_PASSWORD,
+    SCRAPE_TOKEN,
+)
 
 # What the existing Secrets of the `existing_secrets` scenario hold in the cluster.
 EXISTING = {
@@ -69,6 +79,7 @@ EXISTING = {
     ("ragmon-user", "user.crt"): "-----BEGIN CERTIFICATE-----",
     ("ragmon-user", "user.key"): "-----BEGIN PRIVATE KEY-----",
     ("ragmon-user", "key-password"): KEY_PASSWORD,
+    ("prometheus-scrape", "token"): SCRAPE_TOKEN,
     ("my-cluster-cluster-ca-cert", "ca.crt"): "-----BEGIN CERTIFICATE-----",
     ("kafka-ca", "ca.crt"): "-----BEGIN CERTIFICATE-----",
     ("pg-ca", "ca.pem"): "-----BEGIN CERTIFICATE-----",
@@ -126,6 +137,10 @@ SCENARIOS: dict[str, Doc] = {
             "existingSecret": "kafka-user",
             "existingSecretPasswordKey": "password",
         },
+        "metrics": {
+            "scrapeTokenExistingSecret": "prometheus-scrape",
+            "scrapeTokenExistingSecretKey": "token",
+        },
     },
     "operator": {
         **_DISTRIBUTED,
@@ -135,6 +150,7 @@ SCENARIOS: dict[str, Doc] = {
         "workers": {"autoscaling": {"enabled": True, "maxReplicas": 12}},
         "report": {"persistence": {"enabled": True, "accessModes": ["ReadWriteMany"]}, "timeZone": "UTC"},
         "metrics": {
+            "scrapeToken": SCRAPE_TOKEN,
             "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
             "prometheusRule": {"enabled": True},
             "grafanaDashboards": {"enabled": True, "namespace": "monitoring"},
@@ -295,6 +311,10 @@ def secret_data(docs: tuple[Doc, ...]) -> dict[tuple[str, str], str]:
         for key, value in (secret.get("data") or {}).items():
             data[(secret["metadata"]["name"], key)] = base64.b64decode(value).decode()
     return data
+
+
+def _scrape_token_set(values: Doc) -> bool:
+    return bool(values.get("metrics", {}).keys() & {"scrapeToken", "scrapeTokenExistingSecret"})
 
 
 def container_environ(docs: tuple[Doc, ...], container: Doc) -> dict[str, str]:
@@ -647,6 +667,10 @@ def test_every_container_loads_a_valid_ragmon_config(scenario: str, tmp_path: Pa
                 assert config.judge.api_key.get_secret_value() == JUDGE_KEY
             if role in ("sinks", "drift", "report"):
                 assert config.judge.api_key is None  # only the processes that judge get the key
+            if role != "report" and _scrape_token_set(values):
+                # stored as is, read back by ragmon's loader as the same string
+                token = config.metrics.scrape_token
+                assert token is not None and token.get_secret_value() == SCRAPE_TOKEN
     assert checked >= (5 if distributed else 2)
 
 
@@ -731,6 +755,30 @@ def test_service_monitor_scrapes_every_metrics_port_as_the_rules_job() -> None:
         assert endpoint["path"] == "/metrics"
         job = [r for r in endpoint["relabelings"] if r.get("targetLabel") == "job"]
         assert [r["replacement"] for r in job] == [thresholds["job"]]
+
+
+@pytest.mark.parametrize("scenario", ["operator", "existing_secrets", "distributed"])
+def test_every_process_serving_metrics_asks_for_the_scrape_token_the_monitor_sends(scenario: str) -> None:
+    """Ingest and every worker serve /metrics: each gets the same token, from the Secret the
+    ServiceMonitor reads it from; stored as is (Prometheus sends what it reads)."""
+    docs = rendered(scenario)
+    expected = SCRAPE_TOKEN if _scrape_token_set(SCENARIOS[scenario]) else None
+    tokens = {}
+    for name, pod in pod_specs(docs):
+        for container in pod["containers"]:
+            if container["args"][0] in ("serve", "worker"):
+                tokens[name] = container_environ(docs, container).get("RAGMON_METRICS__SCRAPE_TOKEN")
+    assert len(tokens) >= 4 and set(tokens.values()) == {expected}, tokens
+    for monitor in of_kind(docs, "ServiceMonitor"):
+        for endpoint in monitor["spec"]["endpoints"]:
+            ref = endpoint["authorization"]["credentials"]
+            assert endpoint["authorization"]["type"] == "Bearer"
+            assert secret_data(docs)[(ref["name"], ref["key"])] == SCRAPE_TOKEN
+
+
+def test_a_scrape_token_of_other_characters_is_refused(tmp_path: Path) -> None:
+    result = template({"metrics": {"scrapeToken": '"quoted-token-0123456789"'}}, tmp_path)
+    assert result.returncode != 0 and "/metrics/scrapeToken" in result.stderr
 
 
 def test_operator_objects_are_off_by_default() -> None:

@@ -147,9 +147,17 @@ One env var from a Secret: (list name secretName key).
       key: {{ index . 2 | quote }}
 {{- end }}
 
+{{/* Where the scrape token is: the existing Secret named, else the chart's; and its key there. */}}
+{{- define "ragmon.scrapeTokenSecret" -}}
+{{ default (include "ragmon.secretName" .) .Values.metrics.scrapeTokenExistingSecret }}
+{{- end }}
+{{- define "ragmon.scrapeTokenKey" -}}
+{{ ternary .Values.metrics.scrapeTokenExistingSecretKey "scrape-token" (ne .Values.metrics.scrapeTokenExistingSecret "") }}
+{{- end }}
+
 {{/*
 The secret environment of a process: (list $ needs) where needs names the secret groups it uses:
-auth, judge, review, postgresql, kafka. Each secret comes from its existing Secret when one is
+auth, judge, review, metrics (it serves /metrics), postgresql, kafka. Each secret comes from its existing Secret when one is
 named, else from the chart's Secret.
 */}}
 {{- define "ragmon.secretEnvs" -}}
@@ -167,6 +175,9 @@ named, else from the chart's Secret.
 {{ include "ragmon.secretEnv" (list "RAGMON_REVIEW__REVIEWERS" (default $own $v.review.existingSecret) (ternary $v.review.existingSecretKey "reviewers" (ne $v.review.existingSecret ""))) }}
 {{- end }}
 {{ include "ragmon.secretEnv" (list "RAGMON_REVIEW__SESSION_SECRET" (default $own $v.review.sessionSecretExistingSecret) (ternary $v.review.sessionSecretExistingSecretKey "session-secret" (ne $v.review.sessionSecretExistingSecret ""))) }}
+{{- end }}
+{{- if and (has "metrics" $needs) (or $v.metrics.scrapeToken $v.metrics.scrapeTokenExistingSecret) }}
+{{ include "ragmon.secretEnv" (list "RAGMON_METRICS__SCRAPE_TOKEN" (include "ragmon.scrapeTokenSecret" $root) (include "ragmon.scrapeTokenKey" $root)) }}
 {{- end }}
 {{- if and (has "postgresql" $needs) (include "ragmon.distributed" $root) }}
 {{- if $v.postgresql.existingSecret }}

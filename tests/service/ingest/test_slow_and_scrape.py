@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.live_server import LiveServer, live_server
 
@@ -52,6 +53,18 @@ def test_metrics_need_the_scrape_token_when_one_is_set(server: LiveServer) -> No
     assert httpx.get(url, headers={"authorization": "Bearer wrong"}, timeout=10).status_code == 401
     scraped = httpx.get(url, headers={"authorization": "Bearer scrape-token-0123456789"}, timeout=10)
     assert scraped.status_code == 200 and "ragmon_traces_total" in scraped.text
+
+
+def test_metrics_answer_the_names_asked_for_and_still_need_the_token(server: LiveServer) -> None:
+    url, asked = f"{server.url}/metrics", {"name[]": ["ragmon_traces_total", "ragmon_bus_queue_depth"]}
+    assert httpx.get(url, params=asked, timeout=10).status_code == 401
+    scraped = httpx.get(
+        url, params=asked, headers={"authorization": "Bearer scrape-token-0123456789"}, timeout=10
+    )
+    assert scraped.status_code == 200
+    names = {s.name for family in text_string_to_metric_families(scraped.text) for s in family.samples}
+    # the queue gauge is read at scrape time; the counter has a series once an app was seen
+    assert "ragmon_bus_queue_depth" in names and names <= {"ragmon_traces_total", "ragmon_bus_queue_depth"}
 
 
 def test_without_a_token_metrics_stay_open(tmp_path: Path) -> None:
