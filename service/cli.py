@@ -244,7 +244,7 @@ def _wait_until_settled(url: str, timeout_s: float) -> bool:
     from prometheus_client.parser import text_string_to_metric_families
 
     settle_gauges = ("ragmon_open_traces", "ragmon_build_backlog_traces", "ragmon_bus_queue_depth")
-    asked = [("name[]", name) for name in (*settle_gauges, "ragmon_traces_total")]
+    asked = {"name[]": [*settle_gauges, "ragmon_traces_total"]}
     deadline = time.monotonic() + timeout_s
     previous_stored: float | None = None
     with httpx.Client(base_url=url, timeout=10) as client:

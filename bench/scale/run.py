@@ -40,7 +40,8 @@ trace, assembled by ragmon). Reported per mode:
 `--set RAGMON_X=VALUE` gives every mode's ragmon processes a setting (repeatable).
 
 `--py-spy DIR` records each mode's processes (ingest and workers, with their children) with py-spy
-while the load runs, as collapsed stacks in DIR/<mode>-<role>.txt.
+while the load runs, as collapsed stacks in DIR/<mode>-<role>.txt; with `--py-spy-gil` only the
+threads holding the GIL are sampled (where the CPU goes, not the waits).
 
 `--pg-statements N` starts PostgreSQL with pg_stat_statements and prints, for each PostgreSQL mode,
 the N statements that took the server the most time during the load: calls and server time
@@ -306,8 +307,7 @@ def scrape_sums(port: int, names: tuple[str, ...]) -> dict[str, float]:
     """Each named sample summed over its labels, from one scrape of the process on `port` that
     asks for those samples only (`name[]`: a full scrape 4 times a second was ~4 % of a worker's
     CPU, the database-backed gauges most of it; Prometheus scrapes every 15-30 s)."""
-    params = [("name[]", name) for name in names]
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", params=params, timeout=5).text
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", params={"name[]": list(names)}, timeout=5).text
     sums = dict.fromkeys(names, 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -400,8 +400,10 @@ def send_all(url: str, requests: Iterator[tuple[str, bytes, dict[str, str]]], co
     return time.perf_counter() - started
 
 
-def profile(pids: list[int], out: Path) -> list[subprocess.Popen[bytes]]:
-    """py-spy sampling each of `pids` with its children until SIGINT; collapsed stacks to `out`-N.txt."""
+def profile(pids: list[int], out: Path, gil_only: bool = False) -> list[subprocess.Popen[bytes]]:
+    """py-spy sampling each of `pids` with its children until SIGINT; collapsed stacks to `out`-N.txt.
+    `gil_only`: only threads holding the GIL (Python's CPU; a thread waiting on PostgreSQL or on
+    the GIL itself is not sampled, which py-spy's own idle detection does not always tell)."""
     spy = Path(sys.executable).parent / "py-spy"
     return [
         subprocess.Popen(
@@ -416,6 +418,7 @@ def profile(pids: list[int], out: Path) -> list[subprocess.Popen[bytes]]:
                 "--rate",
                 "100",
                 "--nonblocking",
+                *(["--gil"] if gil_only else []),
                 "--output",
                 f"{out}-{i}.txt",
             ],
@@ -508,8 +511,8 @@ def run_mode(
         spies = []
         if args.py_spy is not None:
             args.py_spy.mkdir(parents=True, exist_ok=True)
-            spies = profile([procs[0].pid], args.py_spy / f"{mode}-ingest") + profile(
-                [p.pid for p in procs[1:]], args.py_spy / f"{mode}-worker"
+            spies = profile([procs[0].pid], args.py_spy / f"{mode}-ingest", args.py_spy_gil) + profile(
+                [p.pid for p in procs[1:]], args.py_spy / f"{mode}-worker", args.py_spy_gil
             )
         if not sqlite:
             time.sleep(1.5)  # the start's transactions reported
@@ -594,6 +597,9 @@ def main() -> None:
     parser.add_argument("--broker", choices=("memory", "durable"), default="memory")
     parser.add_argument("--load", choices=("json", "otlp"), default="json")
     parser.add_argument("--py-spy", type=Path, metavar="DIR", help="profile each mode's processes into DIR")
+    parser.add_argument(
+        "--py-spy-gil", action="store_true", help="with --py-spy: sample only threads holding the GIL"
+    )
     parser.add_argument(
         "--set",
         action="append",

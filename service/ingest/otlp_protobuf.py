@@ -25,7 +25,7 @@ and its answer reports everything.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,7 @@ from service.ingest.otlp import (
     time_too_late,
 )
 from service.ingest.otlp_encode import span_bytes
-from service.ingest.protobuf_wire import WireError, span_slices
+from service.ingest.protobuf_wire import WireError, array_bytes, attribute_ranges, span_slices
 from service.ingest.span_size import MAX_SPAN_BYTES, fit_span
 from service.ingest.value_scan import suspect_values
 from service.labels import RejectReason
@@ -123,18 +123,47 @@ def _wire_doubles(raw: bytes) -> np.ndarray[Any, np.dtype[np.float64]] | None:
     return np.ndarray((n,), dtype="<f8", buffer=raw, offset=3, strides=(_WIRE_DOUBLE_ITEM,))
 
 
+# Vectors this long or longer are sliced from their span's bytes (`_vector_wire`), shorter ones
+# re-encoded: the walk to a vector costs ~7 us whatever its length, re-encoding ~0.02 us a number
+# (bench/ingest/vector_wire.py: 256 numbers re-encode faster than they are found, 1,536 do not).
+WIRE_SLICE_MIN_ITEMS = 512
+
+
+def _attribute_ranges(span_wire: bytes, count: int) -> list[tuple[int, int]]:
+    """`attribute_ranges` of a serialized span with `count` attributes; [] when its bytes do not walk
+    or list another number of them (then each vector is re-encoded instead)."""
+    try:
+        ranges = attribute_ranges(span_wire)
+    except WireError:
+        return []
+    return ranges if len(ranges) == count else []
+
+
+def _vector_wire(span_wire: bytes, ranges: list[tuple[int, int]], index: int) -> bytes | None:
+    """The serialized ArrayValue of the span's attribute `index`, sliced from the span's bytes: what
+    `SerializeToString` of the parsed array gives wherever `_wire_doubles` reads it (an all-double
+    array has one encoding), at a fraction of the cost. None: re-encode it."""
+    return array_bytes(span_wire, ranges[index]) if ranges else None
+
+
 def pb_attributes(
-    pairs: Iterable[KeyValue], batch: DecodedBatch, where: str, dims: set[int] | None
+    pairs: Sequence[KeyValue],
+    batch: DecodedBatch,
+    where: str,
+    dims: set[int] | None,
+    span_wire: bytes | None = None,
 ) -> tuple[Attributes, int]:
     """`finish_attributes` over protobuf KeyValues, with the common cases read inline: a string
     value of a key that needs no check, a double score, an integer count, an all-double vector.
 
     A span carries dozens of attributes, and the calls per attribute were most of converting
     them. Each inline case keeps exactly the value, and adds exactly the size, that the general
-    path (`add_checked`) would; any other value takes that path."""
+    path (`add_checked`) would; any other value takes that path. `span_wire`: the serialized
+    Span whose attributes `pairs` are, to read a vector's numbers from (`_vector_wire`)."""
     attributes: Attributes = {}
     size = 0
-    for kv in pairs:
+    ranges: list[tuple[int, int]] | None = None
+    for index, kv in enumerate(pairs):
         key, any_value = kv.key, kv.value
         if len(key) > MAX_KEY_CHARS:
             drop_long_key(key, batch, where)
@@ -164,7 +193,12 @@ def pb_attributes(
                     size += ENTRY_OVERHEAD + len(key) + NUMBER_SIZE
                     continue
         elif kind == "vector" and dims is not None and any_value.WhichOneof("value") == "array_value":
-            doubles = _wire_doubles(any_value.array_value.SerializeToString())
+            array = None
+            if span_wire is not None and len(any_value.array_value.values) >= WIRE_SLICE_MIN_ITEMS:
+                if ranges is None:
+                    ranges = _attribute_ranges(span_wire, len(pairs))
+                array = _vector_wire(span_wire, ranges, index)
+            doubles = _wire_doubles(array if array is not None else any_value.array_value.SerializeToString())
             if doubles is not None and 0 < doubles.size <= MAX_VECTOR_LENGTH:
                 numbers = doubles.tolist()
                 # a finite sum means no NaN or infinity (an overflowing sum takes the general path)
@@ -235,7 +269,7 @@ def _screen_span(
     # a dict entry per attribute; within 2x of the decoded estimate for strings and numbers.
     size = SPAN_OVERHEAD + 2 * len(raw) + (ENTRY_OVERHEAD + STR_OVERHEAD) * len(span.attributes)
     if _VECTOR_KEY_MARK in raw:
-        vector_size = _screen_vectors(span, dims, where)
+        vector_size = _screen_vectors(span, raw, dims, where)
         # a vector's 11 wire bytes a number become ~40 in Python (see `value_size`)
         size += vector_size * (LIST_SLOT + NUMBER_SIZE)
     parent = raw_parent.hex() if any(raw_parent) else None
@@ -268,7 +302,7 @@ def _repaired(wire: WireSpan, batch: DecodedBatch) -> WireSpan:
     return wire._replace(raw=raw, size_bytes=size)
 
 
-def _screen_vectors(span: PbSpan, dims: VectorDims, where: str) -> int:
+def _screen_vectors(span: PbSpan, raw: bytes, dims: VectorDims, where: str) -> int:
     """Check the span's embedding vectors as `span_from_wire` would, without converting them: raises
     `InvalidValue` for a non-finite number or a length mismatch; returns the numbers they hold.
 
@@ -277,10 +311,17 @@ def _screen_vectors(span: PbSpan, dims: VectorDims, where: str) -> int:
     lengths: set[int] = set()
     numbers = 0
     models: Attributes = {}
-    for kv in span.attributes:
+    ranges: list[tuple[int, int]] | None = None
+    for index, kv in enumerate(span.attributes):
         key = kv.key
         if len(key) <= MAX_KEY_CHARS and kind_of(key) == "vector":
-            length = _screened_vector_length(key, kv.value)
+            value, wire = kv.value, None
+            is_array = value.WhichOneof("value") == "array_value"
+            if is_array and len(value.array_value.values) >= WIRE_SLICE_MIN_ITEMS:
+                if ranges is None:
+                    ranges = _attribute_ranges(raw, len(span.attributes))
+                wire = _vector_wire(raw, ranges, index)
+            length = _screened_vector_length(key, value, wire)
             if length is not None:
                 lengths.add(length)
                 numbers += length
@@ -290,13 +331,12 @@ def _screen_vectors(span: PbSpan, dims: VectorDims, where: str) -> int:
     return numbers
 
 
-def _screened_vector_length(key: str, value: AnyValue) -> int | None:
+def _screened_vector_length(key: str, value: AnyValue, wire: bytes | None) -> int | None:
     """The length of a usable vector; None for one `check_vector` would drop; raises `InvalidValue`
-    (NAN_VECTOR) where it would reject the span."""
+    (NAN_VECTOR) where it would reject the span. `wire`: the array's bytes (`_vector_wire`), if found."""
     if value.WhichOneof("value") != "array_value" or len(value.array_value.values) > MAX_VECTOR_LENGTH:
         return None
-    raw = value.array_value.SerializeToString()
-    doubles = _wire_doubles(raw)
+    doubles = _wire_doubles(wire if wire is not None else value.array_value.SerializeToString())
     if doubles is not None:  # the usual case: all doubles, checked in one numpy call
         if not doubles.size:
             return None
@@ -323,7 +363,7 @@ def span_from_wire(wire: WireSpan, problems: DecodedBatch) -> Span:
     # vectors were compared within its request.
     vector_dims: set[int] = set()
     dropped_from = len(problems.dropped_keys)
-    attributes, size = pb_attributes(span.attributes, problems, where, vector_dims)
+    attributes, size = pb_attributes(span.attributes, problems, where, vector_dims, wire.raw)
     events: list[SpanEvent] = []
     if span.events:  # iterating an empty repeated field costs 3x asking its length
         for event in span.events:

@@ -14,6 +14,12 @@ re-encoding (repeated message fields keep their wire order, which is the
 order the parsed request lists them in). The walk reads only tags and
 lengths, never field contents; anything it does not expect (a group, a
 length past the end) makes it give up, and the caller re-encodes instead.
+
+The same walk finds an embedding vector's bytes in its span (`attribute_ranges`,
+`array_bytes`): screening and building read a vector's numbers from its serialized
+`ArrayValue`, and re-encoding a 1,536-number vector for that cost ~45 us, more than
+everything else screening does to the span; the walk to it skips the span's other
+fields by their lengths (a few microseconds whatever their size).
 """
 
 from __future__ import annotations
@@ -22,7 +28,15 @@ from __future__ import annotations
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _REQUEST_RESOURCE_SPANS_FIELD = 1
 _RESOURCE_SCOPE_SPANS_FIELD = 2
+# Span.attributes = 9, KeyValue.value = 2, AnyValue.array_value = 5
+_SPAN_ATTRIBUTES_FIELD = 9
+_KEY_VALUE_VALUE_FIELD = 2
+_ANY_VALUE_ARRAY_FIELD = 5
 _SCOPE_SPANS_FIELD = 2
+# Span.attributes = 9, KeyValue.value = 2, AnyValue.array_value = 5
+_SPAN_ATTRIBUTES_FIELD = 9
+_KEY_VALUE_VALUE_FIELD = 2
+_ANY_VALUE_ARRAY_FIELD = 5
 
 
 class WireError(ValueError):
@@ -88,3 +102,27 @@ def span_slices(body: bytes) -> list[bytes]:
         for scope in field_ranges(body, *resource, _RESOURCE_SCOPE_SPANS_FIELD)
         for start, end in field_ranges(body, *scope, _SCOPE_SPANS_FIELD)
     ]
+
+
+def attribute_ranges(span: bytes) -> list[tuple[int, int]]:
+    """The (start, end) offsets of each attribute (`KeyValue`) of a serialized Span, in the order the
+    parsed span lists them; raises `WireError` when the span does not walk."""
+    return field_ranges(span, 0, len(span), _SPAN_ATTRIBUTES_FIELD)
+
+
+def array_bytes(buf: bytes, key_value: tuple[int, int]) -> bytes | None:
+    """The serialized `ArrayValue` of the KeyValue at `buf[start:end]` (from `attribute_ranges`), for
+    a value the parser reads as an array; None where the bytes would not be what it holds: a
+    value or array field given more than once (the parser merges them) or none, or a walk that fails.
+    """
+    try:
+        values = field_ranges(buf, *key_value, _KEY_VALUE_VALUE_FIELD)
+        if len(values) != 1:
+            return None
+        arrays = field_ranges(buf, *values[0], _ANY_VALUE_ARRAY_FIELD)
+    except WireError:
+        return None
+    if len(arrays) != 1:
+        return None
+    start, end = arrays[0]
+    return buf[start:end]

@@ -220,3 +220,106 @@ def test_protobuf_attributes_of_a_whole_span_equal_the_general_path() -> None:
     general_dims: set[int] = set()
     assert _inline_path(kept, inline_dims) == _general_path(kept, general_dims)
     assert inline_dims == general_dims == {1, 2, 3}
+
+
+def _long_vector_request() -> bytes:
+    """Spans with vectors of more than `WIRE_SLICE_MIN_ITEMS` numbers, each read from its span's
+    bytes: canonical ones, one with a NaN, one with an integer among the doubles, two lengths in
+    one span, and one whose value the sender split in two (the parser merges the parts)."""
+    from service.ingest.otlp_protobuf import WIRE_SLICE_MIN_ITEMS
+
+    n = WIRE_SLICE_MIN_ITEMS + 88
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+
+    def span(name: str, *vectors: list[Any]) -> Any:
+        pb = scope.spans.add(name=name, trace_id=bytes.fromhex(TRACE), start_time_unix_nano=1)
+        pb.span_id, pb.end_time_unix_nano = bytes([len(scope.spans)]) * 8, 2
+        pb.attributes.add(key="embedding.model_name").value.string_value = "text-embedding-3-small"
+        for i, vector in enumerate(vectors):
+            kv = pb.attributes.add(key=f"embedding.embeddings.{i}.embedding.vector")
+            for x in vector:
+                item = kv.value.array_value.values.add()
+                if isinstance(x, float):
+                    item.double_value = x
+                else:
+                    item.int_value = x
+        return pb
+
+    base = [i / 997 for i in range(n)]
+    span("canonical", base)
+    span("nan", [*base[:300], math.nan, *base[301:]])
+    span("an integer", [*base[:5], 7, *base[6:]])
+    span("two lengths", base, base[:-1])
+    split = span("split value")
+    # the split span gets its vector by hand: one KeyValue whose value field comes twice, each an
+    # AnyValue holding half of the array (the parser merges them into one array, in order)
+    halves = []
+    for part in (base[: n // 2], base[n // 2 :]):
+        half = AnyValue()
+        half.array_value.values.extend([AnyValue(double_value=x) for x in part])
+        halves.append(_field(2, half.SerializeToString()))
+    key_value = _field(1, VECTOR_KEY.encode()) + b"".join(halves)
+    spans = [pb.SerializeToString() for pb in scope.spans]
+    spans[-1] += _field(9, key_value)  # Span.attributes: a repeated field, appended
+    scope_bytes = b"".join(_field(2, raw) for raw in spans)
+    del split
+    return _field(1, _field(2, scope_bytes))  # request.resource_spans[0].scope_spans[0]
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    tag, length, out = number << 3 | 2, len(payload), bytearray()
+    for value in (tag, length):
+        while value >= 0x80:
+            out.append(value & 0x7F | 0x80)
+            value >>= 7
+        out.append(value)
+    return bytes(out) + payload
+
+
+def test_long_vectors_read_from_the_span_bytes_equal_re_encoding_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from service.ingest import otlp_protobuf
+
+    body, n = _long_vector_request(), otlp_protobuf.WIRE_SLICE_MIN_ITEMS + 88
+    parsed = ExportTraceServiceRequest.FromString(body)
+    split = parsed.resource_spans[0].scope_spans[0].spans[-1]
+    assert len(split.attributes[-1].value.array_value.values) == n
+
+    def screen_and_decode() -> tuple[Any, ...]:
+        batch = otlp_protobuf.screen_protobuf(body, TENANT)
+        problems = DecodedBatch()
+        spans = [otlp_protobuf.span_from_wire(s, problems) for s in batch.spans]  # type: ignore[arg-type]
+        return (
+            batch.rejected_spans,
+            batch.rejections,
+            [(s.name, s.attributes) for s in spans],
+            problems.rejections,
+        )
+
+    found: list[bytes | None] = []
+    real = otlp_protobuf.array_bytes
+
+    def counted(buf: bytes, key_value: tuple[int, int]) -> bytes | None:
+        found.append(real(buf, key_value))
+        return found[-1]
+
+    monkeypatch.setattr(otlp_protobuf, "array_bytes", counted)
+    sliced = screen_and_decode()
+    # read from the span bytes: screening's 5 vectors and the 2 kept ones decoded, not the split one
+    # (screened and decoded), which re-encoding reads as the parser merged it
+    assert [b is not None for b in found].count(True) == 7 and found.count(None) == 2
+    monkeypatch.setattr(otlp_protobuf, "WIRE_SLICE_MIN_ITEMS", 10**9)  # every vector re-encoded
+    assert screen_and_decode() == sliced
+    rejected, reasons, kept, _ = sliced
+    assert rejected == 2 and reasons == {
+        RejectReason.NAN_VECTOR.value: 1,
+        RejectReason.VECTOR_DIMENSION_MISMATCH.value: 1,
+    }
+    by_name = dict(kept)
+    assert set(by_name) == {"canonical", "an integer", "split value"}
+    expected = [i / 997 for i in range(n)]
+    assert by_name["canonical"][VECTOR_KEY] == expected
+    assert by_name["split value"][VECTOR_KEY] == expected  # the merged parts, in order
+    assert by_name["an integer"][VECTOR_KEY][5] == 7.0

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from service.conventions.spans import WireSpan
 from service.ingest.otlp_protobuf import decode_protobuf, screen_protobuf
-from service.ingest.protobuf_wire import WireError, field_ranges, span_slices
+from service.ingest.protobuf_wire import WireError, array_bytes, attribute_ranges, field_ranges, span_slices
 
 
 def _varint(n: int) -> bytes:
@@ -148,3 +148,49 @@ def test_a_body_the_parser_takes_but_the_walk_does_not_is_re_encoded(exported: b
         ExportTraceServiceRequest.FromString(exported)
     )
     assert screened.rejected_spans == decoded.rejected_spans == 0
+
+
+# -- a vector's bytes in its span (attribute_ranges, array_bytes) -------------------------------------
+
+
+def _double_item(x: float) -> bytes:
+    return _len(1, _tag(4, 1) + struct.pack("<d", x))  # ArrayValue.values += AnyValue{double_value}
+
+
+def _key_value(key: str, any_value: bytes) -> bytes:
+    return _len(1, key.encode()) + _len(2, any_value)
+
+
+def test_array_bytes_are_what_the_parsed_array_re_encodes_to() -> None:
+    span = PbSpan(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="embed", start_time_unix_nano=1)
+    span.attributes.add(key="embedding.model_name").value.string_value = "m" * 300
+    vector = span.attributes.add(key="embedding.embeddings.0.embedding.vector")
+    vector.value.array_value.values.extend(
+        [type(vector.value)(double_value=float(i) / 7) for i in range(600)]
+    )
+    span.attributes.add(key="empty").value.array_value.SetInParent()
+    raw = UNKNOWN + span.SerializeToString() + UNKNOWN  # unknown fields around are walked past
+    parsed = PbSpan.FromString(raw)
+    ranges = attribute_ranges(raw)
+    assert len(ranges) == len(parsed.attributes) == 3
+    for index in (1, 2):
+        expected = parsed.attributes[index].value.array_value.SerializeToString()
+        assert array_bytes(raw, ranges[index]) == expected
+    assert array_bytes(raw, ranges[0]) is None  # a string value holds no array field
+
+
+@pytest.mark.parametrize(
+    "key_value",
+    [
+        # the value given twice: the parser merges the two arrays into one
+        _key_value("v", _len(5, _double_item(1.0))) + _len(2, _len(5, _double_item(2.0))),
+        # the array field given twice within one value: merged too
+        _key_value("v", _len(5, _double_item(1.0)) + _len(5, _double_item(2.0))),
+        # no value at all
+        _len(1, b"v"),
+        # a value that does not walk (a length past its end)
+        _len(1, b"v") + _tag(2, 2) + _varint(3) + _tag(5, 2) + _varint(40),
+    ],
+)
+def test_array_bytes_are_refused_where_they_are_not_what_the_parser_holds(key_value: bytes) -> None:
+    assert array_bytes(key_value, (0, len(key_value))) is None
