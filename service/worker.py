@@ -42,7 +42,6 @@ from fastapi import FastAPI, Request
 from sqlalchemy import exc as sa_exc
 from starlette.responses import JSONResponse, Response
 
-from service.api.scrape import scrape_response
 from service.bus.leader import leader_lock
 from service.bus.outage_log import OutageLog
 from service.config import RagmonConfig, WorkerRole
@@ -51,6 +50,7 @@ from service.ingest.responses import readiness_response
 from service.metrics import Metrics
 from service.pipeline import Pipeline
 from service.runtime import tune_for_service
+from service.scrape import scrape_response
 
 if TYPE_CHECKING:
     from service.bus.kafka import KafkaReceiver

@@ -21,6 +21,7 @@ PACKAGES = ("service", "sampler", "detectors")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("api", "worker"),
+    ("scrape",),
     ("pipeline",),
     ("pipeline_intake",),
     ("phoenix", "report", "demo"),

@@ -18,6 +18,7 @@ alternately, best of `--repeat`, in microseconds a trace.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -71,17 +72,15 @@ def main() -> None:
         assert [b.spans for b in screened_old] == [b.spans for b in screened_new], "screening differs"
         assert _decode_all(old, wires) == _decode_all(otlp_protobuf, wires), "decoding differs"
         traces = args.bodies * TRACES_PER_BODY
-        steps = {
-            "screen (ingest, worker)": (
-                lambda m: lambda: _screen_all(m, bodies)  # noqa: E731
-            ),
-            "decode (builder)": (lambda m: lambda: _decode_all(m, wires)),  # noqa: E731
+        steps: dict[str, Callable[[ModuleType], object]] = {
+            "screen (ingest, worker)": functools.partial(_screen_all, bodies=bodies),
+            "decode (builder)": functools.partial(_decode_all, wires=wires),
         }
-        for step, make in steps.items():
+        for step, run in steps.items():
             old_s = new_s = float("inf")
             for _ in range(2):  # alternate, so a slow moment of the machine hits both
-                old_s = min(old_s, _best(make(old), args.repeat))
-                new_s = min(new_s, _best(make(otlp_protobuf), args.repeat))
+                old_s = min(old_s, _best(functools.partial(run, old), args.repeat))
+                new_s = min(new_s, _best(functools.partial(run, otlp_protobuf), args.repeat))
             print(
                 f"{dims:>5} {step:<22} {old_s / traces * 1e6:>9.1f} {new_s / traces * 1e6:>9.1f}"
                 f" {old_s / new_s:>5.2f}x"

@@ -24,7 +24,6 @@ from service.api import probes as probes_api
 from service.api import reports as reports_api
 from service.api import traces as traces_api
 from service.api.request_pool import RequestPool
-from service.api.scrape import scrape_response
 from service.config import RagmonConfig
 from service.errors import DecodeError, InvalidInput, RagmonError
 from service.ingest import http_receivers as ingest
@@ -35,6 +34,7 @@ from service.ingest.responses import error_response, readiness_response
 from service.metrics import Metrics
 from service.pipeline import Pipeline
 from service.review import page as review
+from service.scrape import scrape_response
 
 log = logging.getLogger(__name__)
 

@@ -123,27 +123,36 @@ def _wire_doubles(raw: bytes) -> np.ndarray[Any, np.dtype[np.float64]] | None:
     return np.ndarray((n,), dtype="<f8", buffer=raw, offset=3, strides=(_WIRE_DOUBLE_ITEM,))
 
 
-# Vectors this long or longer are sliced from their span's bytes (`_vector_wire`), shorter ones
+# Vectors this long or longer are sliced from their span's bytes (`_SpanVectors`), shorter ones
 # re-encoded: the walk to a vector costs ~7 us whatever its length, re-encoding ~0.02 us a number
 # (bench/ingest/vector_wire.py: 256 numbers re-encode faster than they are found, 1,536 do not).
 WIRE_SLICE_MIN_ITEMS = 512
 
 
-def _attribute_ranges(span_wire: bytes, count: int) -> list[tuple[int, int]]:
-    """`attribute_ranges` of a serialized span with `count` attributes; [] when its bytes do not walk
-    or list another number of them (then each vector is re-encoded instead)."""
-    try:
-        ranges = attribute_ranges(span_wire)
-    except WireError:
-        return []
-    return ranges if len(ranges) == count else []
+class _SpanVectors:
+    """The long vectors of one serialized span, sliced from its bytes: `array(index, value)` is what
+    `SerializeToString` of attribute `index`'s parsed array gives wherever `_wire_doubles` reads it
+    (an all-double array has one encoding), at a fraction of the cost; None: re-encode it (a short
+    vector, or bytes that do not walk to it). The span's attributes are walked once, when first asked."""
 
+    __slots__ = ("_count", "_ranges", "_wire")
 
-def _vector_wire(span_wire: bytes, ranges: list[tuple[int, int]], index: int) -> bytes | None:
-    """The serialized ArrayValue of the span's attribute `index`, sliced from the span's bytes: what
-    `SerializeToString` of the parsed array gives wherever `_wire_doubles` reads it (an all-double
-    array has one encoding), at a fraction of the cost. None: re-encode it."""
-    return array_bytes(span_wire, ranges[index]) if ranges else None
+    def __init__(self, span_wire: bytes | None, count: int) -> None:
+        self._wire = span_wire
+        self._count = count
+        self._ranges: list[tuple[int, int]] | None = None
+
+    def array(self, index: int, value: AnyValue) -> bytes | None:
+        if self._wire is None or len(value.array_value.values) < WIRE_SLICE_MIN_ITEMS:
+            return None
+        if self._ranges is None:
+            try:
+                ranges = attribute_ranges(self._wire)
+            except WireError:
+                ranges = []
+            # bytes that list another number of attributes than the parsed span: re-encode instead
+            self._ranges = ranges if len(ranges) == self._count else []
+        return array_bytes(self._wire, self._ranges[index]) if self._ranges else None
 
 
 def pb_attributes(
@@ -159,10 +168,10 @@ def pb_attributes(
     A span carries dozens of attributes, and the calls per attribute were most of converting
     them. Each inline case keeps exactly the value, and adds exactly the size, that the general
     path (`add_checked`) would; any other value takes that path. `span_wire`: the serialized
-    Span whose attributes `pairs` are, to read a vector's numbers from (`_vector_wire`)."""
+    Span whose attributes `pairs` are, to read a long vector's numbers from (`_SpanVectors`)."""
     attributes: Attributes = {}
     size = 0
-    ranges: list[tuple[int, int]] | None = None
+    vectors: _SpanVectors | None = None
     for index, kv in enumerate(pairs):
         key, any_value = kv.key, kv.value
         if len(key) > MAX_KEY_CHARS:
@@ -193,11 +202,9 @@ def pb_attributes(
                     size += ENTRY_OVERHEAD + len(key) + NUMBER_SIZE
                     continue
         elif kind == "vector" and dims is not None and any_value.WhichOneof("value") == "array_value":
-            array = None
-            if span_wire is not None and len(any_value.array_value.values) >= WIRE_SLICE_MIN_ITEMS:
-                if ranges is None:
-                    ranges = _attribute_ranges(span_wire, len(pairs))
-                array = _vector_wire(span_wire, ranges, index)
+            if vectors is None:
+                vectors = _SpanVectors(span_wire, len(pairs))
+            array = vectors.array(index, any_value)
             doubles = _wire_doubles(array if array is not None else any_value.array_value.SerializeToString())
             if doubles is not None and 0 < doubles.size <= MAX_VECTOR_LENGTH:
                 numbers = doubles.tolist()
@@ -311,17 +318,11 @@ def _screen_vectors(span: PbSpan, raw: bytes, dims: VectorDims, where: str) -> i
     lengths: set[int] = set()
     numbers = 0
     models: Attributes = {}
-    ranges: list[tuple[int, int]] | None = None
+    vectors = _SpanVectors(raw, len(span.attributes))
     for index, kv in enumerate(span.attributes):
         key = kv.key
         if len(key) <= MAX_KEY_CHARS and kind_of(key) == "vector":
-            value, wire = kv.value, None
-            is_array = value.WhichOneof("value") == "array_value"
-            if is_array and len(value.array_value.values) >= WIRE_SLICE_MIN_ITEMS:
-                if ranges is None:
-                    ranges = _attribute_ranges(raw, len(span.attributes))
-                wire = _vector_wire(raw, ranges, index)
-            length = _screened_vector_length(key, value, wire)
+            length = _screened_vector_length(key, kv.value, vectors, index)
             if length is not None:
                 lengths.add(length)
                 numbers += length
@@ -331,11 +332,12 @@ def _screen_vectors(span: PbSpan, raw: bytes, dims: VectorDims, where: str) -> i
     return numbers
 
 
-def _screened_vector_length(key: str, value: AnyValue, wire: bytes | None) -> int | None:
-    """The length of a usable vector; None for one `check_vector` would drop; raises `InvalidValue`
-    (NAN_VECTOR) where it would reject the span. `wire`: the array's bytes (`_vector_wire`), if found."""
+def _screened_vector_length(key: str, value: AnyValue, vectors: _SpanVectors, index: int) -> int | None:
+    """The length of a usable vector (attribute `index` of the span `vectors` reads); None for one
+    `check_vector` would drop; raises `InvalidValue` (NAN_VECTOR) where it would reject the span."""
     if value.WhichOneof("value") != "array_value" or len(value.array_value.values) > MAX_VECTOR_LENGTH:
         return None
+    wire = vectors.array(index, value)
     doubles = _wire_doubles(wire if wire is not None else value.array_value.SerializeToString())
     if doubles is not None:  # the usual case: all doubles, checked in one numpy call
         if not doubles.size:

@@ -1,4 +1,4 @@
-"""`/metrics` of a worker (service/api/scrape.py, shared with `ragmon serve`): the scrape token, the
+"""`/metrics` of a worker (service/scrape.py, shared with `ragmon serve`): the scrape token, the
 `name[]` filter, and a slow scrape-time gauge that must not hold up the worker's event loop."""
 
 from __future__ import annotations
