@@ -9,10 +9,12 @@ from the span's own bytes (`protobuf_wire.array_bytes`).
 
 The bodies are bench/ingest/payload.py's (four-span RAG traces, one query
 vector a trace) at each `--dims`. The script first checks that both versions
-give equal results (screened spans and decoded spans), then times them
-alternately, best of `--repeat`, in microseconds a trace.
+give equal results (screened spans and decoded spans), then times them one
+after the other `--repeat` times and keeps each one's best, in µs of CPU a trace.
+This machine's speed moves by up to 2x within a minute: only runs that agree say
+anything (bench/RESULTS.md).
 
-    python bench/ingest/vector_wire.py [--baseline REV] [--dims 256 1536] [--bodies 20] [--repeat 7]
+    python bench/ingest/vector_wire.py [--baseline REV] [--dims 256 1536] [--bodies 20] [--repeat 15]
 """
 
 from __future__ import annotations
@@ -46,13 +48,10 @@ def _decode_all(module: ModuleType, wires: list[WireSpan]) -> list[object]:
     return [module.span_from_wire(wire, problems) for wire in wires]
 
 
-def _best(fn: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        started = time.process_time()
-        fn()
-        best = min(best, time.process_time() - started)
-    return best
+def _cpu(fn: Callable[[], object]) -> float:
+    started = time.process_time()
+    fn()
+    return time.process_time() - started
 
 
 def main() -> None:
@@ -60,7 +59,7 @@ def main() -> None:
     parser.add_argument("--baseline", default="c1b0b13", help="git revision of the version to compare with")
     parser.add_argument("--dims", type=int, nargs="+", default=[256, 1536])
     parser.add_argument("--bodies", type=int, default=20)
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
     old = load_module_at(args.baseline, "baseline_otlp_protobuf", "service/ingest/otlp_protobuf.py")
     print(f"baseline {args.baseline}; {args.bodies} bodies of {TRACES_PER_BODY} traces; µs of CPU a trace")
@@ -78,9 +77,9 @@ def main() -> None:
         }
         for step, run in steps.items():
             old_s = new_s = float("inf")
-            for _ in range(2):  # alternate, so a slow moment of the machine hits both
-                old_s = min(old_s, _best(functools.partial(run, old), args.repeat))
-                new_s = min(new_s, _best(functools.partial(run, otlp_protobuf), args.repeat))
+            for _ in range(args.repeat):  # one of each in turn: a slow moment of the machine hits both
+                old_s = min(old_s, _cpu(functools.partial(run, old)))
+                new_s = min(new_s, _cpu(functools.partial(run, otlp_protobuf)))
             print(
                 f"{dims:>5} {step:<22} {old_s / traces * 1e6:>9.1f} {new_s / traces * 1e6:>9.1f}"
                 f" {old_s / new_s:>5.2f}x"
