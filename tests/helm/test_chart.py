@@ -383,6 +383,7 @@ def test_wrong_values_fail_at_install_time(values: Doc, message: str, tmp_path: 
     [
         ({"config": {"judge": {"api_key": "sk-oops"}}}, "config.judge.api_key"),
         ({"config": {"auth": {"api_keys": {"k": "t"}}}}, "config.auth.api_keys"),
+        ({"config": {"metrics": {"scrape_token": "sk-oops-0123456789"}}}, "config.metrics.scrape_token"),
         ({"config": {"store": {"url": "postgresql+psycopg://u:p@h/d"}}}, "config.store.url"),
         ({**SCENARIOS["distributed"], "workers": {"replicas": 7}}, "kafka.partitions is 6"),
         (

@@ -74,11 +74,11 @@ Refuse values that would put a secret in a ConfigMap, or that cannot work. Rende
 by configmap.yaml, so every install and template run passes through here.
 */}}
 {{- define "ragmon.validate" -}}
-{{- $secretKeys := list (list "auth" "api_keys") (list "judge" "api_key") (list "review" "reviewers") (list "review" "session_secret") (list "kafka" "sasl_password") (list "kafka" "ssl_password") (list "store" "url") }}
+{{- $secretKeys := list (list "auth" "api_keys") (list "judge" "api_key") (list "review" "reviewers") (list "review" "session_secret") (list "kafka" "sasl_password") (list "kafka" "ssl_password") (list "metrics" "scrape_token") (list "store" "url") }}
 {{- range $secretKeys }}
 {{- $section := index $.Values.config (index . 0) | default dict }}
 {{- if and (kindIs "map" $section) (hasKey $section (index . 1)) }}
-{{- fail (printf "config.%s.%s would land in a ConfigMap; set it through the chart's secret values (auth, judge, review, postgresql, kafka) instead" (index . 0) (index . 1)) }}
+{{- fail (printf "config.%s.%s would land in a ConfigMap; set it through the chart's secret values (auth, judge, review, metrics.scrapeToken, postgresql, kafka) instead" (index . 0) (index . 1)) }}
 {{- end }}
 {{- end }}
 {{- if include "ragmon.distributed" . }}
