@@ -28,10 +28,6 @@ from __future__ import annotations
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _REQUEST_RESOURCE_SPANS_FIELD = 1
 _RESOURCE_SCOPE_SPANS_FIELD = 2
-# Span.attributes = 9, KeyValue.value = 2, AnyValue.array_value = 5
-_SPAN_ATTRIBUTES_FIELD = 9
-_KEY_VALUE_VALUE_FIELD = 2
-_ANY_VALUE_ARRAY_FIELD = 5
 _SCOPE_SPANS_FIELD = 2
 # Span.attributes = 9, KeyValue.value = 2, AnyValue.array_value = 5
 _SPAN_ATTRIBUTES_FIELD = 9
