@@ -25,6 +25,7 @@ from service.ingest.otlp import (
     finish_attributes,
 )
 from service.ingest.otlp_protobuf import decode_request, pb_attributes, pb_value
+from tests.protobuf_bytes import field
 
 VECTOR_KEY = "embedding.embeddings.0.embedding.vector"
 TENANT = "acme"
@@ -251,30 +252,19 @@ def _long_vector_request() -> bytes:
     span("nan", [*base[:300], math.nan, *base[301:]])
     span("an integer", [*base[:5], 7, *base[6:]])
     span("two lengths", base, base[:-1])
-    split = span("split value")
+    span("split value")
     # the split span gets its vector by hand: one KeyValue whose value field comes twice, each an
     # AnyValue holding half of the array (the parser merges them into one array, in order)
     halves = []
     for part in (base[: n // 2], base[n // 2 :]):
         half = AnyValue()
         half.array_value.values.extend([AnyValue(double_value=x) for x in part])
-        halves.append(_field(2, half.SerializeToString()))
-    key_value = _field(1, VECTOR_KEY.encode()) + b"".join(halves)
+        halves.append(field(2, half.SerializeToString()))
+    key_value = field(1, VECTOR_KEY.encode()) + b"".join(halves)
     spans = [pb.SerializeToString() for pb in scope.spans]
-    spans[-1] += _field(9, key_value)  # Span.attributes: a repeated field, appended
-    scope_bytes = b"".join(_field(2, raw) for raw in spans)
-    del split
-    return _field(1, _field(2, scope_bytes))  # request.resource_spans[0].scope_spans[0]
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    tag, length, out = number << 3 | 2, len(payload), bytearray()
-    for value in (tag, length):
-        while value >= 0x80:
-            out.append(value & 0x7F | 0x80)
-            value >>= 7
-        out.append(value)
-    return bytes(out) + payload
+    spans[-1] += field(9, key_value)  # Span.attributes: a repeated field, appended
+    scope_bytes = b"".join(field(2, raw) for raw in spans)
+    return field(1, field(2, scope_bytes))  # request.resource_spans[0].scope_spans[0]
 
 
 def test_long_vectors_read_from_the_span_bytes_equal_re_encoding_them(

@@ -17,34 +17,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from service.conventions.spans import WireSpan
 from service.ingest.otlp_protobuf import decode_protobuf, screen_protobuf
 from service.ingest.protobuf_wire import WireError, array_bytes, attribute_ranges, field_ranges, span_slices
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _tag(number: int, wire_type: int) -> bytes:
-    return _varint(number << 3 | wire_type)
-
-
-def _len(number: int, payload: bytes) -> bytes:
-    return _tag(number, 2) + _varint(len(payload)) + payload
-
+from tests.protobuf_bytes import field, tag, varint
 
 # unknown fields of every wire type a parser must skip, one with a two-byte tag (field 300)
 UNKNOWN = (
-    _tag(20, 0)
-    + _varint(2**63)
-    + _tag(21, 1)
+    tag(20, 0)
+    + varint(2**63)
+    + tag(21, 1)
     + struct.pack("<d", 1.5)
-    + _tag(22, 5)
+    + tag(22, 5)
     + struct.pack("<f", 2.5)
-    + _len(300, b"x" * 200)
+    + field(300, b"x" * 200)
 )
 
 
@@ -96,12 +79,12 @@ def test_unknown_fields_split_lists_and_long_tags_are_walked_past() -> None:
         for i in range(1, 5)
     ]
     raw = [span.SerializeToString() for span in spans]
-    scope_a = UNKNOWN + _len(1, b"\x0a\x01a") + _len(2, raw[0]) + UNKNOWN + _len(2, raw[1])
-    scope_b = _len(2, raw[2]) + _len(3, b"schema")
-    resource_a = _len(1, b"") + _len(2, scope_a) + UNKNOWN + _len(2, scope_b)
-    resource_b = UNKNOWN + _len(2, _len(2, raw[3]))
+    scope_a = UNKNOWN + field(1, b"\x0a\x01a") + field(2, raw[0]) + UNKNOWN + field(2, raw[1])
+    scope_b = field(2, raw[2]) + field(3, b"schema")
+    resource_a = field(1, b"") + field(2, scope_a) + UNKNOWN + field(2, scope_b)
+    resource_b = UNKNOWN + field(2, field(2, raw[3]))
     # ResourceSpans, unknown fields and ResourceSpans again: a repeated field may be split
-    body = _len(1, resource_a) + UNKNOWN + _len(1, resource_b)
+    body = field(1, resource_a) + UNKNOWN + field(1, resource_b)
     request = ExportTraceServiceRequest.FromString(body)
     assert _all_spans(request) == spans
     assert span_slices(body) == raw
@@ -117,7 +100,7 @@ def test_unknown_fields_split_lists_and_long_tags_are_walked_past() -> None:
 
 
 def test_field_ranges_point_into_the_buffer() -> None:
-    message = _len(2, b"first") + UNKNOWN + _len(2, b"") + _len(3, b"other") + _len(2, b"last")
+    message = field(2, b"first") + UNKNOWN + field(2, b"") + field(3, b"other") + field(2, b"last")
     ranges = field_ranges(message, 0, len(message), 2)
     assert [message[start:end] for start, end in ranges] == [b"first", b"", b"last"]
 
@@ -125,11 +108,11 @@ def test_field_ranges_point_into_the_buffer() -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        _len(1, b"abc")[:-1],  # a length past the end
-        _tag(1, 2),  # a tag with no length
-        _tag(1, 0) + b"\xff" * 11,  # a varint over 10 bytes
-        _tag(7, 3) + _tag(7, 4),  # a group
-        _tag(1, 2) + _varint(3) + b"abc" + _tag(2, 1) + b"\x00" * 7,  # a fixed64 cut short
+        field(1, b"abc")[:-1],  # a length past the end
+        tag(1, 2),  # a tag with no length
+        tag(1, 0) + b"\xff" * 11,  # a varint over 10 bytes
+        tag(7, 3) + tag(7, 4),  # a group
+        tag(1, 2) + varint(3) + b"abc" + tag(2, 1) + b"\x00" * 7,  # a fixed64 cut short
     ],
 )
 def test_what_does_not_walk_raises_wire_error(body: bytes) -> None:
@@ -139,7 +122,7 @@ def test_what_does_not_walk_raises_wire_error(body: bytes) -> None:
 
 def test_a_body_the_parser_takes_but_the_walk_does_not_is_re_encoded(exported: bytes) -> None:
     # protobuf parsers skip unknown groups; the walk gives up on them, and screening re-encodes
-    body = exported + _tag(9, 3) + _tag(1, 0) + _varint(5) + _tag(9, 4)
+    body = exported + tag(9, 3) + tag(1, 0) + varint(5) + tag(9, 4)
     with pytest.raises(WireError):
         span_slices(body)
     screened = screen_protobuf(body, "acme")
@@ -154,11 +137,11 @@ def test_a_body_the_parser_takes_but_the_walk_does_not_is_re_encoded(exported: b
 
 
 def _double_item(x: float) -> bytes:
-    return _len(1, _tag(4, 1) + struct.pack("<d", x))  # ArrayValue.values += AnyValue{double_value}
+    return field(1, tag(4, 1) + struct.pack("<d", x))  # ArrayValue.values += AnyValue{double_value}
 
 
 def _key_value(key: str, any_value: bytes) -> bytes:
-    return _len(1, key.encode()) + _len(2, any_value)
+    return field(1, key.encode()) + field(2, any_value)
 
 
 def test_array_bytes_are_what_the_parsed_array_re_encodes_to() -> None:
@@ -183,13 +166,13 @@ def test_array_bytes_are_what_the_parsed_array_re_encodes_to() -> None:
     "key_value",
     [
         # the value given twice: the parser merges the two arrays into one
-        _key_value("v", _len(5, _double_item(1.0))) + _len(2, _len(5, _double_item(2.0))),
+        _key_value("v", field(5, _double_item(1.0))) + field(2, field(5, _double_item(2.0))),
         # the array field given twice within one value: merged too
-        _key_value("v", _len(5, _double_item(1.0)) + _len(5, _double_item(2.0))),
+        _key_value("v", field(5, _double_item(1.0)) + field(5, _double_item(2.0))),
         # no value at all
-        _len(1, b"v"),
+        field(1, b"v"),
         # a value that does not walk (a length past its end)
-        _len(1, b"v") + _tag(2, 2) + _varint(3) + _tag(5, 2) + _varint(40),
+        field(1, b"v") + tag(2, 2) + varint(3) + tag(5, 2) + varint(40),
     ],
 )
 def test_array_bytes_are_refused_where_they_are_not_what_the_parser_holds(key_value: bytes) -> None:
