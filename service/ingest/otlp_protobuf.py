@@ -38,6 +38,7 @@ from service.conventions.attributes import EMBEDDING_MODEL_KEYS, VECTOR_KEY_SUFF
 from service.conventions.spans import Attributes, AttrValue, Span, SpanEvent, WireSpan
 from service.errors import DecodeError
 from service.ingest.decoded import DROPPED_KEY, DecodedBatch, mark
+from service.ingest.lazy_arrays import NESTED_VALUES, LazySpan, SpanArrays, WireKeyValues, span_key_values
 from service.ingest.otlp import (
     ENTRY_OVERHEAD,
     EVENT_OVERHEAD,
@@ -65,7 +66,7 @@ from service.ingest.otlp import (
     time_too_late,
 )
 from service.ingest.otlp_encode import span_bytes
-from service.ingest.protobuf_wire import WireError, array_bytes, attribute_ranges, span_slices
+from service.ingest.protobuf_wire import WireError, span_slices
 from service.ingest.span_size import MAX_SPAN_BYTES, fit_span
 from service.ingest.value_scan import suspect_values
 from service.labels import RejectReason
@@ -87,6 +88,8 @@ _PB_SCALARS = frozenset({"string_value", "int_value", "double_value", "bool_valu
 
 
 def pb_value(value: AnyValue) -> AttrValue:
+    """A parsed AnyValue as an attribute value: one of the real classes, or of `lazy_arrays` where the
+    real parser would hold the same (`SpanArrays`), its arrays serialized."""
     which = value.WhichOneof("value")
     if which in _PB_SCALARS:
         scalar: AttrValue = getattr(value, which)
@@ -98,18 +101,21 @@ def pb_value(value: AnyValue) -> AttrValue:
     return None
 
 
-def _pb_array(array: ArrayValue) -> list[AttrValue]:
-    """An ArrayValue's items; all-double arrays (embedding vectors) are read straight from the wire.
+def _pb_array(array: ArrayValue | bytes) -> list[AttrValue]:
+    """An ArrayValue's items (given parsed, or serialized); all-double arrays (embedding vectors) are
+    read straight from the wire.
 
     Touching each of 1,536 AnyValue messages from Python costs about 2 us apiece.
     An all-double array has a fixed wire layout, 11 bytes per item (tag 0x0a, length 9,
     tag 0x21, 8 little-endian bytes), so numpy can slice the doubles out in one step.
     """
-    doubles = _wire_doubles(array.SerializeToString())
+    serialized = array if isinstance(array, bytes) else array.SerializeToString()
+    doubles = _wire_doubles(serialized)
     if doubles is not None and doubles.size:
         values: list[AttrValue] = doubles.tolist()
         return values
-    return [pb_value(item) for item in array.values]
+    items = ArrayValue.FromString(array).values if isinstance(array, bytes) else array.values
+    return [pb_value(item) for item in items]
 
 
 def _wire_doubles(raw: bytes) -> np.ndarray[Any, np.dtype[np.float64]] | None:
@@ -123,36 +129,11 @@ def _wire_doubles(raw: bytes) -> np.ndarray[Any, np.dtype[np.float64]] | None:
     return np.ndarray((n,), dtype="<f8", buffer=raw, offset=3, strides=(_WIRE_DOUBLE_ITEM,))
 
 
-# Vectors this long or longer are sliced from their span's bytes (`_SpanVectors`), shorter ones
-# re-encoded: the walk to a vector costs ~7 us whatever its length, re-encoding ~0.02 us a number
-# (bench/ingest/vector_wire.py: 256 numbers re-encode faster than they are found, 1,536 do not).
+# Screening (which parses with the real classes) slices vectors this long or longer from their span's
+# bytes and re-encodes shorter ones: the walk to a vector costs ~7 us whatever its length,
+# re-encoding ~0.02 us a number (bench/ingest/vector_wire.py: 256 numbers re-encode faster than they
+# are found, 1,536 do not).
 WIRE_SLICE_MIN_ITEMS = 512
-
-
-class _SpanVectors:
-    """The long vectors of one serialized span, sliced from its bytes: `array(index, value)` is what
-    `SerializeToString` of attribute `index`'s parsed array gives wherever `_wire_doubles` reads it
-    (an all-double array has one encoding), at a fraction of the cost; None: re-encode it (a short
-    vector, or bytes that do not walk to it). The span's attributes are walked once, when first asked."""
-
-    __slots__ = ("_count", "_ranges", "_wire")
-
-    def __init__(self, span_wire: bytes | None, count: int) -> None:
-        self._wire = span_wire
-        self._count = count
-        self._ranges: list[tuple[int, int]] | None = None
-
-    def array(self, index: int, value: AnyValue) -> bytes | None:
-        if self._wire is None or len(value.array_value.values) < WIRE_SLICE_MIN_ITEMS:
-            return None
-        if self._ranges is None:
-            try:
-                ranges = attribute_ranges(self._wire)
-            except WireError:
-                ranges = []
-            # bytes that list another number of attributes than the parsed span: re-encode instead
-            self._ranges = ranges if len(ranges) == self._count else []
-        return array_bytes(self._wire, self._ranges[index]) if self._ranges else None
 
 
 def pb_attributes(
@@ -160,18 +141,19 @@ def pb_attributes(
     batch: DecodedBatch,
     where: str,
     dims: set[int] | None,
-    span_wire: bytes | None = None,
+    arrays: SpanArrays | None = None,
+    event: int = -1,
 ) -> tuple[Attributes, int]:
     """`finish_attributes` over protobuf KeyValues, with the common cases read inline: a string
     value of a key that needs no check, a double score, an integer count, an all-double vector.
 
     A span carries dozens of attributes, and the calls per attribute were most of converting
     them. Each inline case keeps exactly the value, and adds exactly the size, that the general
-    path (`add_checked`) would; any other value takes that path. `span_wire`: the serialized
-    Span whose attributes `pairs` are, to read a long vector's numbers from (`_SpanVectors`)."""
+    path (`add_checked`) would; any other value takes that path. `arrays`: where `pairs` are
+    the attributes of a span parsed with `LazySpan` (`event` -1) or of its event `event`, what
+    their array and map values are read through; None: `pairs` are the real classes'."""
     attributes: Attributes = {}
     size = 0
-    vectors: _SpanVectors | None = None
     for index, kv in enumerate(pairs):
         key, any_value = kv.key, kv.value
         if len(key) > MAX_KEY_CHARS:
@@ -202,10 +184,11 @@ def pb_attributes(
                     size += ENTRY_OVERHEAD + len(key) + NUMBER_SIZE
                     continue
         elif kind == "vector" and dims is not None and any_value.WhichOneof("value") == "array_value":
-            if vectors is None:
-                vectors = _SpanVectors(span_wire, len(pairs))
-            array = vectors.array(index, any_value)
-            doubles = _wire_doubles(array if array is not None else any_value.array_value.SerializeToString())
+            doubles = _wire_doubles(
+                arrays.array(event, index, any_value)
+                if arrays is not None
+                else any_value.array_value.SerializeToString()
+            )
             if doubles is not None and 0 < doubles.size <= MAX_VECTOR_LENGTH:
                 numbers = doubles.tolist()
                 # a finite sum means no NaN or infinity (an overflowing sum takes the general path)
@@ -216,6 +199,8 @@ def pb_attributes(
                         ENTRY_OVERHEAD + len(key) + ENTRY_OVERHEAD + len(numbers) * (LIST_SLOT + NUMBER_SIZE)
                     )
                     continue
+        if arrays is not None and any_value.WhichOneof("value") in NESTED_VALUES:
+            any_value = arrays.value(event, index, any_value)
         size += add_checked(attributes, key, pb_value(any_value), kind, batch, where, dims)
     return attributes, size
 
@@ -318,11 +303,11 @@ def _screen_vectors(span: PbSpan, raw: bytes, dims: VectorDims, where: str) -> i
     lengths: set[int] = set()
     numbers = 0
     models: Attributes = {}
-    vectors = _SpanVectors(raw, len(span.attributes))
+    wire = span_key_values(raw, len(span.attributes))
     for index, kv in enumerate(span.attributes):
         key = kv.key
         if len(key) <= MAX_KEY_CHARS and kind_of(key) == "vector":
-            length = _screened_vector_length(key, kv.value, vectors, index)
+            length = _screened_vector_length(key, kv.value, wire, index)
             if length is not None:
                 lengths.add(length)
                 numbers += length
@@ -332,13 +317,18 @@ def _screen_vectors(span: PbSpan, raw: bytes, dims: VectorDims, where: str) -> i
     return numbers
 
 
-def _screened_vector_length(key: str, value: AnyValue, vectors: _SpanVectors, index: int) -> int | None:
-    """The length of a usable vector (attribute `index` of the span `vectors` reads); None for one
-    `check_vector` would drop; raises `InvalidValue` (NAN_VECTOR) where it would reject the span."""
-    if value.WhichOneof("value") != "array_value" or len(value.array_value.values) > MAX_VECTOR_LENGTH:
+def _screened_vector_length(key: str, value: AnyValue, wire: WireKeyValues, index: int) -> int | None:
+    """The length of a usable vector (attribute `index` of a parsed span, its value `value`; `wire`:
+    the span's bytes); None for one `check_vector` would drop; raises `InvalidValue` (NAN_VECTOR)
+    where it would reject the span."""
+    if value.WhichOneof("value") != "array_value":
         return None
-    wire = vectors.array(index, value)
-    doubles = _wire_doubles(wire if wire is not None else value.array_value.SerializeToString())
+    items = len(value.array_value.values)
+    if items > MAX_VECTOR_LENGTH:
+        return None
+    doubles = _wire_doubles(
+        wire.array(index) if items >= WIRE_SLICE_MIN_ITEMS else value.array_value.SerializeToString()
+    )
     if doubles is not None:  # the usual case: all doubles, checked in one numpy call
         if not doubles.size:
             return None
@@ -357,7 +347,8 @@ def _screened_vector_length(key: str, value: AnyValue, vectors: _SpanVectors, in
 def span_from_wire(wire: WireSpan, problems: DecodedBatch) -> Span:
     """The `Span` a screened protobuf span decodes to; attribute values that cannot be used are
     dropped and counted in `problems` (as `invalid_attribute`)."""
-    span = PbSpan.FromString(wire.raw)
+    raw = wire.raw
+    span = LazySpan.FromString(raw)
     span_id = span.span_id.hex()
     where = f"span {wire.trace_id}/{span_id}"
     # Screened already (`_screen_span`): its ids, times and names passed `_checked_ids`, and the
@@ -365,11 +356,14 @@ def span_from_wire(wire: WireSpan, problems: DecodedBatch) -> Span:
     # vectors were compared within its request.
     vector_dims: set[int] = set()
     dropped_from = len(problems.dropped_keys)
-    attributes, size = pb_attributes(span.attributes, problems, where, vector_dims, wire.raw)
+    arrays = SpanArrays(span, raw)
+    attributes, size = pb_attributes(span.attributes, problems, where, vector_dims, arrays)
     events: list[SpanEvent] = []
     if span.events:  # iterating an empty repeated field costs 3x asking its length
-        for event in span.events:
-            event_attributes, event_size = pb_attributes(event.attributes, problems, where, None)
+        for index, event in enumerate(span.events):
+            event_attributes, event_size = pb_attributes(
+                event.attributes, problems, where, None, arrays, index
+            )
             events.append(SpanEvent(event.name, event.time_unix_nano, event_attributes))
             size += EVENT_OVERHEAD + len(event.name) + event_size
     check_dims(attributes, vector_dims, VectorDims(), where)

@@ -15,11 +15,11 @@ order the parsed request lists them in). The walk reads only tags and
 lengths, never field contents; anything it does not expect (a group, a
 length past the end) makes it give up, and the caller re-encodes instead.
 
-The same walk finds an embedding vector's bytes in its span (`attribute_ranges`,
-`array_bytes`): screening and building read a vector's numbers from its serialized
-`ArrayValue`, and re-encoding a 1,536-number vector for that cost ~45 us, more than
-everything else screening does to the span; the walk to it skips the span's other
-fields by their lengths (a few microseconds whatever their size).
+The same walk finds an array value's bytes in a span, an event or a resource
+(`attribute_ranges`, `array_bytes`): ragmon parses spans with classes that keep
+arrays serialized (`lazy_arrays.py`), and an array is read from the bytes it came
+in, where the walk can tell that it was given once; the walk skips the message's
+other fields by their lengths (a few microseconds whatever their size).
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _REQUEST_RESOURCE_SPANS_FIELD = 1
 _RESOURCE_SCOPE_SPANS_FIELD = 2
 _SCOPE_SPANS_FIELD = 2
-# Span.attributes = 9, KeyValue.value = 2, AnyValue.array_value = 5
-_SPAN_ATTRIBUTES_FIELD = 9
+# Span.attributes = 9, Span.events = 11, Span.Event.attributes = 3, KeyValue.value = 2,
+# AnyValue.array_value = 5
+SPAN_ATTRIBUTES_FIELD, SPAN_EVENTS_FIELD, EVENT_ATTRIBUTES_FIELD = 9, 11, 3
 _KEY_VALUE_VALUE_FIELD = 2
 _ANY_VALUE_ARRAY_FIELD = 5
 
@@ -100,10 +101,11 @@ def span_slices(body: bytes) -> list[bytes]:
     ]
 
 
-def attribute_ranges(span: bytes) -> list[tuple[int, int]]:
-    """The (start, end) offsets of each attribute (`KeyValue`) of a serialized Span, in the order the
-    parsed span lists them; raises `WireError` when the span does not walk."""
-    return field_ranges(span, 0, len(span), _SPAN_ATTRIBUTES_FIELD)
+def attribute_ranges(message: bytes, field: int = SPAN_ATTRIBUTES_FIELD) -> list[tuple[int, int]]:
+    """The (start, end) offsets of each attribute (`KeyValue`) of a serialized message whose
+    attributes are field `field` (a Span's 9, a Span.Event's 3), in the order the parsed message
+    lists them; raises `WireError` when the message does not walk."""
+    return field_ranges(message, 0, len(message), field)
 
 
 def array_bytes(buf: bytes, key_value: tuple[int, int]) -> bytes | None:

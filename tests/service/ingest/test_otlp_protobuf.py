@@ -224,9 +224,9 @@ def test_protobuf_attributes_of_a_whole_span_equal_the_general_path() -> None:
 
 
 def _long_vector_request() -> bytes:
-    """Spans with vectors of more than `WIRE_SLICE_MIN_ITEMS` numbers, each read from its span's
-    bytes: canonical ones, one with a NaN, one with an integer among the doubles, two lengths in
-    one span, and one whose value the sender split in two (the parser merges the parts)."""
+    """Spans with vectors of more than `WIRE_SLICE_MIN_ITEMS` numbers, which screening reads from their
+    span's bytes: canonical ones, one with a NaN, one with an integer among the doubles, two lengths
+    in one span, and one whose value the sender split in two (the parser merges the parts)."""
     from service.ingest.otlp_protobuf import WIRE_SLICE_MIN_ITEMS
 
     n = WIRE_SLICE_MIN_ITEMS + 88
@@ -270,7 +270,7 @@ def _long_vector_request() -> bytes:
 def test_long_vectors_read_from_the_span_bytes_equal_re_encoding_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from service.ingest import otlp_protobuf
+    from service.ingest import lazy_arrays, otlp_protobuf
 
     body, n = _long_vector_request(), otlp_protobuf.WIRE_SLICE_MIN_ITEMS + 88
     parsed = ExportTraceServiceRequest.FromString(body)
@@ -289,18 +289,20 @@ def test_long_vectors_read_from_the_span_bytes_equal_re_encoding_them(
         )
 
     found: list[bytes | None] = []
-    real = otlp_protobuf.array_bytes
+    real = lazy_arrays.array_bytes
 
     def counted(buf: bytes, key_value: tuple[int, int]) -> bytes | None:
         found.append(real(buf, key_value))
         return found[-1]
 
-    monkeypatch.setattr(otlp_protobuf, "array_bytes", counted)
+    monkeypatch.setattr(lazy_arrays, "array_bytes", counted)
     sliced = screen_and_decode()
-    # read from the span bytes: screening's 5 vectors and the 2 kept ones decoded, not the split one
-    # (screened and decoded), which re-encoding reads as the parser merged it
-    assert [b is not None for b in found].count(True) == 7 and found.count(None) == 2
-    monkeypatch.setattr(otlp_protobuf, "WIRE_SLICE_MIN_ITEMS", 10**9)  # every vector re-encoded
+    # screening read its 5 vectors from the span bytes, not the split one, which re-encoding reads as
+    # the parser merged it; decoding read the 2 kept canonical spans' vectors from their lazy parse
+    # (`lazy_arrays`: the spans re-encode to their own bytes), and the split one's from the real
+    # classes, after its bytes refused it too (tests/service/ingest/test_lazy_arrays.py)
+    assert [b is not None for b in found].count(True) == 5 and found.count(None) == 2
+    monkeypatch.setattr(otlp_protobuf, "WIRE_SLICE_MIN_ITEMS", 10**9)  # every vector screened re-encoded
     assert screen_and_decode() == sliced
     rejected, reasons, kept, _ = sliced
     assert rejected == 2 and reasons == {
