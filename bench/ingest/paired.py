@@ -16,7 +16,8 @@ a change of more than that, or to see that a small one points the same way in
 every round, never as the only evidence for a small one.
 
     git archive d3da186 | tar -x -C /tmp/a && git archive HEAD | tar -x -C /tmp/b
-    python bench/ingest/paired.py /tmp/a /tmp/b [--traces 20000] [--rounds 4] [--b-setting RAGMON_X=Y]
+    python bench/ingest/paired.py /tmp/a /tmp/b [--traces 20000] [--rounds 4] [--dim 256] \\
+        [--b-setting RAGMON_X=Y]
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", type=int, default=20_000, help="traces sent to each server a round")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--senders", type=int, default=2, help="closed-loop senders per server")
+    parser.add_argument("--dim", type=int, default=256, help="numbers in each trace's query vector")
     parser.add_argument(
         "--b-setting",
         action="append",
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     trees = {"A": args.tree_a, "B": args.tree_b}
     settings = {"A": {}, "B": dict(item.split("=", 1) for item in args.b_setting)}
-    batches = Batches(seed=1)
+    batches = Batches(seed=1, dim=args.dim)
     bodies = list(batches.bodies(args.traces // batches.traces_per_request))
     traces = len(bodies) * batches.traces_per_request
     ratios: list[float] = []

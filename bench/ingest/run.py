@@ -20,7 +20,7 @@ with `--long`, RSS after 10k and after 200k traces.
 Phoenix must be installed in its own venv (default /tmp/bench-phoenix):
     python3 -m venv /tmp/bench-phoenix && /tmp/bench-phoenix/bin/pip install arize-phoenix
 
-    python bench/ingest/run.py [--traces 20000] [--phoenix-traces 2000] [--long] [--json out.json]
+    python bench/ingest/run.py [--traces 20000] [--phoenix-traces 2000] [--dim 256] [--long] [--json out.json]
 
 To measure a commit while the working tree changes under you:
     git archive HEAD | tar -x -C /tmp/ragmon-src && python bench/ingest/run.py --ragmon-src /tmp/ragmon-src
@@ -284,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     add("--traces", type=int, default=20_000, help="traces sent to ragmon (closed loop)")
     add("--phoenix-traces", type=int, default=2_000, help="traces sent to Phoenix (the same first N)")
     add("--concurrency", type=int, default=4, help="closed-loop senders")
+    add(
+        "--dim",
+        type=int,
+        default=256,
+        help="numbers in each trace's query vector (1,536: OpenAI text-embedding-3-small)",
+    )
     # 180 s is ~1,300 requests at ragmon's rate: a p99 from the 60 s used before (~440 requests,
     # the 5th slowest) had a 95 % interval as wide as [87, 134] ms, too wide to say which side
     # of 100 ms it is on
@@ -326,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="ragmon-bench-") as tmp:
             root = Path(tmp)
-            batches = Batches(seed=1, traces_per_request=per_request)
+            batches = Batches(seed=1, traces_per_request=per_request, dim=args.dim)
 
             def closed(
                 server: Server, traces: int, bodies: Iterator[bytes], result: LoadResult
@@ -385,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                 n_open = max(1, round(args.open_seconds * rate / per_request))
                 print(f"ragmon: open loop at {rate:,.0f} per s ({args.open_fraction:.0%}), {n_open} requests")
                 opened = LoadResult(server=f"ragmon open loop {rate:,.0f}/s", traces=n_open * per_request)
-                open_bodies = list(Batches(seed=2, traces_per_request=per_request).bodies(n_open))
+                open_batches = Batches(seed=2, traces_per_request=per_request, dim=args.dim)
+                open_bodies = list(open_batches.bodies(n_open))
                 with Ragmon(root / "ragmon-open", root, args.ragmon_src, settings) as server:
                     run_phase(
                         server,
@@ -399,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.long:
                 print(f"ragmon: long run, {args.long_traces:,} traces ...", flush=True)
                 long = LoadResult(server="ragmon long", traces=args.long_traces)
-                long_bodies = Batches(seed=3, traces_per_request=per_request).bodies(
+                long_bodies = Batches(seed=3, traces_per_request=per_request, dim=args.dim).bodies(
                     args.long_traces // per_request
                 )
                 with Ragmon(root / "ragmon-long", root, args.ragmon_src, settings) as server:
