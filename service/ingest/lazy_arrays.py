@@ -106,7 +106,7 @@ class WireKeyValues:
     re-encoded from the attribute parsed by the real classes; `value(index)` is that parsed value.
     `message` is the message's bytes, or a function giving them (called once, when first needed);
     where they do not walk to `count` attributes, `canonical` gives the real classes' encoding of
-    the message, which does.
+    the message without the fields they do not know, which does.
     """
 
     __slots__ = ("_canonical", "_count", "_field", "_message", "_ranges", "_wire")
@@ -145,11 +145,17 @@ class WireKeyValues:
         return value
 
 
+def _known_fields(raw: bytes) -> Any:
+    """The serialized span `raw` parsed by the real classes, without the fields they do not know (a
+    group among them would stop the walk: the re-encoding keeps unknown fields as they came)."""
+    span = PbSpan.FromString(raw)
+    span.DiscardUnknownFields()
+    return span
+
+
 def span_key_values(raw: bytes, count: int) -> WireKeyValues:
     """The attributes of the serialized span `raw`, which has `count` of them."""
-    return WireKeyValues(
-        raw, SPAN_ATTRIBUTES_FIELD, count, lambda: PbSpan.FromString(raw).SerializeToString()
-    )
+    return WireKeyValues(raw, SPAN_ATTRIBUTES_FIELD, count, lambda: _known_fields(raw).SerializeToString())
 
 
 class SpanArrays:
@@ -207,7 +213,7 @@ def _event_key_values(span: bytes, index: int, events: int, count: int) -> WireK
     """Event `index` of `events` in the serialized span `span`, which has `count` attributes."""
 
     def canonical() -> bytes:
-        event: bytes = PbSpan.FromString(span).events[index].SerializeToString()
+        event: bytes = _known_fields(span).events[index].SerializeToString()
         return event
 
     def event() -> bytes:

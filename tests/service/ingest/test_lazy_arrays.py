@@ -236,3 +236,59 @@ def test_mutations_of_the_exactness_check_are_caught(monkeypatch: pytest.MonkeyP
             mutate()
             assert [_decoded(raw) for raw in spans] != expected
         monkeypatch.undo()
+
+
+def test_a_span_the_walk_cannot_follow_is_read_from_its_re_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown group (a wire type OTLP never uses, which the parser skips) stops the walk through the
+    span's bytes; an array given twice in that span is then read from the real classes' re-encoding."""
+    group = tag(20, 3) + tag(1, 0) + varint(5) + tag(20, 4)
+    array = _array([1.5, 2.5]).SerializeToString()
+    key_value = field(1, KEYS[0].encode()) + field(2, field(5, array) + field(5, array))
+    raw = (
+        PbSpan(
+            trace_id=bytes.fromhex(TRACE), span_id=bytes.fromhex(SPAN_ID), name="s", start_time_unix_nano=1
+        ).SerializeToString()
+        + PbSpan(end_time_unix_nano=2).SerializeToString()
+        + group
+        + field(9, key_value)
+    )
+    assert len(PbSpan.FromString(raw).attributes[0].value.array_value.values) == 4
+    canonical: list[bytes] = []
+    real_walk = lazy_arrays.attribute_ranges
+
+    def walk(message: bytes, number: int = 9) -> list[tuple[int, int]]:
+        canonical.append(message)
+        return real_walk(message, number)
+
+    monkeypatch.setattr(lazy_arrays, "attribute_ranges", walk)
+    decoded = _decoded(raw)
+    assert "[1.5, 2.5, 1.5, 2.5]" in decoded
+    assert canonical[0] == raw and len(canonical) == 2  # the walk, then its fallback
+    assert decoded == _decode_with_real_classes(monkeypatch, [raw])[0]
+
+
+def test_screening_a_long_vector_in_a_span_the_walk_cannot_follow() -> None:
+    """Screening (the real classes) reads a long vector from its span's bytes; where an unknown group
+    stops that walk it reads it from the span's re-encoding without unknown fields, and the span
+    passes, its vector whole."""
+    group = tag(20, 3) + tag(1, 0) + varint(5) + tag(20, 4)
+    numbers = [i / 7 for i in range(otlp_protobuf.WIRE_SLICE_MIN_ITEMS + 8)]
+    key_value = field(1, KEYS[0].encode()) + field(
+        2, AnyValue(array_value=_array(numbers)).SerializeToString()
+    )
+    raw = (
+        PbSpan(
+            trace_id=bytes.fromhex(TRACE),
+            span_id=bytes.fromhex(SPAN_ID),
+            name="s",
+            start_time_unix_nano=1,
+            end_time_unix_nano=2,
+        ).SerializeToString()
+        + group
+        + field(9, key_value)
+    )
+    body = field(1, field(2, field(2, raw)))  # request.resource_spans[0].scope_spans[0].spans[0]
+    batch = otlp_protobuf.screen_protobuf(body, TENANT)
+    assert batch.rejected_spans == 0 and len(batch.spans) == 1
+    span = otlp_protobuf.span_from_wire(batch.spans[0], DecodedBatch())  # type: ignore[arg-type]
+    assert span.attributes[KEYS[0]] == numbers
