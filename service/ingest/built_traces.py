@@ -18,11 +18,19 @@ record and is pickled as before: slower, never wrong.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
-from service.model import Chunk, ModelUsage, QueryEmbedding, RagTrace, Retrieval, Timings
+from service.model import (
+    Chunk,
+    ModelUsage,
+    QueryEmbedding,
+    RagTrace,
+    Retrieval,
+    Timings,
+    vector_bytes,
+    vector_from_bytes,
+)
 
 __all__ = ["PackedTrace", "pack", "pack_all", "unpack", "unpack_all"]
 
@@ -65,7 +73,7 @@ def pack(trace: RagTrace) -> PackedTrace:
     embedding = values["query_embedding"]
     if type(embedding) is QueryEmbedding:
         values["query_embedding"] = (
-            {"model": embedding.model, "vector": array("d", embedding.vector)},
+            {"model": embedding.model, "vector": vector_bytes(embedding.vector)},
             _given(embedding),
         )
     retrieval = values["retrieval"]
@@ -102,7 +110,7 @@ def unpack(packed: PackedTrace) -> RagTrace:
     embedding = values["query_embedding"]
     if isinstance(embedding, tuple):
         fields, embedding_given = embedding
-        fields["vector"] = tuple(fields["vector"])
+        fields["vector"] = vector_from_bytes(fields["vector"])
         values["query_embedding"] = _record(QueryEmbedding, fields, embedding_given)
     retrieval = values["retrieval"]
     if isinstance(retrieval, tuple):
