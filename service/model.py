@@ -126,7 +126,7 @@ class ModelUsage(_Frozen):
 def vector_bytes(vector: Sequence[float]) -> bytes:
     """A vector as one block of little-endian doubles, to cross a process boundary: a tuple of hundreds
     of floats pickles item by item (~40 % of a trace's pickle both ways at 256 numbers). `struct` packs
-    a tuple's floats ~5x faster than `array("d", ...)` (1,536 numbers: 6 against 31 us)."""
+    a tuple's floats in about half the time `array("d", ...)` takes (bench/RESULTS.md, session 32)."""
     return struct.pack(f"<{len(vector)}d", *vector)
 
 

@@ -50,7 +50,6 @@ from service.ingest.protobuf_wire import (
     SPAN_EVENTS_FIELD,
     WireError,
     array_bytes,
-    attribute_ranges,
     field_ranges,
 )
 
@@ -124,13 +123,10 @@ class WireKeyValues:
     def _walked(self) -> list[tuple[int, int]]:
         if self._ranges is None:
             wire = self._message if isinstance(self._message, bytes) else self._message()
-            try:
-                ranges = attribute_ranges(wire, self._field)
-            except WireError:
-                ranges = []
-            if len(ranges) != self._count:  # an encoding the walk does not follow
+            ranges = _walked_to(wire, self._field, self._count)
+            if ranges is None:  # an encoding the walk does not follow
                 wire = self._canonical()
-                ranges = attribute_ranges(wire, self._field)
+                ranges = field_ranges(wire, 0, len(wire), self._field)
             self._wire, self._ranges = wire, ranges
         return self._ranges
 
@@ -143,6 +139,16 @@ class WireKeyValues:
         start, end = self._walked()[index]
         value: AnyValue = KeyValue.FromString(self._wire[start:end]).value
         return value
+
+
+def _walked_to(message: bytes, field: int, count: int) -> list[tuple[int, int]] | None:
+    """Where the `count` occurrences of field `field` are in the serialized message; None where its
+    bytes do not walk, or walk to another number of them than the parser found."""
+    try:
+        ranges = field_ranges(message, 0, len(message), field)
+    except WireError:
+        return None
+    return ranges if len(ranges) == count else None
 
 
 def _known_fields(raw: bytes) -> Any:
@@ -217,11 +223,8 @@ def _event_key_values(span: bytes, index: int, events: int, count: int) -> WireK
         return event
 
     def event() -> bytes:
-        try:
-            ranges = field_ranges(span, 0, len(span), SPAN_EVENTS_FIELD)
-        except WireError:
-            ranges = []
-        if len(ranges) != events:
+        ranges = _walked_to(span, SPAN_EVENTS_FIELD, events)
+        if ranges is None:
             return canonical()
         start, end = ranges[index]
         return span[start:end]

@@ -15,11 +15,12 @@ order the parsed request lists them in). The walk reads only tags and
 lengths, never field contents; anything it does not expect (a group, a
 length past the end) makes it give up, and the caller re-encodes instead.
 
-The same walk finds an array value's bytes in a span, an event or a resource
-(`attribute_ranges`, `array_bytes`): ragmon parses spans with classes that keep
-arrays serialized (`lazy_arrays.py`), and an array is read from the bytes it came
-in, where the walk can tell that it was given once; the walk skips the message's
-other fields by their lengths (a few microseconds whatever their size).
+The same walk finds an array value's bytes in a span or one of its events
+(`field_ranges`, `array_bytes`): ragmon builds spans with classes that keep
+arrays serialized (`lazy_arrays.py`), and where a span's bytes do not re-encode
+as they came, an array is read from them, where the walk can tell that it was
+given once; the walk skips the message's other fields by their lengths (a few
+microseconds whatever their size).
 """
 
 from __future__ import annotations

@@ -254,16 +254,18 @@ def test_a_span_the_walk_cannot_follow_is_read_from_its_re_encoding(monkeypatch:
     )
     assert len(PbSpan.FromString(raw).attributes[0].value.array_value.values) == 4
     canonical: list[bytes] = []
-    real_walk = lazy_arrays.attribute_ranges
+    real_walk = lazy_arrays.field_ranges
 
-    def walk(message: bytes, number: int = 9) -> list[tuple[int, int]]:
+    def walk(message: bytes, start: int, end: int, number: int) -> list[tuple[int, int]]:
         canonical.append(message)
-        return real_walk(message, number)
+        return real_walk(message, start, end, number)
 
-    monkeypatch.setattr(lazy_arrays, "attribute_ranges", walk)
+    monkeypatch.setattr(lazy_arrays, "field_ranges", walk)
     decoded = _decoded(raw)
     assert "[1.5, 2.5, 1.5, 2.5]" in decoded
-    assert canonical[0] == raw and len(canonical) == 2  # the walk, then its fallback
+    known = PbSpan.FromString(raw)
+    known.DiscardUnknownFields()
+    assert canonical == [raw, known.SerializeToString()]  # the walk, then its fallback
     assert decoded == _decode_with_real_classes(monkeypatch, [raw])[0]
 
 
