@@ -27,7 +27,8 @@ the server needs. Printed per phase: traces/s (a trace is one record), request
 latency p50/p99, 503s, CPU ms per trace of the producing process tree (ragmon's
 server with its worker processes; the ceiling's own process), of the broker with
 its storage and of the senders, and how busy the machine was (every core,
-whatever ran); then each server's rate over the ceiling's mean.
+whatever ran); then each server's rate over the ceiling's mean and over the ceiling of
+its own round.
 
     python bench/scale/ingest.py [--traces 6000] [--batch 50] [--concurrency 1 4 16] [--rounds 2]
         [--kafka NAME=VALUE ...] [--baseline-src DIR] [--py-spy FILE] [--json out.json]
@@ -85,6 +86,21 @@ class Phase:
             return None
         ordered = sorted(self.latencies_s)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def ratios_to_own_round(phases: list[Phase], name: str) -> list[float]:
+    """Each phase called `name` over the one-producer ceiling measured before it in the same round.
+
+    The machine's speed moves between rounds, and the ceiling with it: a ratio to the ceiling of
+    its own round says more than one to the mean of all ceilings."""
+    ratios: list[float] = []
+    ceiling: float | None = None
+    for phase in phases:
+        if phase.name == "ceiling":
+            ceiling = phase.rate
+        elif phase.name == name and ceiling:
+            ratios.append(phase.rate / ceiling)
+    return ratios
 
 
 def machine_busy() -> tuple[float, float]:
@@ -432,9 +448,11 @@ def main() -> None:
                 f"; {min(rates) / rate:.2f}-{max(rates) / rate:.2f} x {other}"
                 for other, rate in others.items()
             )
+            own = ratios_to_own_round(phases, f"{name} c={c}")
             print(
                 f"{name:<8} c={c:<3} {min(rates):>6.0f}-{max(rates):.0f} traces/s = "
-                f"{min(rates) / base:.2f}-{max(rates) / base:.2f} x the ceiling's mean{beside}"
+                f"{min(rates) / base:.2f}-{max(rates) / base:.2f} x the ceiling's mean{beside}; "
+                f"{min(own):.2f}-{max(own):.2f} x its own round's ceiling"
             )
     if args.json:
         args.json.write_text(json.dumps([{**asdict(p), "rate": p.rate} for p in phases], indent=2))
