@@ -18,7 +18,7 @@ Load: `--concurrency` senders post batches of `--batch` traces back to back
 until `--traces` are accepted (a 503 is retried after its Retry-After):
 `--load json` posts JSON-API traces to `/api/v1/traces`; `--load otlp` posts
 OTLP protobuf bodies to `/v1/traces` (`bench/ingest/payload.py`: 4 spans a
-trace, assembled by ragmon). Reported per mode:
+trace, assembled by ragmon; `--dim` numbers in each query vector, 256 by default). Reported per mode:
 
 * ingest traces/s: accepted traces / time until the last POST was answered;
 * end-to-end traces/s: traces / time until all are rows in the store;
@@ -35,7 +35,7 @@ trace, assembled by ragmon). Reported per mode:
 * the ratios of each mode to the first (`--modes`; embedded by default).
 
     python bench/scale/run.py [--traces 20000] [--concurrency 4] [--broker memory|durable]
-        [--load json|otlp] [--py-spy DIR] [--json out.json]
+        [--load json|otlp] [--dim 256] [--py-spy DIR] [--json out.json]
 
 `--set RAGMON_X=VALUE` gives every mode's ragmon processes a setting (repeatable).
 
@@ -360,14 +360,16 @@ PROTOBUF = {"Content-Type": "application/x-protobuf"}
 JSON = {"Content-Type": "application/json"}
 
 
-def requests_for(load: str, n: int, batch: int) -> Iterator[tuple[str, bytes, dict[str, str]]]:
+def requests_for(
+    load: str, n: int, batch: int, dim: int = 256
+) -> Iterator[tuple[str, bytes, dict[str, str]]]:
     """(path, body, headers) of each request of `load`, made as it is taken (OTLP bodies carry the
-    time they are made, so that traces look fresh to the assembler)."""
+    time they are made, so that traces look fresh to the assembler; `dim` numbers in each query vector)."""
     if load == "json":
         for body in payloads(n, batch):
             yield "/api/v1/traces", json.dumps(body).encode(), JSON
     else:
-        for body in Batches(seed=11, traces_per_request=batch).bodies(n // batch):
+        for body in Batches(seed=11, traces_per_request=batch, dim=dim).bodies(n // batch):
             yield "/v1/traces", body, PROTOBUF
 
 
@@ -478,7 +480,7 @@ def run_mode(
                 )
             for wport in worker_ports:
                 wait_partitions(wport)
-        requests = requests_for(args.load, args.traces, args.batch)
+        requests = requests_for(args.load, args.traces, args.batch, args.dim)
         lag: list[float] = []
         queued: list[float] = []
         # records accepted by ingest but not yet handed on (memory bus) or acknowledged by Kafka
@@ -596,6 +598,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--broker", choices=("memory", "durable"), default="memory")
     parser.add_argument("--load", choices=("json", "otlp"), default="json")
+    parser.add_argument(
+        "--dim",
+        type=int,
+        default=256,
+        help="with --load otlp: numbers in each trace's query vector (1,536: OpenAI text-embedding-3-small)",
+    )
     parser.add_argument("--py-spy", type=Path, metavar="DIR", help="profile each mode's processes into DIR")
     parser.add_argument(
         "--py-spy-gil", action="store_true", help="with --py-spy: sample only threads holding the GIL"
@@ -644,7 +652,9 @@ def main() -> None:
                 results.append(run_mode(admin_url, bootstrap, int(mode.split("-")[1]), args, work, others))
     base = results[0]
     print(
-        f"{args.traces} traces, {args.load} batches of {args.batch}, {args.concurrency} senders, "
+        f"{args.traces} traces, {args.load} batches of {args.batch}"
+        + (f" ({args.dim}-number query vectors)" if args.load == "otlp" else "")
+        + f", {args.concurrency} senders, "
         f"{args.broker} broker, PostgreSQL store"
     )
     print(
