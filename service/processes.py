@@ -11,6 +11,8 @@ gets.
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import math
 import multiprocessing
 import os
@@ -21,7 +23,17 @@ from contextlib import contextmanager
 from multiprocessing.context import BaseContext
 from pathlib import Path
 
-__all__ = ["cgroup_cpus", "main_module_hidden", "usable_cpus", "worker_context"]
+__all__ = [
+    "PIPE_BYTES",
+    "cgroup_cpus",
+    "main_module_hidden",
+    "pipe_limit",
+    "usable_cpus",
+    "widen_pipe",
+    "worker_context",
+]
+
+log = logging.getLogger(__name__)
 
 # modules every forked helper needs; the producer process imports kafka-python itself, so a
 # server that never talks to Kafka does not pay for it
@@ -73,3 +85,31 @@ def usable_cpus() -> int:
         cpus = os.cpu_count() or 1
     quota = cgroup_cpus()
     return cpus if quota is None else min(cpus, quota)
+
+
+PIPE_BYTES = 4 << 20
+"""Capacity asked for each pipe to or from a helper process; /proc/sys/fs/pipe-max-size (1 MiB by
+default) caps it.
+
+A pipe holds 64 KiB by default, so a 700 KB body or answer crossed in ten or more reads,
+each a separate wake-up of the reading process (bench/RESULTS.md, "Process-pool pipes widened")."""
+
+
+def pipe_limit() -> int:
+    """The capacity `widen_pipe` asks for: `PIPE_BYTES`, or the system's most if that is less."""
+    try:
+        return min(PIPE_BYTES, int(Path("/proc/sys/fs/pipe-max-size").read_text()))
+    except (OSError, ValueError):
+        return 1 << 20
+
+
+def widen_pipe(fd: int) -> None:
+    """Best effort: a pipe that cannot grow (not Linux, over the user's pipe-buffer quota) works
+    as before, in more pieces."""
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if set_size is None:
+        return
+    try:
+        fcntl.fcntl(fd, set_size, pipe_limit())
+    except OSError as exc:
+        log.debug("helper pipe left at its default size: %s", exc)

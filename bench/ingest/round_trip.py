@@ -34,10 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest.payload import Batches  # noqa: E402
-from service.ingest.loop_pool import LoopProcessPool, _pipe_limit  # noqa: E402
+from service.ingest.loop_pool import LoopProcessPool  # noqa: E402
 from service.ingest.otlp import DecodedBatch  # noqa: E402
 from service.ingest.pool import _decode_packed  # noqa: E402
-from service.processes import worker_context  # noqa: E402
+from service.processes import pipe_limit, worker_context  # noqa: E402
 from service.runtime import SWITCH_INTERVAL_S  # noqa: E402
 
 Call = Callable[[], Awaitable[DecodedBatch]]
@@ -53,7 +53,7 @@ def keep_gil_busy(stop: threading.Event) -> None:
 def widen_executor_pipes(executor: ProcessPoolExecutor) -> None:
     """What ragmon 04be8ff did to its executors: both pipes to 1 MiB (CPython 3.11-3.13 names)."""
     for queue in (executor._call_queue, executor._result_queue):  # type: ignore[attr-defined]
-        fcntl.fcntl(queue._reader.fileno(), fcntl.F_SETPIPE_SZ, _pipe_limit())
+        fcntl.fcntl(queue._reader.fileno(), fcntl.F_SETPIPE_SZ, pipe_limit())
 
 
 async def round_trips(call: Call, calls: int) -> list[float]:

@@ -18,7 +18,7 @@ call ready when it answers one); the rest wait here, in order.
 
 Frames: a call is `!Q` length + the pickled zero-argument callable; an answer is
 `!QB` length, kind + the pickled result or exception. Pipes are widened to hold
-a whole call or answer (`PIPE_BYTES`).
+a whole call or answer (`service.processes.PIPE_BYTES`).
 
 Faults: a worker that ends (killed, out of memory) shows as end-of-file on its
 answer pipe. The calls it held fail with `WorkerDied` (the caller decides
@@ -36,7 +36,6 @@ however it ends.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import pickle
@@ -49,10 +48,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import Any, TypeVar
 
-from service.processes import main_module_hidden
+from service.processes import main_module_hidden, widen_pipe
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +60,6 @@ CALL = struct.Struct("!Q")  # length of the pickled callable that follows
 ANSWER = struct.Struct("!QB")  # length of the pickle that follows, and its kind:
 RESULT, ERROR = 0, 1
 
-PIPE_BYTES = 4 << 20
-"""Capacity asked for each pipe; /proc/sys/fs/pipe-max-size (1 MiB by default) caps it.
-
-A pipe holds 64 KiB by default, so a 700 KB body or answer crossed in ten or more reads,
-each a separate wake-up of the reading process (bench/RESULTS.md, "Process-pool pipes widened")."""
-
 READ_BYTES = 1 << 20
 RESTART_INTERVAL_S = 1.0
 REAP_TIMEOUT_S = 10.0
@@ -75,25 +67,6 @@ REAP_TIMEOUT_S = 10.0
 
 class WorkerDied(Exception):
     """The worker process that held a call ended before answering it (or none is running)."""
-
-
-def _pipe_limit() -> int:
-    try:
-        return min(PIPE_BYTES, int(Path("/proc/sys/fs/pipe-max-size").read_text()))
-    except (OSError, ValueError):
-        return 1 << 20
-
-
-def _widen(fd: int) -> None:
-    """Best effort: a pipe that cannot grow (not Linux, over the user's pipe-buffer quota) works
-    as before, in more pieces."""
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if set_size is None:
-        return
-    try:
-        fcntl.fcntl(fd, set_size, _pipe_limit())
-    except OSError as exc:
-        log.debug("worker pipe left at its default size: %s", exc)
 
 
 # ---------------------------------------------------------------- in the worker process
@@ -235,8 +208,8 @@ class LoopProcessPool:
         assert loop is not None
         call_reader, call_writer = self.context.Pipe(duplex=False)
         answer_reader, answer_writer = self.context.Pipe(duplex=False)
-        _widen(call_writer.fileno())
-        _widen(answer_writer.fileno())
+        widen_pipe(call_writer.fileno())
+        widen_pipe(answer_writer.fileno())
         process = self.context.Process(  # type: ignore[attr-defined]
             target=_serve,
             args=(call_reader, answer_writer, self.initializer, self.initargs),

@@ -8,6 +8,7 @@ test_kafka_pipelining.py, whose read-back helpers these tests share.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from service.bus.kafka_client import client_settings, producer_settings
 from service.bus.producer_process import ProcessProducer, ProducerGroup, ProducerProcessError, ThreadProducer
 from service.config import KafkaConfig
 from service.metrics import Metrics
+from service.processes import pipe_limit
 from tests.distributed.conftest import ROOT, Broker
 from tests.distributed.test_kafka_pipelining import _config, _first_occurrences, _read_back, _record, _until
 
@@ -155,6 +157,32 @@ async def test_a_producer_process_killed_mid_flight_loses_nothing_acknowledged(
     firsts = _first_occurrences(records)
     assert set(firsts) == set(range(1000)) | {10**6}
     assert all(firsts[trace] == [0, 1] for trace in range(1000))
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_GETPIPE_SZ"), reason="pipe sizes are Linux only")
+def test_the_producer_processes_pipes_hold_a_whole_request(kafka_bootstrap: str) -> None:
+    """Both pipes of a producer process are widened as the ingest pools' are: a request's records
+    (~375 KB for 50 bench traces) cross in one write instead of six 64 KiB ones (bench/RESULTS.md,
+    session 33), and a batch larger than the pipe still crosses whole."""
+    wanted = pipe_limit()
+    assert wanted > 64 * 1024, "this kernel keeps pipes at their default size; nothing to test"
+    config = _config(kafka_bootstrap)
+    producer = ProcessProducer(producer_settings(config))
+    try:
+        sizes = {
+            fcntl.fcntl(end.fileno(), fcntl.F_GETPIPE_SZ) for end in (producer._commands, producer._outcomes)
+        }
+        assert sizes == {wanted}
+        outcomes: list[tuple[int, object]] = []
+        big = os.urandom(wanted // 4)
+        records = [(n, config.spans_topic, b"%032x" % n, big, (), None) for n in range(6)]  # 1.5x the pipe
+        producer.send_many(records, lambda context, error: outcomes.append((context, error)))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(outcomes) < len(records):
+            time.sleep(0.05)
+        assert sorted(outcomes, key=lambda o: o[0]) == [(n, True) for n in range(6)]  # True: acknowledged
+    finally:
+        producer.close(10)
 
 
 def test_the_producer_process_ends_when_the_server_is_killed(kafka_bootstrap: str) -> None:

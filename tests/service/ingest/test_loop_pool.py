@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from service.ingest.loop_pool import PIPE_BYTES, LoopProcessPool, WorkerDied
+from service.ingest.loop_pool import LoopProcessPool, WorkerDied
+from service.processes import PIPE_BYTES
 from tests.processes import wait_gone
 
 CONTEXT = multiprocessing.get_context("forkserver")
