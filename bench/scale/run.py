@@ -360,9 +360,7 @@ PROTOBUF = {"Content-Type": "application/x-protobuf"}
 JSON = {"Content-Type": "application/json"}
 
 
-def requests_for(
-    load: str, n: int, batch: int, dim: int = 256
-) -> Iterator[tuple[str, bytes, dict[str, str]]]:
+def requests_for(load: str, n: int, batch: int, dim: int) -> Iterator[tuple[str, bytes, dict[str, str]]]:
     """(path, body, headers) of each request of `load`, made as it is taken (OTLP bodies carry the
     time they are made, so that traces look fresh to the assembler; `dim` numbers in each query vector)."""
     if load == "json":

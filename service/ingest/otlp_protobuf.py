@@ -12,11 +12,12 @@ accepted span as its wire bytes, a `WireSpan`; converting the attributes was
 a builder process, which parses the span with `lazy_arrays.LazySpan`: array
 values stay serialized until read, and an embedding vector is read in one
 numpy call instead of a message for each number). Two kinds of span are
-decoded at screening all the same (`_repaired`): one over `MAX_SPAN_BYTES` (its size is known), and one whose
-bytes may hold a number out of range (`value_scan.py`: one regular expression
-over the body, ~4 us a trace). Their dropped and cut values are counted in the
-answer, and the span travels re-encoded without them, so the builder counts
-nothing twice; so the answer names every number out of range
+decoded at screening all the same (`_repaired`): one over `MAX_SPAN_BYTES`
+(its size is known), and one whose bytes may hold a number out of range
+(`value_scan.py`: one regular expression over the body, ~4 us a trace).
+Their dropped and cut values are counted in the answer, and the span travels
+re-encoded without them, so the builder counts nothing twice; so the answer
+names every number out of range
 (`partial_success` with 0 rejected spans and a message is OTLP's warning).
 What the scan cannot see (a count sent as the text "many", a key's index) is
 dropped and counted when the trace is built, and logged there.
