@@ -244,6 +244,13 @@ class KafkaMetrics(MetricsBase):
             "Kafka producers closed after a failed send or probe and built anew (lost producer id or broker)",
             registry=r,
         )
+        self.kafka_producer_compression = Gauge(
+            "ragmon_kafka_producer_compression_info",
+            "1 for the codec ingest's producer compresses with now (kafka.compression, or gzip where zstd "
+            "could not be used: no zstandard package, or a broker that does not take it); 0 for the others",
+            ["codec"],
+            registry=r,
+        )
 
 
 class PhoenixMetrics(MetricsBase):

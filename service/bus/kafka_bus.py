@@ -67,7 +67,13 @@ from typing import Any
 
 from kafka.errors import KafkaError
 
-from service.bus.kafka_client import ClientThread, ensure_topics, producer_settings, task_failure
+from service.bus.kafka_client import (
+    ClientThread,
+    compression_refused,
+    ensure_topics,
+    producer_settings,
+    task_failure,
+)
 from service.bus.outage_log import OutageLog
 from service.bus.producer_process import Producer, ProducerGroup, ThreadProducer
 from service.config import KafkaConfig
@@ -163,6 +169,8 @@ class KafkaBus:
             else (DEFAULT_PRODUCER_PROCESSES if usable_cpus() > 1 else 0)
         )
         self._topics_ready = not config.create_topics
+        # the codec producers are built with: kafka.compression until the broker refuses it (gzip then)
+        self._compression: str = config.compression
         self._thread = ClientThread("kafka-producer")
         self._closers: list[threading.Thread] = []  # producers given up, closing once they are done
         self._task: asyncio.Task[None] | None = None
@@ -316,9 +324,19 @@ class KafkaBus:
         if not self._topics_ready:
             ensure_topics(c)
             self._topics_ready = True
-        if self.producer_processes == 0:
-            return ThreadProducer(producer_settings(c))
-        return ProducerGroup(producer_settings(c), self.producer_processes)
+        settings = producer_settings(c, self._compression)
+        producer: Producer = (
+            ThreadProducer(settings)
+            if self.producer_processes == 0
+            else ProducerGroup(settings, self.producer_processes)
+        )
+        # kept: a fallback to gzip at the bootstrap (an old broker) is not paid again by the next one
+        self._compression = producer.compression
+        for codec_name in ("none", "gzip", "zstd"):
+            self.metrics.kafka_producer_compression.labels(codec=codec_name).set(
+                1.0 if codec_name == producer.compression else 0.0
+            )
+        return producer
 
     def _hand_over(self, chunk: list[_Entry], generation: int) -> None:
         """Give `chunk` to the producer (made first if there is none); each record's outcome comes
@@ -368,6 +386,13 @@ class KafkaBus:
             del self._sent[entry.seq]
             if isinstance(outcome, BaseException):
                 self.metrics.kafka_produce_errors.labels(topic=entry.record.topic).inc()
+                if self._compression == "zstd" and compression_refused(outcome):
+                    # a broker that speaks Kafka 2.1+ but does not take zstd: the records go again,
+                    # with the rest, through a new producer that compresses with gzip
+                    log.warning(
+                        "the Kafka broker refused zstd batches (%s); ingest's producer now uses gzip", outcome
+                    )
+                    self._compression = "gzip"
                 failed.append(entry)
                 continue
             acked_now = True

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from kafka import KafkaProducer, codec
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import TopicAlreadyExistsError, UnsupportedCompressionTypeError
 from kafka.record import default_records
 
 from service.config import KafkaConfig
@@ -29,6 +29,8 @@ from service.config import KafkaConfig
 __all__ = [
     "ClientThread",
     "client_settings",
+    "compression_of",
+    "compression_refused",
     "ensure_topics",
     "new_producer",
     "producer_settings",
@@ -82,21 +84,23 @@ def client_settings(config: KafkaConfig) -> dict[str, Any]:
     return settings
 
 
-def producer_settings(config: KafkaConfig) -> dict[str, Any]:
-    """Every setting of ingest's `KafkaProducer`.
+def producer_settings(config: KafkaConfig, compression: str | None = None) -> dict[str, Any]:
+    """Every setting of ingest's `KafkaProducer`; `compression` (none, gzip, zstd) in place of
+    `kafka.compression` (the bus's gzip once the broker refused zstd).
 
     acks=all and the idempotent producer: with it kafka-python keeps up to five produce requests
     in flight to a broker (its default `max_in_flight_requests_per_connection`) and still writes
     each partition in the order sent. `batch_size` is `kafka.batch_bytes`: on a broker that
     writes each batch to object storage, the batch size sets the rate (bench/RESULTS.md)."""
     c = config
+    codec_name = compression or c.compression
     return {
         "client_id": f"{c.client_id}-ingest",
         "acks": "all",
         "enable_idempotence": True,
         "linger_ms": c.linger_ms,
         "batch_size": c.batch_bytes,
-        "compression_type": None if c.compression == "none" else c.compression,
+        "compression_type": None if codec_name == "none" else codec_name,
         "max_block_ms": int(c.max_block_s * 1000),
         "delivery_timeout_ms": int(c.delivery_timeout_s * 1000),
         "max_request_size": c.max_record_bytes + 64 * 1024,  # the record plus its batch framing
@@ -121,10 +125,45 @@ def use_gzip_level(level: int) -> None:
 
 
 def new_producer(settings: dict[str, Any]) -> KafkaProducer:
-    """A `KafkaProducer` made with `producer_settings` (its gzip level applied to this process)."""
+    """A `KafkaProducer` made with `producer_settings` (its gzip level applied to this process).
+
+    zstd, the default, falls back to gzip, with a warning, where it cannot work: the zstandard
+    package missing (ragmon installed without its kafka extra), or a broker older than Kafka 2.1
+    (kafka-python refuses zstd once the bootstrap tells it the broker's version). A broker that
+    takes the batches but refuses zstd in its answer is the bus's to notice (`compression_refused`).
+    The codec in use is `compression_of(producer)`."""
     settings = dict(settings)
     use_gzip_level(settings.pop(GZIP_LEVEL, 9))
-    return KafkaProducer(**settings)
+    if settings.get("compression_type") != "zstd":
+        return KafkaProducer(**settings)
+    if not codec.has_zstd():
+        log.warning(
+            "kafka.compression is zstd but the zstandard package is not installed "
+            "(pip install 'ragmon[kafka]'); ingest's producer compresses with gzip"
+        )
+        return KafkaProducer(**{**settings, "compression_type": "gzip"})
+    try:
+        return KafkaProducer(**settings)
+    except ValueError as exc:  # kafka-python: "Zstd Requires >= Kafka 2.1 Brokers"
+        if "zstd" not in str(exc).lower():
+            raise
+        log.warning(
+            "the Kafka broker cannot take zstd batches (%s); ingest's producer compresses with gzip", exc
+        )
+        return KafkaProducer(**{**settings, "compression_type": "gzip"})
+
+
+def compression_of(producer: KafkaProducer) -> str:
+    """The codec `producer` compresses its batches with: none, gzip or zstd."""
+    return str(producer.config["compression_type"] or "none")
+
+
+def compression_refused(outcome: BaseException) -> bool:
+    """Whether a failed produce is the broker refusing the batches' codec (UNSUPPORTED_COMPRESSION_TYPE),
+    as the exception itself or as its text from a producer process (`ProducerProcessError`)."""
+    return isinstance(outcome, UnsupportedCompressionTypeError) or (
+        UnsupportedCompressionTypeError.__name__ in str(outcome)
+    )
 
 
 def ensure_topics(config: KafkaConfig) -> None:

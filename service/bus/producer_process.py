@@ -21,8 +21,8 @@ the process only moves the work.
 
 The process's protocol: one pipe each way, each message one pickled tuple.
 Server -> producer: ("send", [(token, topic, key, value, headers, partition),
-...]), ("probe", topic), ("close", timeout_s). Producer -> server: ("ready",) or
-("failed", text) once at start, ("outcomes", [(token, error text or None),
+...]), ("probe", topic), ("close", timeout_s). Producer -> server: ("ready",
+the codec it compresses with) or ("failed", text) once at start, ("outcomes", [(token, error text or None),
 ...]) as acknowledgements come (batched by a writer thread), ("probed", the
 topic's partition count, error text or None), ("closed",). Errors cross as text and come back as
 `ProducerProcessError` (a `KafkaError`): the bus only needs to know that a
@@ -53,7 +53,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
 
-from service.bus.kafka_client import new_producer, quiet_client_logs
+from service.bus.kafka_client import compression_of, new_producer, quiet_client_logs
 from service.processes import main_module_hidden, widen_pipe, worker_context
 
 __all__ = [
@@ -83,6 +83,11 @@ class ProducerProcessError(KafkaError):  # type: ignore[misc]  # kafka-python ha
 
 
 class Producer(Protocol):
+    @property
+    def compression(self) -> str:
+        """The codec its batches are compressed with (new_producer may have fallen back to gzip)."""
+        ...
+
     def send_many(self, records: Sequence[Record], report: Report) -> None: ...
 
     def partition_count(self, topic: str) -> int: ...
@@ -97,6 +102,7 @@ class ThreadProducer:
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self._producer = new_producer(settings)
+        self.compression = compression_of(self._producer)
         self._close_timeout_s = settings["request_timeout_ms"] / 1000
 
     def send_many(self, records: Sequence[Record], report: Report) -> None:
@@ -167,6 +173,7 @@ class ProcessProducer:
         if started[0] == "failed":
             self.abort()
             raise ProducerProcessError(started[1])
+        self.compression: str = started[1]
         self._reader = threading.Thread(target=self._read, name="kafka-producer-outcomes", daemon=True)
         self._reader.start()
 
@@ -228,7 +235,7 @@ class ProcessProducer:
     # -- answers from the process ----------------------------------------------------------------
 
     def _start_answer(self) -> tuple[Any, ...]:
-        """("ready",) or ("failed", text): read here, before the reading thread runs."""
+        """("ready", codec) or ("failed", text): read here, before the reading thread runs."""
         if not self._outcomes.poll(_START_TIMEOUT_S):
             raise ProducerProcessError("the Kafka producer process did not start in time")
         try:
@@ -307,6 +314,10 @@ class ProducerGroup:
         except BaseException:
             self.abort()
             raise
+
+    @property
+    def compression(self) -> str:
+        return self.members[0].compression
 
     @property
     def pids(self) -> list[int | None]:
@@ -396,7 +407,7 @@ def _serve(settings: dict[str, Any], commands: Connection, outcomes: Connection)
     except Exception as exc:
         outbox.send(("failed", repr(exc)))
         return
-    outbox.send(("ready",))
+    outbox.send(("ready", compression_of(producer)))
     while True:
         try:
             message = pickle.loads(commands.recv_bytes())
