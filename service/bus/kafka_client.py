@@ -137,20 +137,22 @@ def new_producer(settings: dict[str, Any]) -> KafkaProducer:
     if settings.get("compression_type") != "zstd":
         return KafkaProducer(**settings)
     if not codec.has_zstd():
-        log.warning(
+        return _gzip_instead(
+            settings,
             "kafka.compression is zstd but the zstandard package is not installed "
-            "(pip install 'ragmon[kafka]'); ingest's producer compresses with gzip"
+            "(pip install 'ragmon[kafka]')",
         )
-        return KafkaProducer(**{**settings, "compression_type": "gzip"})
     try:
         return KafkaProducer(**settings)
     except ValueError as exc:  # kafka-python: "Zstd Requires >= Kafka 2.1 Brokers"
         if "zstd" not in str(exc).lower():
             raise
-        log.warning(
-            "the Kafka broker cannot take zstd batches (%s); ingest's producer compresses with gzip", exc
-        )
-        return KafkaProducer(**{**settings, "compression_type": "gzip"})
+        return _gzip_instead(settings, f"the Kafka broker cannot take zstd batches ({exc})")
+
+
+def _gzip_instead(settings: dict[str, Any], why: str) -> KafkaProducer:
+    log.warning("%s; ingest's producer compresses with gzip", why)
+    return KafkaProducer(**{**settings, "compression_type": "gzip"})
 
 
 def compression_of(producer: KafkaProducer) -> str:

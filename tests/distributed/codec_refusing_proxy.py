@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import struct
 import threading
+from collections.abc import Callable
 
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
@@ -104,46 +105,43 @@ class CodecRefusingProxy:
             client_out.close()
             return
         refusals: dict[int, bytes] = {}  # correlation id -> the answer that replaces the broker's
+
+        def request(frame: bytes) -> bytes:
+            api_key, version, correlation_id = struct.unpack_from(">hhi", frame, 4)
+            if api_key == _PRODUCE:
+                produce = ProduceRequest.decode(frame[4:], version=version, header=True)
+                if _carries_zstd(produce):
+                    refusals[correlation_id] = _refusal(produce, version, correlation_id)
+            return frame
+
+        def response(frame: bytes) -> bytes:
+            (correlation_id,) = struct.unpack_from(">i", frame, 4)
+            refusal = refusals.pop(correlation_id, None)
+            if refusal is None:
+                return frame
+            self.refused += 1
+            return refusal
+
         await asyncio.gather(
-            self._requests(client_in, broker_out, refusals),
-            self._responses(broker_in, client_out, refusals),
+            _pump(client_in, broker_out, request),
+            _pump(broker_in, client_out, response),
             return_exceptions=True,
         )
         for writer in (client_out, broker_out):
             writer.close()
 
-    async def _requests(
-        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, refusals: dict[int, bytes]
-    ) -> None:
-        try:
-            while True:
-                frame = await _read_frame(source)
-                api_key, version, correlation_id = struct.unpack_from(">hhi", frame, 4)
-                if api_key == _PRODUCE:
-                    request = ProduceRequest.decode(frame[4:], version=version, header=True)
-                    if _carries_zstd(request):
-                        refusals[correlation_id] = _refusal(request, version, correlation_id)
-                sink.write(frame)
-                await sink.drain()
-        finally:
-            sink.close()
 
-    async def _responses(
-        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, refusals: dict[int, bytes]
-    ) -> None:
-        try:
-            while True:
-                frame = await _read_frame(source)
-                (correlation_id,) = struct.unpack_from(">i", frame, 4)
-                refusal = refusals.pop(correlation_id, None)
-                if refusal is not None:
-                    self.refused += 1
-                    frame = refusal
-                sink.write(frame)
-                await sink.drain()
-        finally:
-            with contextlib.suppress(Exception):
-                sink.close()
+async def _pump(
+    source: asyncio.StreamReader, sink: asyncio.StreamWriter, rewrite: Callable[[bytes], bytes]
+) -> None:
+    """Copy frames from `source` to `sink`, each as `rewrite` returns it, until `source` ends."""
+    try:
+        while True:
+            sink.write(rewrite(await _read_frame(source)))
+            await sink.drain()
+    finally:
+        with contextlib.suppress(Exception):
+            sink.close()
 
 
 async def _read_frame(source: asyncio.StreamReader) -> bytes:
