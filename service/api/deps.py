@@ -18,7 +18,7 @@ from service.pipeline import Pipeline
 __all__ = ["PipelineDep", "RequestPoolDep", "TenantDep"]
 
 
-def _pipeline(request: Request) -> Pipeline:
+async def _pipeline(request: Request) -> Pipeline:  # async: no thread-pool hop (auth._tenant)
     pipeline: Pipeline = request.app.state.pipeline
     return pipeline
 
@@ -26,7 +26,7 @@ def _pipeline(request: Request) -> Pipeline:
 PipelineDep = Annotated[Pipeline, Depends(_pipeline)]
 
 
-def _request_pool(request: Request) -> RequestPool:
+async def _request_pool(request: Request) -> RequestPool:  # async: as _pipeline
     pool: RequestPool = request.app.state.request_pool
     return pool
 

@@ -51,9 +51,9 @@ from typing import Any, Protocol
 
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
-from kafka.partitioner.default import murmur2
 
 from service.bus.kafka_client import compression_of, new_producer, quiet_client_logs
+from service.bus.murmur2 import partition_of
 from service.processes import main_module_hidden, widen_pipe, worker_context
 
 __all__ = [
@@ -300,7 +300,7 @@ class ProducerGroup:
 
     Each record goes to the process that owns its partition (partition modulo `count`), the
     partition chosen here as kafka-python's default partitioner chooses it (murmur2 of the key over
-    the topic's partitions), so every record of a trace lands on the partition it would with one
+    the topic's partitions: murmur2.py), so every record of a trace lands on the partition it would with one
     producer, and each partition's records are batched by one process: two processes write no more,
     smaller batches than one. One process that fails fails the group: the bus gives the whole group
     up and opens a new one."""
@@ -333,7 +333,7 @@ class ProducerGroup:
             partitions = self._partitions.get(topic)
             if partitions is None:
                 partitions = self._partitions[topic] = self.members[0].partition_count(topic)
-            partition = (murmur2(key) & 0x7FFFFFFF) % partitions
+            partition = partition_of(key, partitions)
             shares[partition % count].append((context, topic, key, value, headers, partition))
         for member, share in zip(self.members, shares, strict=True):
             if share:

@@ -112,8 +112,11 @@ class TenantMiddleware:
         await self.app(scope, receive, send)
 
 
-def _tenant(request: Request) -> str:
-    """The caller's tenant, set by `TenantMiddleware` (which already refused unknown callers)."""
+async def _tenant(request: Request) -> str:
+    """The caller's tenant, set by `TenantMiddleware` (which already refused unknown callers).
+
+    `async` though it awaits nothing: FastAPI runs a plain `def` dependency in its thread pool, a
+    hop to a thread and back on every request (bench/RESULTS.md, "Session 36")."""
     tenant = request.scope.get("state", {}).get("tenant")
     if not isinstance(tenant, str):
         raise Unauthenticated("no tenant resolved for this request")

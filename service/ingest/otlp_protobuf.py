@@ -27,6 +27,7 @@ and its answer reports everything.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -121,15 +122,43 @@ def _pb_array(array: ArrayValue | bytes) -> list[AttrValue]:
     return [pb_value(item) for item in items]
 
 
+def _double_items(raw: bytes) -> int | None:
+    """How many numbers a serialized ArrayValue holds when it holds only doubles, each in the fixed
+    11-byte layout; None for any other array."""
+    n, rest = divmod(len(raw), _WIRE_DOUBLE_ITEM)
+    if rest:
+        return None
+    heads = _double_heads(n)
+    if raw[0::11] != heads[0] or raw[1::11] != heads[1] or raw[2::11] != heads[2]:
+        return None
+    return n
+
+
+@functools.lru_cache(maxsize=32)
+def _double_heads(n: int) -> tuple[bytes, bytes, bytes]:
+    """The three header bytes of `n` double items, each repeated `n` times (made once a length:
+    a request's vectors are all one length)."""
+    return b"\x0a" * n, b"\x09" * n, b"\x21" * n
+
+
 def _wire_doubles(raw: bytes) -> np.ndarray[Any, np.dtype[np.float64]] | None:
     """The numbers of a serialized ArrayValue that holds only doubles; None for any other array."""
-    n, rest = divmod(len(raw), _WIRE_DOUBLE_ITEM)
-    if rest or raw[0::11] != b"\x0a" * n or raw[1::11] != b"\x09" * n or raw[2::11] != b"\x21" * n:
+    n = _double_items(raw)
+    if n is None:
         return None
     if not n:  # the view below would start past the end
         return np.empty(0)
     # a strided view of the wire bytes: one numpy call where slicing, copying and viewing were five
     return np.ndarray((n,), dtype="<f8", buffer=raw, offset=3, strides=(_WIRE_DOUBLE_ITEM,))
+
+
+def _may_hold_non_finite(raw: bytes) -> bool:
+    """False when no double of an all-double serialized ArrayValue (`_double_items`) is NaN or
+    infinite, read from one byte of each: the top byte of a little-endian double (its item's
+    last) is 0x7f or 0xff for every NaN and infinity, and only for finite numbers above 2**1008
+    in size, which then take the exact check."""
+    tops = raw[_WIRE_DOUBLE_ITEM - 1 :: _WIRE_DOUBLE_ITEM]
+    return b"\x7f" in tops or b"\xff" in tops
 
 
 # Screening (which parses with the real classes) slices vectors this long or longer from their span's
@@ -329,16 +358,18 @@ def _screened_vector_length(key: str, value: AnyValue, wire: WireKeyValues, inde
     items = len(value.array_value.values)
     if items > MAX_VECTOR_LENGTH:
         return None
-    doubles = _wire_doubles(
-        wire.array(index) if items >= WIRE_SLICE_MIN_ITEMS else value.array_value.SerializeToString()
-    )
-    if doubles is not None:  # the usual case: all doubles, checked in one numpy call
-        if not doubles.size:
+    serialized = wire.array(index) if items >= WIRE_SLICE_MIN_ITEMS else value.array_value.SerializeToString()
+    n = _double_items(serialized)
+    if n is not None:  # the usual case: all doubles, checked a byte each
+        if not n:
             return None
-        finite = np.isfinite(doubles)
-        if not finite.all():
-            raise InvalidValue(RejectReason.NAN_VECTOR, f"{key} holds {float(doubles[~finite][0])}")
-        return int(doubles.size)
+        if _may_hold_non_finite(serialized):
+            doubles = _wire_doubles(serialized)
+            assert doubles is not None
+            finite = np.isfinite(doubles)
+            if not finite.all():
+                raise InvalidValue(RejectReason.NAN_VECTOR, f"{key} holds {float(doubles[~finite][0])}")
+        return n
     try:
         return len(check_vector(key, _pb_array(value.array_value)))
     except InvalidValue as problem:

@@ -65,7 +65,7 @@ class IngestTarget(Protocol):
     async def accept_feedback(self, events: Sequence[Feedback]) -> None: ...
 
 
-def _target(request: Request) -> IngestTarget:
+async def _target(request: Request) -> IngestTarget:  # async: no thread-pool hop (auth._tenant)
     target: IngestTarget = request.app.state.pipeline
     return target
 

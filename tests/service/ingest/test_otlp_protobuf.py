@@ -315,3 +315,45 @@ def test_long_vectors_read_from_the_span_bytes_equal_re_encoding_them(
     assert by_name["canonical"][VECTOR_KEY] == expected
     assert by_name["split value"][VECTOR_KEY] == expected  # the merged parts, in order
     assert by_name["an integer"][VECTOR_KEY][5] == 7.0
+
+
+def _vector_request(vector: Sequence[float]) -> bytes:
+    request = ExportTraceServiceRequest()
+    pb = request.resource_spans.add().scope_spans.add().spans.add(name="embed", start_time_unix_nano=1)
+    pb.trace_id, pb.span_id, pb.end_time_unix_nano = bytes.fromhex(TRACE), bytes.fromhex(ROOT), 2
+    array = pb.attributes.add(key=VECTOR_KEY).value.array_value
+    array.values.extend(AnyValue(double_value=x) for x in vector)
+    return request.SerializeToString()
+
+
+def test_screening_finds_every_non_finite_number_by_its_top_byte_as_numpy_does() -> None:
+    """Screening reads one byte of each double (`_may_hold_non_finite`) before any numpy call: it
+    must flag every NaN and infinity (any sign and payload), and a finite number it flags (over
+    2**1008) must still pass the exact check. Held against `math.isfinite`, number by number,
+    over the special values and 20,000 random bit patterns, a quarter of them with every exponent
+    bit set."""
+    import random
+    import struct
+
+    from service.ingest.otlp_protobuf import _may_hold_non_finite, screen_protobuf
+
+    rng = random.Random(36)
+    patterns = [rng.getrandbits(64) for _ in range(15_000)]
+    patterns += [rng.getrandbits(64) | 0x7FF0_0000_0000_0000 for _ in range(5_000)]  # NaN or infinity
+    numbers = [struct.unpack("<d", struct.pack("<Q", p))[0] for p in patterns]
+    numbers += [math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0, 5e-324, 2.0**1008, -1.7e308, 0.5]
+    flagged = 0
+    for x in numbers:
+        item = AnyValue(double_value=x)
+        wire = field(1, item.SerializeToString())
+        assert len(wire) == 11  # the fixed layout the byte is read from
+        if not math.isfinite(x):
+            assert _may_hold_non_finite(wire), x
+        flagged += _may_hold_non_finite(wire)
+    assert flagged > 5_000  # the non-finite ones, and the huge finite ones
+    for x in (math.nan, -math.inf, 1.7e308, -(2.0**1009), 0.25):
+        batch = screen_protobuf(_vector_request([0.1] * 100 + [x] + [0.2] * 27), TENANT)
+        if math.isfinite(x):
+            assert (len(batch.spans), batch.rejected_spans) == (1, 0), x
+        else:
+            assert (len(batch.spans), batch.rejections) == (0, {RejectReason.NAN_VECTOR.value: 1}), x
