@@ -217,6 +217,8 @@ class Pipeline(PipelineIntake):
             self.prices,
             self.metrics,
             redaction=SpanRedaction(config.redaction, key) if key is not None else None,
+            # distributed: decoders hand back the spans-topic records this replica publishes
+            max_record_bytes=config.kafka.max_record_bytes if self.kafka is not None else None,
         )
         # the spans of flushed traces, so that late ones complete them (service/store/span_archive.py)
         self.span_archive = SpanArchive(self.store, OtlpSpanCodec(), config.assembler.late_window_s)

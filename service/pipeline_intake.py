@@ -27,6 +27,7 @@ from service.consumer import TraceConsumer
 from service.conventions.spans import AnySpan, LogEvent
 from service.errors import QueueFull
 from service.ingest import span_records
+from service.ingest.decoded import DecodedBatch
 from service.ingest.durable import DurableAcks
 from service.ingest.pool import IngestPool
 from service.ingest.wal import LoggedRequest
@@ -109,6 +110,18 @@ class PipelineIntake:
         await self.assembler.consume_spans(spans)
         self.metrics.spans_received.labels(receiver=receiver).inc(len(spans))
 
+    async def accept_decoded(
+        self, decoded: DecodedBatch, receiver: str, logged: LoggedRequest | None = None
+    ) -> None:
+        """Take a decoded request: its spans-topic records when the decoder encoded them
+        (distributed mode, `IngestPool.max_record_bytes`), else its spans (`accept_spans`)."""
+        if decoded.records is None:
+            await self.accept_spans(decoded.spans, receiver, logged)
+            return
+        assert self.kafka is not None, "records are encoded only for the broker"
+        await self._publish_records(self.kafka, decoded.records)
+        self.metrics.spans_received.labels(receiver=receiver).inc(decoded.record_spans)
+
     async def accept_log_events(
         self, events: Sequence[LogEvent], receiver: str, logged: LoggedRequest | None = None
     ) -> None:
@@ -189,9 +202,12 @@ class PipelineIntake:
 
     async def _publish(self, kafka: KafkaBus, spans: Sequence[AnySpan]) -> None:
         """Ingest in distributed mode: returns once the broker acknowledged `spans` (acks=all)."""
+        await self._publish_records(kafka, span_records.encode(spans, self.config.kafka.max_record_bytes))
+
+    async def _publish_records(self, kafka: KafkaBus, records: Sequence[span_records.SpanRecord]) -> None:
+        """Returns once the broker acknowledged `records` of the spans topic (acks=all)."""
         from service.bus.kafka_bus import OutRecord
 
         self.check_room()
         topic = self.config.kafka.spans_topic
-        records = span_records.encode(spans, self.config.kafka.max_record_bytes)
         await kafka.publish([OutRecord(topic, r.key, r.value, r.headers) for r in records])

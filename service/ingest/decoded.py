@@ -25,11 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from service.conventions.attributes import RagmonAttributes
 from service.conventions.spans import AnySpan, Attributes
 from service.labels import ATTRIBUTE_REASONS, RejectReason
+
+if TYPE_CHECKING:
+    from service.ingest.span_records import SpanRecord
 
 __all__ = ["DROPPED_KEY", "MAX_DETAILS", "MAX_MARKED", "TRUNCATED", "TRUNCATED_KEY", "DecodedBatch", "mark"]
 
@@ -66,8 +69,25 @@ class DecodedBatch:
     truncated_keys: list[str] = field(default_factory=list)
     # texts redacted in the spans, by kind (`span_redaction.py`, with redaction on)
     redactions: dict[str, int] = field(default_factory=dict)
+    # distributed mode: the accepted spans as spans-topic records, encoded where they were decoded
+    # (`IngestPool.decode`); `spans` is then empty and `record_spans` counts them
+    records: list[SpanRecord] | None = None
+    record_spans: int = 0
     # what `rejected_spans` counts, for the message (the logs receiver counts log records)
     unit: ClassVar[str] = "spans"
+
+    @property
+    def accepted(self) -> int:
+        """Spans (or log records) kept: in `spans`, or encoded into `records`."""
+        return len(self.spans) if self.records is None else self.record_spans
+
+    def encode_records(self, max_record_bytes: int) -> None:
+        """Replace `spans` by the spans-topic records that hold them (`span_records.encode`)."""
+        from service.ingest import span_records  # here: it imports the decoders, which import this
+
+        self.records = span_records.encode(self.spans, max_record_bytes)
+        self.record_spans = len(self.spans)
+        self.spans = []
 
     @property
     def dropped(self) -> int:
@@ -87,7 +107,7 @@ class DecodedBatch:
                 for reason, n in sorted(self.rejections.items())
                 if reason not in ATTRIBUTE_REASONS
             )
-            total = self.rejected_spans + len(self.spans)
+            total = self.rejected_spans + self.accepted
             parts.append(f"rejected {self.rejected_spans} of {total} {self.unit} ({span_counts})")
         dropped_counts = {r: n for r, n in sorted(self.rejections.items()) if r in ATTRIBUTE_REASONS}
         dropped = sum(dropped_counts.values())

@@ -116,7 +116,7 @@ class _OtlpServices:
         )
         self.pipeline.ingest_pool.account(decoded)
         logged = LoggedRequest("otlp_traces", tenant, request, PROTOBUF, "", "otlp_grpc")
-        await self.pipeline.accept_spans(decoded.spans, receiver="otlp_grpc", logged=logged)
+        await self.pipeline.accept_decoded(decoded, receiver="otlp_grpc", logged=logged)
         self.pipeline.phoenix_forward.offer(request, PROTOBUF)
         return decoded
 

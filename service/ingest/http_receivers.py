@@ -112,7 +112,7 @@ async def export_traces(request: Request, tenant: TenantDep, pipeline: IngestDep
     )
     pipeline.ingest_pool.account(decoded)
     logged = LoggedRequest("otlp_traces", tenant, raw, media_type, encoding, "otlp_http")
-    await pipeline.accept_spans(decoded.spans, receiver="otlp_http", logged=logged)
+    await pipeline.accept_decoded(decoded, receiver="otlp_http", logged=logged)
     pipeline.phoenix_forward.offer(raw, media_type, encoding)
     return _otlp_answer(media_type, trace_service_pb2.ExportTraceServiceResponse(), "rejected_spans", decoded)
 

@@ -134,6 +134,24 @@ def _decode_packed(
     return batch
 
 
+def _decode_records(
+    body: bytes,
+    max_record_bytes: int,
+    redaction: SpanRedaction | None,
+    *,
+    json_body: bool,
+    encoding: str,
+    tenant: str,
+    limit: int,
+) -> otlp.DecodedBatch:
+    """Distributed mode: the body decoded (and redacted) as `_decode_packed` would, its accepted spans
+    encoded into spans-topic records where they were decoded (`DecodedBatch.encode_records`)."""
+    decode = otlp_body.decode_body if redaction is None else redaction.decode_traces
+    batch = decode(body, json_body=json_body, encoding=encoding, tenant=tenant, limit=limit)
+    batch.encode_records(max_record_bytes)
+    return batch
+
+
 def _build_in_worker(groups: SpanGroups) -> PackedGroups:
     assert _worker_prices is not None, "worker started without its initializer"
     traces, problems = _build_groups(groups, _worker_prices)
@@ -214,10 +232,15 @@ class IngestPool:
         prices: PriceTable,
         metrics: Metrics,
         redaction: SpanRedaction | None = None,
+        max_record_bytes: int | None = None,
     ) -> None:
         self.processes = default_processes() if processes is None else processes
         # with redaction on, what a decoder returns is redacted there (span_redaction.py)
         self.redaction = redaction
+        # distributed mode (the broker's `kafka.max_record_bytes`): a decoder returns spans-topic
+        # records instead of spans, so they cross to this process once, framed, and this process does
+        # not frame them (bench/RESULTS.md, "Session 36")
+        self.max_record_bytes = max_record_bytes
         # Separate pools: a build waiting behind queued decodes (or a decode behind a build) in
         # one shared FIFO starved the other and left both processes half idle.
         self.decoders = _Workers("decoder", self.processes, prices, metrics)
@@ -254,14 +277,20 @@ class IngestPool:
     async def decode(
         self, body: bytes, *, json_body: bool, encoding: str, tenant: str, limit: int
     ) -> otlp.DecodedBatch:
-        """`otlp_body.decode_body`, in a worker (spans come back packed); raises what it raises
-        (`DecodeError`, `PayloadTooLarge`, `UnsupportedMediaType`)."""
+        """`otlp_body.decode_body`, in a worker (spans come back packed, or as spans-topic records with
+        `max_record_bytes` set); raises what it raises (`DecodeError`, `PayloadTooLarge`,
+        `UnsupportedMediaType`)."""
         kwargs: dict[str, Any] = {
             "json_body": json_body,
             "encoding": encoding,
             "tenant": tenant,
             "limit": limit,
         }
+        if self.max_record_bytes is not None:
+            to_records = functools.partial(
+                _decode_records, body, self.max_record_bytes, self.redaction, **kwargs
+            )
+            return await self.decoders.run(to_records, to_records)
         if self.redaction is not None:
             return await self.decoders.run(
                 functools.partial(self.redaction.decode_traces, body, packed=True, **kwargs),

@@ -16,6 +16,7 @@ from fastapi import Depends, Request
 from service.config import RagmonConfig
 from service.conventions.pricing import PriceTable
 from service.conventions.spans import AnySpan, LogEvent
+from service.ingest.decoded import DecodedBatch
 from service.ingest.pool import IngestPool
 from service.ingest.wal import LoggedRequest
 from service.metrics import Metrics
@@ -55,6 +56,12 @@ class IngestTarget(Protocol):
         self, spans: Sequence[AnySpan], receiver: str, logged: LoggedRequest | None = None
     ) -> None:
         """Take a request's spans; `logged` is the request as received, for the write-ahead log."""
+
+    async def accept_decoded(
+        self, decoded: DecodedBatch, receiver: str, logged: LoggedRequest | None = None
+    ) -> None:
+        """Take a decoded request (`IngestPool.decode`'s answer): its spans, or the spans-topic
+        records its decoder encoded them into."""
 
     async def accept_log_events(
         self, events: Sequence[LogEvent], receiver: str, logged: LoggedRequest | None = None

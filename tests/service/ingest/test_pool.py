@@ -392,3 +392,82 @@ async def test_with_redaction_on_decoders_return_redacted_spans_and_events_and_c
     assert "example.com" not in repr(event.attributes) and "[REDACTED:email:" in repr(event.attributes)
     # the root span of each of two traces held the address, and the log record one
     assert metrics.registry.get_sample_value("ragmon_redactions_total", {"kind": "email"}) == 3
+
+
+def _with_bad_span(body: bytes) -> bytes:
+    """`body` with one more span whose trace id is all zeros: screening rejects it."""
+    request = ExportTraceServiceRequest.FromString(body)
+    bad = request.resource_spans[0].scope_spans[0].spans.add()
+    bad.CopyFrom(request.resource_spans[0].scope_spans[0].spans[0])
+    bad.trace_id = bytes(16)
+    return request.SerializeToString()
+
+
+@pytest.mark.parametrize("processes", [1, 0])
+@pytest.mark.parametrize("redacted", [False, True])
+async def test_decoders_encode_the_records_the_server_would_publish(
+    metrics: Metrics, processes: int, redacted: bool
+) -> None:
+    """Distributed mode: a decoder returns the spans-topic records (`max_record_bytes` set), byte for
+    byte what the server made from the spans it returned before (`span_records.encode`), with the
+    same answer: rejections, message, and the accepted count the message's total counts."""
+    from service.config import RedactionConfig
+    from service.ingest import span_records
+    from service.ingest.span_redaction import SpanRedaction
+
+    redaction = (
+        SpanRedaction(RedactionConfig(enabled=True), b"pool-test-key-0123456789abcdef") if redacted else None
+    )
+    max_record_bytes = 64 * 1024
+    spans_pool = IngestPool(processes, PRICES, metrics, redaction=redaction)
+    records_pool = IngestPool(
+        processes, PRICES, metrics, redaction=redaction, max_record_bytes=max_record_bytes
+    )
+    await spans_pool.start()
+    await records_pool.start()
+    try:
+        for body, json_body in ((_with_bad_span(_body(40)), False), (_otlp_json_body(), True)):
+            kwargs: dict[str, Any] = {
+                "json_body": json_body,
+                "encoding": "",
+                "tenant": TENANT,
+                "limit": LIMIT,
+            }
+            as_spans = await spans_pool.decode(body, **kwargs)
+            as_records = await records_pool.decode(body, **kwargs)
+            expected = span_records.encode(as_spans.spans, max_record_bytes)
+            assert as_records.records is not None and as_records.spans == []
+            if json_body:
+                # decoded spans that came packed each unpack with a resource of their own, which the
+                # server framed apart; the decoder frames spans sharing theirs once: same spans
+                assert [
+                    (r.key, r.headers, span_records.decode(r.value, r.headers)) for r in as_records.records
+                ] == [(r.key, r.headers, span_records.decode(r.value, r.headers)) for r in expected]
+                assert (
+                    sum(map(len, (r.value for r in as_records.records)))
+                    < sum(map(len, (r.value for r in expected)))
+                    or not processes
+                )
+            else:
+                assert as_records.records == expected
+            assert as_records.accepted == as_records.record_spans == len(as_spans.spans) > 0
+            assert len(as_records.records) == len({s.trace_id for s in as_spans.spans})
+            assert (as_records.rejected_spans, as_records.rejections, as_records.redactions) == (
+                as_spans.rejected_spans,
+                as_spans.rejections,
+                as_spans.redactions,
+            )
+            assert as_records.error_message == as_spans.error_message
+        assert as_spans.rejected_spans == 0 and as_records.error_message == ""  # the JSON body
+    finally:
+        await spans_pool.stop()
+        await records_pool.stop()
+
+
+async def test_the_rejected_count_is_of_all_spans_when_records_are_encoded(metrics: Metrics) -> None:
+    pool = IngestPool(0, PRICES, metrics, max_record_bytes=1 << 20)
+    decoded = await pool.decode(
+        _with_bad_span(_body(3)), json_body=False, encoding="", tenant=TENANT, limit=LIMIT
+    )
+    assert decoded.records is not None and len(decoded.records) == 3 and decoded.record_spans == 12
+    assert decoded.error_message.startswith("rejected 1 of 13 spans (invalid_trace_id=1)")
