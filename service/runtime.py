@@ -21,10 +21,17 @@ Measured with bench/ingest (see bench/RESULTS.md, "What changed"):
   are ~0.75 MB each. glibc serves such blocks with mmap at first, then raises
   its mmap threshold and keeps them in the heaps of whichever threads freed
   them, one arena per thread; the server process grew ~60 MiB over 130k traces
-  that way. Two arenas and a fixed 256 KiB threshold kept it ~55 MiB lower
-  (same as `MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=262144`, which a user's
-  environment still overrides: it is read before this runs). Other C
-  libraries are left alone.
+  that way. Two arenas and a fixed threshold kept it ~55 MiB lower. The
+  threshold was 256 KiB until session 36 found what it cost: every block
+  over it (a request body, its pickle to the decoder, the answer back: ~6 a
+  request) was mapped fresh and its pages faulted in, ~300 us for 375 KB
+  against ~12 us from the heap, ~15 % of an ingest replica's CPU on the
+  broker. So the threshold is 4 MiB, and the heap keeps up to 8 MiB free at
+  its top (`M_TRIM_THRESHOLD`: at glibc's default of 128 KiB the top was
+  returned and faulted in again on every large block all the same). Same as
+  `MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=4194304
+  MALLOC_TRIM_THRESHOLD_=8388608`, which a user's environment still
+  overrides: it is read before this runs. Other C libraries are left alone.
 
 Nothing here changes behaviour, only speed; tests do not depend on it.
 """
@@ -40,23 +47,27 @@ import sys
 GC_THRESHOLDS = (200_000, 50, 100)
 SWITCH_INTERVAL_S = 0.0005
 MALLOC_ARENAS = 2
-MALLOC_MMAP_THRESHOLD = 256 * 1024
+MALLOC_MMAP_THRESHOLD = 4 * 1024 * 1024
+MALLOC_TRIM_THRESHOLD = 8 * 1024 * 1024
 # mallopt parameter numbers from glibc's malloc.h
+_M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
+_ENVIRONMENT = ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 def tune_malloc() -> bool:
     """Apply the glibc malloc settings above unless the environment sets them; True if applied."""
     if platform.libc_ver()[0] != "glibc":
         return False
-    if "MALLOC_ARENA_MAX" in os.environ or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    if any(name in os.environ for name in _ENVIRONMENT):
         return False  # the user's choice
     try:
         libc = ctypes.CDLL(None)
         return bool(
             libc.mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
             and libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)
+            and libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
         )
     except (OSError, AttributeError):
         return False

@@ -27,8 +27,8 @@ the server needs. Printed per phase: traces/s (a trace is one record), request
 latency p50/p99, 503s, CPU ms per trace of the producing process tree (ragmon's
 server with its worker processes; the ceiling's own process), of the broker with
 its storage and of the senders, and how busy the machine was (every core,
-whatever ran); then each server's rate over the ceiling's mean and over the ceiling of
-its own round.
+whatever ran), with ragmon's split by process (server, decoder, producers); then
+each server's rate over the ceiling's mean and over the ceiling of its own round.
 
     python bench/scale/ingest.py [--traces 6000] [--batch 50] [--concurrency 1 4 16] [--rounds 2]
         [--kafka NAME=VALUE ...] [--baseline-src DIR] [--py-spy FILE] [--json out.json]
@@ -76,6 +76,8 @@ class Phase:
     refused: int = 0
     machine_busy: float = 0.0  # of all cores, over the phase (everything running on the machine)
     client_cpu_s: float = 0.0  # this script's own process: the senders
+    # ragmon's `cpu_s` by process role (`role_cpu_s`): server, decoder, producers, ...
+    cpu_by_role: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -125,6 +127,36 @@ def tree_cpu_s(pids: list[int]) -> float:
                 continue
             total += t.user + t.system + t.children_user + t.children_system
     return total
+
+
+def _role(proc: psutil.Process, root: int) -> str:
+    """What a process of ragmon's tree does: the forkserver has children, builders run niced
+    (`pool.BUILDER_NICENESS`), a producer process runs kafka-python's threads, a decoder one."""
+    if proc.pid == root:
+        return "server"
+    if proc.children():
+        return "forkserver"
+    if proc.nice() > 0:
+        return "builder"
+    return "producers" if proc.num_threads() > 1 else "decoder"
+
+
+def role_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of `pid` (ragmon's server) and its processes so far, summed by `_role`."""
+    by_role: dict[str, float] = {}
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return by_role
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            role = _role(proc, pid)
+        except psutil.NoSuchProcess:
+            continue
+        by_role[role] = by_role.get(role, 0.0) + t.user + t.system
+    return by_role
 
 
 # `--kafka NAME=VALUE` settings, for the ceiling's producer and ragmon's alike
@@ -400,6 +432,7 @@ def main() -> None:
                         last = name == "ragmon" and round_ == args.rounds - 1 and c == args.concurrency[-1]
                         spy = profile(proc.pid, args.py_spy) if last and args.py_spy else None
                         cpu0, bcpu0 = tree_cpu_s([proc.pid]), tree_cpu_s(broker_pids)
+                        roles0 = role_cpu_s(proc.pid)
                         busy0, own0 = machine_busy(), time.process_time()
                         seconds, latencies, refused = send_all(port, bodies, c)
                         busy1, own1 = machine_busy(), time.process_time()
@@ -416,6 +449,7 @@ def main() -> None:
                             refused,
                             (busy1[0] - busy0[0]) / (busy1[1] - busy0[1]),
                             own1 - own0,
+                            {role: cpu - roles0.get(role, 0.0) for role, cpu in role_cpu_s(proc.pid).items()},
                         )
                         phases.append(phase)
                         print(_line(phase), flush=True)
@@ -465,12 +499,17 @@ def _line(p: Phase) -> str:
         if p50 is not None and p99 is not None
         else ""
     )
+    roles = "".join(
+        f" {role} {p.cpu_by_role[role] / p.traces * 1000:.3f}"
+        for role in ("server", "decoder", "producers")
+        if role in p.cpu_by_role
+    )
     return (
         f"{p.name:<13} {p.rate:7.0f} traces/s  CPU ms/trace {p.cpu_s / p.traces * 1000:5.2f}"
         f"  broker+storage {p.broker_cpu_s / p.traces * 1000:5.2f}"
         f"  senders {p.client_cpu_s / p.traces * 1000:5.2f}"
         f"  machine busy {p.machine_busy:4.0%}{lat}"
-    )
+    ) + (f"\n{'':13} of it (ms/trace):{roles}" if roles else "")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ format or kind, or one that does not parse, raises `DecodeError`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from service.conventions.spans import AnySpan, Attributes, LogEvent, PackedSpan, WireSpan
 from service.errors import DecodeError, PayloadTooLarge
@@ -50,9 +50,11 @@ _REQUEST_ITEMS, _RESOURCE, _SCOPE_ITEMS, _ITEMS = 1, 1, 2, 2
 _NO_LIMIT = 1 << 62
 
 
-@dataclass(frozen=True, slots=True)
-class SpanRecord:
-    """One record for the spans topic: its key (the trace id), headers and value."""
+class SpanRecord(NamedTuple):
+    """One record for the spans topic: its key (the trace id), headers and value.
+
+    A named tuple: a decoder process hands a request's records to the server (`IngestPool.decode`),
+    and a tuple unpickles in a quarter of a frozen dataclass's time."""
 
     key: bytes
     value: bytes
