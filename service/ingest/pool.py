@@ -17,6 +17,9 @@ for it. OTLP/JSON spans are decoded in the decoder and
 come back as `PackedSpan`s (pickled). The server process never opens either:
 it groups them by trace, hands the groups to a builder, and unpickles only the
 finished `RagTrace`s, which cross as plain values (service/ingest/built_traces.py).
+In distributed mode (`max_record_bytes` set) a decoder returns the spans-topic
+records the replica publishes instead (service/ingest/span_records.py): the
+spans cross once, framed, and the server only hands them to the producer.
 Decoders and builders are separate pools: in one shared pool a build waited
 behind queued decodes and a decode behind builds, and both idled half the time.
 Builders run at a lower CPU priority, since a decode is on a request's path.
