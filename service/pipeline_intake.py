@@ -115,7 +115,7 @@ class PipelineIntake:
     ) -> None:
         """Take a decoded request: its spans-topic records when the decoder encoded them
         (distributed mode, `IngestPool.max_record_bytes`), else its spans (`accept_spans`)."""
-        if decoded.records is None:
+        if not isinstance(decoded, span_records.RecordBatch):
             await self.accept_spans(decoded.spans, receiver, logged)
             return
         assert self.kafka is not None, "records are encoded only for the broker"

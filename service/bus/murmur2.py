@@ -2,11 +2,11 @@
 
 `ProducerGroup` (producer_process.py) chooses each record's partition itself,
 so that every partition's records go to one producer process. kafka-python's
-own `murmur2` walks the key a byte at a time in Python, ~5 µs for a 32-byte
-trace id: ~2.5 % of an ingest replica's CPU on the durable broker. This one
-reads the key's 4-byte words in one `struct` call and keeps to 32 bits by
-masking once a step, ~1.5 µs, with the same results (a test holds it to
-kafka-python's for keys of every length up to 300 bytes).
+own `murmur2` walks the key a byte at a time in Python, 4.8 µs for a 32-byte
+trace id, in the server process, once a record. This one reads the key's
+4-byte words in one `struct` call and keeps to 32 bits by masking once a
+step, 2.2 µs, with the same results (a test holds it to kafka-python's for
+keys of every length up to 300 bytes, and to the Java client's test values).
 """
 
 from __future__ import annotations

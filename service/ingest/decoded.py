@@ -25,14 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from service.conventions.attributes import RagmonAttributes
 from service.conventions.spans import AnySpan, Attributes
 from service.labels import ATTRIBUTE_REASONS, RejectReason
-
-if TYPE_CHECKING:
-    from service.ingest.span_records import SpanRecord
 
 __all__ = ["DROPPED_KEY", "MAX_DETAILS", "MAX_MARKED", "TRUNCATED", "TRUNCATED_KEY", "DecodedBatch", "mark"]
 
@@ -69,25 +66,13 @@ class DecodedBatch:
     truncated_keys: list[str] = field(default_factory=list)
     # texts redacted in the spans, by kind (`span_redaction.py`, with redaction on)
     redactions: dict[str, int] = field(default_factory=dict)
-    # distributed mode: the accepted spans as spans-topic records, encoded where they were decoded
-    # (`IngestPool.decode`); `spans` is then empty and `record_spans` counts them
-    records: list[SpanRecord] | None = None
-    record_spans: int = 0
     # what `rejected_spans` counts, for the message (the logs receiver counts log records)
     unit: ClassVar[str] = "spans"
 
     @property
     def accepted(self) -> int:
-        """Spans (or log records) kept: in `spans`, or encoded into `records`."""
-        return len(self.spans) if self.records is None else self.record_spans
-
-    def encode_records(self, max_record_bytes: int) -> None:
-        """Replace `spans` by the spans-topic records that hold them (`span_records.encode`)."""
-        from service.ingest import span_records  # here: it imports the decoders, which import this
-
-        self.records = span_records.encode(self.spans, max_record_bytes)
-        self.record_spans = len(self.spans)
-        self.spans = []
+        """Spans (or log records) kept (`span_records.RecordBatch` counts those it encoded)."""
+        return len(self.spans)
 
     @property
     def dropped(self) -> int:

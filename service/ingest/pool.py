@@ -55,7 +55,7 @@ from service.assemble import SpanGroups, build_each
 from service.conventions.pricing import PriceTable
 from service.conventions.semconv import build_trace
 from service.conventions.spans import AnySpan, LogEvent, PackedSpan, Span, WireSpan
-from service.ingest import otlp, otlp_body, otlp_logs, otlp_protobuf
+from service.ingest import otlp, otlp_body, otlp_logs, otlp_protobuf, span_records
 from service.ingest.built_traces import PackedTrace, pack_all, unpack_all
 from service.ingest.drop_log import DropLog
 from service.ingest.loop_pool import LoopProcessPool, WorkerDied
@@ -148,11 +148,10 @@ def _decode_records(
     limit: int,
 ) -> otlp.DecodedBatch:
     """Distributed mode: the body decoded (and redacted) as `_decode_packed` would, its accepted spans
-    encoded into spans-topic records where they were decoded (`DecodedBatch.encode_records`)."""
+    encoded into spans-topic records where they were decoded (`span_records.as_records`)."""
     decode = otlp_body.decode_body if redaction is None else redaction.decode_traces
     batch = decode(body, json_body=json_body, encoding=encoding, tenant=tenant, limit=limit)
-    batch.encode_records(max_record_bytes)
-    return batch
+    return span_records.as_records(batch, max_record_bytes)
 
 
 def _build_in_worker(groups: SpanGroups) -> PackedGroups:

@@ -32,14 +32,25 @@ format or kind, or one that does not parse, raises `DecodeError`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from service.conventions.spans import AnySpan, Attributes, LogEvent, PackedSpan, WireSpan
 from service.errors import DecodeError, PayloadTooLarge
 from service.ingest import otlp_logs, otlp_protobuf
+from service.ingest.decoded import DecodedBatch
 from service.ingest.otlp_encode import event_bytes, resource_bytes, span_bytes
 
-__all__ = ["FORMAT", "SpanRecord", "decode", "encode", "encode_traces", "item_bytes"]
+__all__ = [
+    "FORMAT",
+    "RecordBatch",
+    "SpanRecord",
+    "as_records",
+    "decode",
+    "encode",
+    "encode_traces",
+    "item_bytes",
+]
 
 FORMAT = b"otlp-protobuf-1"
 _SPANS, _LOGS = b"spans", b"logs"
@@ -59,6 +70,28 @@ class SpanRecord(NamedTuple):
     key: bytes
     value: bytes
     headers: tuple[tuple[str, bytes], ...]
+
+
+@dataclass(slots=True)
+class RecordBatch(DecodedBatch):
+    """A decoded request whose accepted spans were encoded into spans-topic records where they were
+    decoded (`as_records`: a decoder process in distributed mode, `IngestPool.max_record_bytes`):
+    `spans` is empty, `record_spans` counts them; the rest answers the request as before."""
+
+    records: list[SpanRecord] = field(default_factory=list)
+    record_spans: int = 0
+
+    @property
+    def accepted(self) -> int:
+        return self.record_spans
+
+
+def as_records(batch: DecodedBatch, max_bytes: int) -> RecordBatch:
+    """`batch` with its spans replaced by the records that hold them (`encode`)."""
+    kept = {f.name: getattr(batch, f.name) for f in fields(DecodedBatch)}
+    return RecordBatch(
+        **{**kept, "spans": []}, records=encode(batch.spans, max_bytes), record_spans=len(batch.spans)
+    )
 
 
 def _varint(n: int) -> bytes:
