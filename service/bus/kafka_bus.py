@@ -63,7 +63,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from kafka.errors import KafkaError
 
@@ -94,6 +94,9 @@ _SEND_CHUNK = 2000
 # producer processes when `kafka.producer_processes` is unset and more than one CPU is usable
 # (two beat one and the server's own thread on two cores: bench/RESULTS.md, issue 36)
 DEFAULT_PRODUCER_PROCESSES = 2
+
+# the codecs `kafka.compression` offers: one series each of ragmon_kafka_producer_compression_info
+_CODECS: tuple[str, ...] = get_args(KafkaConfig.model_fields["compression"].annotation)
 
 # where an entry is: behind an earlier record of its trace, in the buffer to send, with the
 # producer, or finished (acknowledged, or dropped after its caller withdrew)
@@ -332,7 +335,7 @@ class KafkaBus:
         )
         # kept: a fallback to gzip at the bootstrap (an old broker) is not paid again by the next one
         self._compression = producer.compression
-        for codec_name in ("none", "gzip", "zstd"):
+        for codec_name in _CODECS:
             self.metrics.kafka_producer_compression.labels(codec=codec_name).set(
                 1.0 if codec_name == producer.compression else 0.0
             )

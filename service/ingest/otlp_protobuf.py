@@ -128,8 +128,9 @@ def _double_items(raw: bytes) -> int | None:
     n, rest = divmod(len(raw), _WIRE_DOUBLE_ITEM)
     if rest:
         return None
-    heads = _double_heads(n)
-    if raw[0::11] != heads[0] or raw[1::11] != heads[1] or raw[2::11] != heads[2]:
+    tag, length, double_tag = _double_heads(n)
+    step = _WIRE_DOUBLE_ITEM
+    if raw[0::step] != tag or raw[1::step] != length or raw[2::step] != double_tag:
         return None
     return n
 
