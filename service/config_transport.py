@@ -215,6 +215,12 @@ class KafkaConfig(_Section):
         "smaller batches; falls back to gzip (logged, ragmon_kafka_producer_compression_info) without the "
         "zstandard package or on a broker that does not take zstd (before Kafka 2.1)",
     )
+    producer_client: Literal["kafka-python", "librdkafka"] = Field(
+        "kafka-python",
+        description="the client ingest's producer is built on: librdkafka (confluent-kafka) batches and "
+        "compresses in C threads of the server process, about half the CPU a record of kafka-python in "
+        "processes of its own (producer_processes does not apply to it)",
+    )
     producer_processes: int | None = Field(
         None,
         ge=0,

@@ -330,9 +330,10 @@ def profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
 
 
 def start_ragmon(
-    bootstrap: str, work: Path, tag: str, source: Path | None = None
+    bootstrap: str, work: Path, tag: str, source: Path | None = None, own: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """`ragmon serve` on the broker, from this tree or from `source` (an exported commit)."""
+    """`ragmon serve` on the broker, from this tree or from `source` (an exported commit); `own`: kafka
+    settings of this server alone, over the --kafka ones."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGMON_")}
     env.update(
@@ -345,7 +346,8 @@ def start_ragmon(
         RAGMON_KAFKA__FEEDBACK_TOPIC=f"{tag}-feedback",
         RAGMON_KAFKA__SINKS_GROUP=f"{tag}-sinks",
     )
-    env.update({f"RAGMON_KAFKA__{name.upper()}": value for name, value in SETTINGS.items()})
+    settings = {**SETTINGS, **(own or {})}
+    env.update({f"RAGMON_KAFKA__{name.upper()}": value for name, value in settings.items()})
     if source is not None:
         env["PYTHONPATH"] = str(source)  # ahead of the editable install
     proc = subprocess.Popen(
@@ -396,6 +398,14 @@ def main() -> None:
         "the --kafka settings go to both (a tree that lacks one refuses to start)",
     )
     parser.add_argument(
+        "--baseline-kafka",
+        nargs="*",
+        default=[],
+        metavar="NAME=VALUE",
+        help="kafka settings of the baseline server alone, over --kafka (e.g. --baseline-src of this very "
+        "tree with producer_client=kafka-python, against --kafka producer_client=librdkafka)",
+    )
+    parser.add_argument(
         "--ceiling-producers",
         type=int,
         nargs="+",
@@ -418,7 +428,8 @@ def main() -> None:
         size = statistics.mean(len(v) for _, v, _ in records)
         servers = {"ragmon": start_ragmon(bootstrap, work, uuid.uuid4().hex[:8])}
         if args.baseline_src is not None:
-            servers["baseline"] = start_ragmon(bootstrap, work, uuid.uuid4().hex[:8], args.baseline_src)
+            own = dict(item.split("=", 1) for item in args.baseline_kafka)
+            servers["baseline"] = start_ragmon(bootstrap, work, uuid.uuid4().hex[:8], args.baseline_src, own)
         try:
             for _, port in servers.values():
                 send_all(port, warm, 2)

@@ -74,6 +74,7 @@ from service.bus.kafka_client import (
     producer_settings,
     task_failure,
 )
+from service.bus.librdkafka_producer import LibrdkafkaProducer, librdkafka_available
 from service.bus.outage_log import OutageLog
 from service.bus.producer_process import Producer, ProducerGroup, ThreadProducer
 from service.config import KafkaConfig
@@ -165,12 +166,19 @@ class KafkaBus:
         self._idle = asyncio.Event()
         self._idle.set()
         self._producer: Producer | None = None
-        # the producer in processes of its own (producer_process.py says why); unset: with a CPU to spare
-        self.producer_processes = (
-            config.producer_processes
-            if config.producer_processes is not None
-            else (DEFAULT_PRODUCER_PROCESSES if usable_cpus() > 1 else 0)
-        )
+        if config.producer_client == "librdkafka" and not librdkafka_available():
+            raise ValueError(
+                "kafka.producer_client is librdkafka but confluent-kafka is not installed "
+                "(pip install 'ragmon[kafka]')"
+            )
+        # kafka-python's producer in processes of its own (producer_process.py says why); unset: with a
+        # CPU to spare. librdkafka's own C threads do that work: it needs none.
+        if config.producer_client == "librdkafka":
+            self.producer_processes = 0
+        elif config.producer_processes is not None:
+            self.producer_processes = config.producer_processes
+        else:
+            self.producer_processes = DEFAULT_PRODUCER_PROCESSES if usable_cpus() > 1 else 0
         self._topics_ready = not config.create_topics
         # the codec producers are built with: kafka.compression until the broker refuses it (gzip then)
         self._compression: str = config.compression
@@ -327,12 +335,13 @@ class KafkaBus:
         if not self._topics_ready:
             ensure_topics(c)
             self._topics_ready = True
-        settings = producer_settings(c, self._compression)
-        producer: Producer = (
-            ThreadProducer(settings)
-            if self.producer_processes == 0
-            else ProducerGroup(settings, self.producer_processes)
-        )
+        producer: Producer
+        if c.producer_client == "librdkafka":
+            producer = LibrdkafkaProducer(c, self._compression)
+        elif self.producer_processes == 0:
+            producer = ThreadProducer(producer_settings(c, self._compression))
+        else:
+            producer = ProducerGroup(producer_settings(c, self._compression), self.producer_processes)
         # kept: a fallback to gzip at the bootstrap (an old broker) is not paid again by the next one
         self._compression = producer.compression
         for codec_name in _CODECS:

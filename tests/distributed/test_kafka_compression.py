@@ -128,20 +128,25 @@ def test_without_the_zstandard_package_the_producer_uses_gzip(kafka_bootstrap: s
     assert _first_occurrences(_read_back(config, 100)) == {t: [0] for t in range(100)}
 
 
-@pytest.mark.parametrize("processes", [0, 2], ids=["thread", "processes"])
+@pytest.mark.parametrize(
+    "producer",
+    [{"producer_processes": 0}, {"producer_processes": 2}, {"producer_client": "librdkafka"}],
+    ids=["thread", "processes", "librdkafka"],
+)
 async def test_a_broker_that_refuses_zstd_gets_the_same_records_in_gzip(
-    broker_factory: Callable[[], Broker], processes: int
+    broker_factory: Callable[[], Broker], producer: dict[str, object]
 ) -> None:
     """A broker that speaks Kafka 2.1+ but answers zstd batches with UNSUPPORTED_COMPRESSION_TYPE (tansu
-    behind a proxy that refuses them): every publish still returns acknowledged, because the refused
-    records go again through a gzip producer, which the broker takes; the bus keeps gzip from then on,
-    and the metric says so. Every record is in the topic, each trace's first occurrences in order."""
+        behind a proxy that refuses them): every publish still returns acknowledged, because the refused
+        records go again through a gzip producer, which the broker takes; the bus keeps gzip from then on,
+        and the metric says so. Every record is in the topic, each trace's first occurrences in order. The
+    same with kafka-python in the server process, in processes of its own, and with librdkafka."""
     broker = broker_factory()
     proxy = CodecRefusingProxy(free_port(), broker.port).start()
     broker.env["KAFKA_ADVERTISED_PORT"] = str(proxy.port)
     broker.start()
     try:
-        config = _config(f"127.0.0.1:{proxy.port}", producer_processes=processes)
+        config = _config(f"127.0.0.1:{proxy.port}", **producer)
         metrics = Metrics()
         bus = KafkaBus(config, metrics)
         await bus.start()

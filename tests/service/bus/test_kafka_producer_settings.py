@@ -59,3 +59,81 @@ def test_a_refused_codec_is_told_from_other_produce_failures() -> None:
     assert not compression_refused(KafkaTimeoutError("Batch for spans-0 containing 3 record(s) expired"))
     assert not compression_refused(ProducerProcessError("the Kafka producer process ended"))
     assert not compression_refused(ProducerProcessError(repr(KafkaTimeoutError("no metadata"))))
+
+
+def test_librdkafka_gets_the_same_producer_settings_in_its_names() -> None:
+    """`kafka.producer_client: librdkafka`: each setting kafka-python's producer gets, in librdkafka's name
+    and unit, and a librdkafka producer accepts them all (it refuses an unknown name or value when made)."""
+    pytest.importorskip("confluent_kafka", reason="confluent-kafka comes with the kafka extra")
+    from confluent_kafka import Producer
+
+    from service.bus.librdkafka_producer import librdkafka_settings
+
+    config = KafkaConfig(
+        bootstrap_servers=["a:9092", "b:9093"],
+        linger_ms=7,
+        batch_bytes=500_000,
+        delivery_timeout_s=31,
+        request_timeout_s=12,
+        compression="gzip",
+        gzip_level=3,
+    )
+    rd = librdkafka_settings(config)
+    kp = producer_settings(config)
+    assert rd["bootstrap.servers"] == ",".join(kp["bootstrap_servers"]) == "a:9092,b:9093"
+    assert rd["client.id"] == kp["client_id"]
+    assert (rd["acks"], rd["enable.idempotence"]) == (kp["acks"], kp["enable_idempotence"]) == ("all", True)
+    assert rd["linger.ms"] == kp["linger_ms"] == 7
+    assert rd["batch.size"] == kp["batch_size"] == 500_000
+    assert rd["message.max.bytes"] == kp["max_request_size"]
+    assert rd["message.timeout.ms"] == kp["delivery_timeout_ms"] == 31_000
+    assert rd["request.timeout.ms"] == kp["request_timeout_ms"] == 12_000
+    assert (rd["compression.type"], rd["compression.level"]) == ("gzip", 3)
+    assert librdkafka_settings(KafkaConfig())["compression.type"] == "zstd"
+    assert "compression.level" not in librdkafka_settings(KafkaConfig())
+    assert librdkafka_settings(KafkaConfig(), "gzip")["compression.type"] == "gzip"  # the bus's fallback
+    secured = KafkaConfig(
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="ingest",
+        sasl_password="s3cret",
+        ssl_cafile="/etc/ca.pem",
+        ssl_certfile="/etc/user.crt",
+        ssl_keyfile="/etc/user.key",
+        ssl_password="keypass",
+        ssl_check_hostname=False,
+    )
+    rd = librdkafka_settings(secured)
+    assert rd["security.protocol"] == "sasl_ssl"
+    assert (rd["sasl.mechanism"], rd["sasl.username"], rd["sasl.password"]) == (
+        "SCRAM-SHA-512",
+        "ingest",
+        "s3cret",
+    )
+    assert rd["ssl.ca.location"] == "/etc/ca.pem"
+    assert (rd["ssl.certificate.location"], rd["ssl.key.location"]) == ("/etc/user.crt", "/etc/user.key")
+    assert rd["ssl.key.password"] == "keypass"
+    assert rd["ssl.endpoint.identification.algorithm"] == "none"
+    assert librdkafka_settings(KafkaConfig(security_protocol="SSL"))[
+        "ssl.endpoint.identification.algorithm"
+    ] == ("https")
+    for settings in (librdkafka_settings(config), librdkafka_settings(KafkaConfig())):
+        Producer(settings).flush(0)  # made without a broker: only the names and values are checked
+
+
+def test_librdkafka_errors_are_kafka_pythons_family_and_a_refused_codec_is_told() -> None:
+    """The bus reads a failed produce's outcome as kafka-python's `KafkaError`; librdkafka's refusal of the
+    codec becomes `UnsupportedCompressionTypeError` (the bus falls back to gzip), other errors not."""
+    pytest.importorskip("confluent_kafka", reason="confluent-kafka comes with the kafka extra")
+    from confluent_kafka import KafkaError as RdError
+    from kafka.errors import KafkaError
+
+    from service.bus.librdkafka_producer import LibrdkafkaError, _error
+
+    refused = _error(RdError(RdError.UNSUPPORTED_COMPRESSION_TYPE))
+    assert isinstance(refused, UnsupportedCompressionTypeError)
+    assert compression_refused(refused)
+    timed_out = _error(RdError(RdError._MSG_TIMED_OUT))
+    assert isinstance(timed_out, LibrdkafkaError) and isinstance(timed_out, KafkaError)
+    assert not compression_refused(timed_out)
+    assert "MSG_TIMED_OUT" in str(timed_out)

@@ -1,0 +1,206 @@
+"""Ingest's producer on librdkafka (`kafka.producer_client: librdkafka`), against a real broker: the
+bus's guarantees as with kafka-python, every trace on the partition kafka-python would choose, and the
+faults a producer meets (a frozen broker, a broker restarted under it, one that is not there).
+
+Records are keyed like ingest's (one key a trace) and their values name (trace, n), as in
+test_kafka_pipelining.py, whose read-back helpers these tests share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kafka.errors import KafkaError
+from kafka.partitioner.default import murmur2
+
+from service.bus.kafka_bus import KafkaBus
+from service.bus.librdkafka_producer import LibrdkafkaProducer
+from service.config import KafkaConfig
+from service.errors import QueueFull
+from service.metrics import Metrics
+from tests.distributed.conftest import Broker
+from tests.distributed.test_kafka_pipelining import _config, _first_occurrences, _read_back, _record, _until
+from tests.distributed.test_producer_process import _partitions_by_key
+from tests.live_server import free_port
+
+pytest.importorskip("confluent_kafka", reason="confluent-kafka (the kafka extra) is not installed")
+
+
+def _librdkafka(bootstrap: str, **extra: object) -> KafkaConfig:
+    return _config(bootstrap, producer_client="librdkafka", **extra)
+
+
+async def test_every_record_is_acknowledged_in_order_on_kafka_pythons_partition(kafka_bootstrap: str) -> None:
+    """3,000 records of 1,000 traces, published in three calls per trace, ten calls at once: every call
+    returns acknowledged, each record is counted once, no producer process is started, and the topic
+    holds every record once, each trace's three in publish order on the partition kafka-python's
+    default partitioner gives its key."""
+    config = _librdkafka(kafka_bootstrap)
+    metrics = Metrics()
+    bus = KafkaBus(config, metrics)
+    assert bus.producer_processes == 0
+    await bus.start()
+    try:
+        for n in range(3):
+            await asyncio.gather(
+                *(
+                    bus.publish([_record(config, t, n) for t in range(c, c + 100)])
+                    for c in range(0, 1000, 100)
+                )
+            )
+        assert isinstance(bus._producer, LibrdkafkaProducer)
+        assert bus.depth == 0
+    finally:
+        await bus.stop()
+    produced = metrics.registry.get_sample_value("ragmon_kafka_produced_total", {"topic": config.spans_topic})
+    assert produced == 3000
+    records = _read_back(config, 3000)
+    assert len(records) == 3000  # nothing sent twice
+    firsts = _first_occurrences(records)
+    assert set(firsts) == set(range(1000))
+    assert all(numbers == [0, 1, 2] for numbers in firsts.values())
+    landed = _partitions_by_key(config, 3000)
+    assert len(landed) == 1000
+    for key, partitions in landed.items():
+        assert partitions == {(murmur2(key) & 0x7FFFFFFF) % config.partitions}, key
+
+
+async def test_no_call_returns_before_the_frozen_broker_acknowledges(
+    broker_factory: Callable[[], Broker],
+) -> None:
+    """With the broker frozen (SIGSTOP), records of four calls are with librdkafka and none of the calls
+    returns; each trace's second record waits behind its first. Unfrozen, all four return and the topic
+    holds every record, each trace's two in publish order."""
+    broker = broker_factory()
+    broker.start()
+    config = _librdkafka(broker.bootstrap, publish_timeout_s=60, delivery_timeout_s=90, request_timeout_s=60)
+    bus = KafkaBus(config, Metrics())
+    await bus.start()
+    try:
+        await bus.publish([_record(config, 10**6, 0)])  # metadata known: sends need no broker answer
+        assert broker.pid is not None
+        os.kill(broker.pid, signal.SIGSTOP)
+        try:
+            first = [
+                asyncio.create_task(bus.publish([_record(config, c * 500 + t, 0) for t in range(500)]))
+                for c in range(3)
+            ]
+            await _until(lambda: bus.in_flight == 1500)
+            second = asyncio.create_task(bus.publish([_record(config, t, 1) for t in range(500)]))
+            await _until(lambda: bus.depth == 2000)
+            await asyncio.sleep(1.0)
+            assert bus.in_flight == 1500  # the second records of traces 0..499 wait
+            assert not any(task.done() for task in [*first, second])
+        finally:
+            os.kill(broker.pid, signal.SIGCONT)
+        await asyncio.wait_for(asyncio.gather(*first, second), 60)
+        assert bus.depth == 0
+    finally:
+        await bus.stop()
+    firsts = _first_occurrences(_read_back(config, 2001))
+    assert set(firsts) == set(range(1500)) | {10**6}
+    assert all(firsts[t] == [0, 1] for t in range(500))
+    assert all(firsts[t] == [0] for t in range(500, 1500))
+
+
+@pytest.mark.parametrize("outage_s", [3, 10])
+async def test_broker_restarted_mid_flight_nothing_acknowledged_is_lost(
+    outage_s: float, durable_broker: Broker
+) -> None:
+    """Eight callers publish three records per trace in three calls while the (S3-backed) broker is
+    stopped and started under them. A short outage is bridged by librdkafka's retries; a long one
+    outlasts the delivery timeout, so records fail, the bus gives the producer up and sends what it held
+    again through a new one. Every call that returned is in the topic, calls refused meanwhile are
+    503s (QueueFull), and each trace's records first appear in publish order."""
+    timeouts = {"publish_timeout_s": 4, "delivery_timeout_s": 6, "request_timeout_s": 5}
+    config = _librdkafka(durable_broker.bootstrap, **timeouts)
+    metrics = Metrics()
+    bus = KafkaBus(config, metrics)
+    await bus.start()
+    acked: set[tuple[int, int]] = set()
+    refused = 0
+    next_trace = 0
+    stop = asyncio.Event()
+
+    async def caller() -> None:
+        nonlocal refused, next_trace
+        while not stop.is_set():
+            traces = list(range(next_trace, next_trace + 20))
+            next_trace += 20
+            calls = [bus.publish([_record(config, t, n) for t in traces]) for n in range(3)]
+            for n, outcome in enumerate(await asyncio.gather(*calls, return_exceptions=True)):
+                if outcome is None:
+                    acked.update((t, n) for t in traces)
+                elif isinstance(outcome, QueueFull):
+                    refused += 1
+                    await asyncio.sleep(0.2)
+                else:
+                    raise outcome
+
+    callers = [asyncio.create_task(caller()) for _ in range(8)]
+    try:
+        await _until(lambda: len(acked) >= 3000, timeout=60)
+        await _until(lambda: bus.in_flight > 0, timeout=10)
+        await asyncio.to_thread(durable_broker.stop)
+        await asyncio.sleep(outage_s)
+        await asyncio.to_thread(durable_broker.start)
+        await _until(lambda: bus.available, timeout=90)
+        before = len(acked)
+        await _until(lambda: len(acked) >= before + 3000, timeout=90)
+    finally:
+        stop.set()
+        await asyncio.gather(*callers, return_exceptions=True)
+        assert await bus.drain(60)
+        await bus.stop()
+    assert refused > 0  # the outage was felt
+    rebuilds = metrics.registry.get_sample_value("ragmon_kafka_producer_rebuilds_total") or 0
+    if outage_s > config.delivery_timeout_s:
+        assert rebuilds >= 1
+    records = _read_back(config, len(acked))
+    present = set(records)
+    assert acked <= present, f"{len(acked - present)} acknowledged records lost"
+    for trace, numbers in _first_occurrences(records).items():
+        assert numbers == sorted(numbers), (trace, numbers)
+
+
+def test_without_a_broker_every_record_is_reported_failed_within_the_delivery_timeout() -> None:
+    """No broker at the bootstrap address: `send_many` returns at once and each record's outcome comes
+    back as a `KafkaError` once the delivery timeout passes, none as acknowledged; `abort` returns at
+    once."""
+    port = free_port()
+    config = KafkaConfig.model_validate(
+        {
+            "bootstrap_servers": [f"127.0.0.1:{port}"],
+            "spans_topic": "nowhere",
+            "delivery_timeout_s": 3,
+            "request_timeout_s": 2,
+            "max_block_s": 1,
+        }
+    )
+    producer = LibrdkafkaProducer(config)
+    outcomes: dict[int, Any] = {}
+    done = threading.Event()
+
+    def report(context: int, outcome: Any) -> None:
+        outcomes[context] = outcome
+        if len(outcomes) == 20:
+            done.set()
+
+    started = time.monotonic()
+    producer.send_many([(i, "nowhere", b"k%d" % i, b"v", (), i % 2) for i in range(20)], report)
+    assert time.monotonic() - started < 1.0
+    assert done.wait(15)
+    assert all(isinstance(outcome, KafkaError) for outcome in outcomes.values()), outcomes
+    started = time.monotonic()
+    closer = producer.abort()
+    assert time.monotonic() - started < 1.0
+    assert closer is not None
+    closer.join(10)
+    assert not closer.is_alive()
