@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.05  # how long the delivery thread waits in one poll; also how soon it notices a stop
 _FULL_WAIT_S = 0.01  # poll between tries while librdkafka's own queue is full
+# How long a hand-over to an idle producer flushes: librdkafka ignores linger.ms while a flush runs, so
+# records that found nothing in flight (no batch to join) go to the broker now; a flush with no time
+# left at all (0) does not wake its broker threads.
+_NUDGE_S = 0.001
 
 
 class LibrdkafkaError(KafkaError):  # type: ignore[misc]  # kafka-python has no types
@@ -126,6 +130,8 @@ class LibrdkafkaProducer:
         # this module's logger; the bus reports the outage itself (`OutageLog`)
         self._producer = Producer(settings, logger=log)
         self._partitions: dict[str, int] = {}  # topic -> partition count, asked once per producer
+        self._outstanding = 0  # records produced, their delivery not reported yet
+        self._counting = threading.Lock()
         self._stopping = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="librdkafka-deliveries", daemon=True)
         self._poller.start()
@@ -159,18 +165,31 @@ class LibrdkafkaProducer:
         queued within `max_block_s`)."""
         from confluent_kafka import KafkaException
 
+        idle = self._outstanding == 0
         for i, (context, topic, key, value, headers, partition) in enumerate(records):
             try:
                 if partition is None:
                     count = self._partitions.get(topic)
                     partition = partition_of(key, count if count else self.partition_count(topic))
-                self._produce(topic, key, value, headers, partition, _delivered(report, context))
+                self._produce(topic, key, value, headers, partition, self._delivered(report, context))
             except KafkaError as exc:  # no metadata, or the queue stayed full: the rest would wait as long
                 for rest in records[i:]:
                     report(rest[0], exc)
                 return
             except KafkaException as exc:  # this record refused (too large, ...): it alone fails
                 report(context, _error(exc.args[0]))
+        if idle:
+            # Linger batches records that come while others are on their way; with nothing on its way
+            # there is nothing to wait for (bench/RESULTS.md, session 37: linger 20 ms with this nudge)
+            self._producer.flush(_NUDGE_S)
+
+    def _delivered(self, report: Report, context: Any) -> Callable[[Any, Any], None]:
+        def on_delivery(err: Any, _message: Any) -> None:
+            with self._counting:
+                self._outstanding -= 1
+            report(context, True if err is None else _error(err))
+
+        return on_delivery
 
     def _produce(
         self,
@@ -184,9 +203,16 @@ class LibrdkafkaProducer:
         waited = 0.0
         while True:
             try:
-                self._producer.produce(
-                    topic, value, key, partition, on_delivery=on_delivery, headers=list(headers) or None
-                )
+                with self._counting:
+                    self._outstanding += 1
+                try:
+                    self._producer.produce(
+                        topic, value, key, partition, on_delivery=on_delivery, headers=list(headers) or None
+                    )
+                except BaseException:
+                    with self._counting:
+                        self._outstanding -= 1
+                    raise
                 return
             except BufferError:  # librdkafka's queue is full: wait for deliveries to make room
                 if waited >= self._block_s:
@@ -216,10 +242,3 @@ class LibrdkafkaProducer:
             self._poller.join()
             with contextlib.suppress(Exception):
                 self._producer.poll(0)  # the reports of what was purged or delivered last
-
-
-def _delivered(report: Report, context: Any) -> Callable[[Any, Any], None]:
-    def on_delivery(err: Any, _message: Any) -> None:
-        report(context, True if err is None else _error(err))
-
-    return on_delivery

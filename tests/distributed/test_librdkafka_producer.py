@@ -204,3 +204,56 @@ def test_without_a_broker_every_record_is_reported_failed_within_the_delivery_ti
     assert closer is not None
     closer.join(10)
     assert not closer.is_alive()
+
+
+def test_an_idle_producer_sends_at_once_a_busy_one_lingers(broker_factory: Callable[[], Broker]) -> None:
+    """linger.ms batches records that come while others are on their way; a hand-over that finds nothing
+    on its way is flushed at once. With a 3 s linger: a record sent to an idle producer is acknowledged
+    within a second; with the broker frozen, one record goes out at once (idle) and a second, handed
+    over while the first is unacknowledged, lingers: thawed, the first is acknowledged at once and the
+    second not before its linger is over. (The very first record waits for the connection to its
+    partition's leader, which the flush does not; it only warms up here.)"""
+    from service.bus.kafka_client import ensure_topics
+
+    broker = broker_factory()
+    broker.start()
+    config = _librdkafka(broker.bootstrap, linger_ms=3000, delivery_timeout_s=60, request_timeout_s=30)
+    ensure_topics(config)
+    producer = LibrdkafkaProducer(config)
+    acked: dict[str, float] = {}
+    done = threading.Event()
+
+    def report(context: str, outcome: Any) -> None:
+        assert outcome is True, outcome
+        acked[context] = time.monotonic()
+        done.set()
+
+    try:
+        producer.partition_count(config.spans_topic)
+        # the first record also waits for the connection to its partition's leader
+        producer.send_many([("warm", config.spans_topic, b"k0", b"v", (), None)], report)
+        assert done.wait(10)
+        started = time.monotonic()
+        producer.send_many([("idle", config.spans_topic, b"k0", b"v", (), None)], report)
+        while "idle" not in acked and time.monotonic() - started < 10:
+            time.sleep(0.01)
+        assert acked["idle"] - started < 1.0  # not the 3 s linger
+        assert broker.pid is not None
+        os.kill(broker.pid, signal.SIGSTOP)
+        try:
+            producer.send_many([("first", config.spans_topic, b"k1", b"v", (), None)], report)
+            time.sleep(0.3)  # on its way: the next one finds it unacknowledged
+            second_at = time.monotonic()
+            producer.send_many([("second", config.spans_topic, b"k2", b"v", (), None)], report)
+            time.sleep(0.5)
+        finally:
+            os.kill(broker.pid, signal.SIGCONT)
+        thawed = time.monotonic()
+        deadline = thawed + 20
+        while len(acked) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert set(acked) == {"warm", "idle", "first", "second"}
+        assert acked["first"] - thawed < 1.5
+        assert acked["second"] - second_at >= 2.5  # it waited for its linger
+    finally:
+        producer.close(10)
