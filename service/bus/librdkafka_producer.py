@@ -37,6 +37,7 @@ from typing import Any
 
 from kafka.errors import KafkaError, UnsupportedCompressionTypeError
 
+from service.bus.kafka_client import quiet_client_logs
 from service.bus.murmur2 import partition_of
 from service.bus.producer_process import Record, Report
 from service.config import KafkaConfig
@@ -44,6 +45,7 @@ from service.config import KafkaConfig
 __all__ = ["LibrdkafkaError", "LibrdkafkaProducer", "librdkafka_available", "librdkafka_settings"]
 
 log = logging.getLogger(__name__)
+_CLIENT_LOG = logging.getLogger("kafka.librdkafka")
 
 _POLL_S = 0.05  # how long the delivery thread waits in one poll; also how soon it notices a stop
 _FULL_WAIT_S = 0.01  # poll between tries while librdkafka's own queue is full
@@ -126,9 +128,11 @@ class LibrdkafkaProducer:
         self._timeout_s = config.request_timeout_s
         self._block_s = config.max_block_s
         settings = librdkafka_settings(config, self.compression)
-        # librdkafka's log lines (a line per failed connection while the broker is down) go through
-        # this module's logger; the bus reports the outage itself (`OutageLog`)
-        self._producer = Producer(settings, logger=log)
+        # librdkafka's log lines (a line per failed connection while the broker is down) go to a child
+        # of kafka-python's logger, quiet unless ragmon logs at DEBUG (`quiet_client_logs`): the bus
+        # reports an outage itself (`OutageLog`)
+        quiet_client_logs()
+        self._producer = Producer(settings, logger=_CLIENT_LOG)
         self._partitions: dict[str, int] = {}  # topic -> partition count, asked once per producer
         self._outstanding = 0  # records produced, their delivery not reported yet
         self._counting = threading.Lock()
