@@ -11,7 +11,9 @@ for tansu in memory). For the same OTLP protobuf bodies (`bench/ingest/payload.p
   and gzip level, batch size and linger), all at once, then `flush()`: the most this client gets from
   this broker for records of these sizes; with `--ceiling-producers 1 2` also
   two such producers side by side, each with half the records (ragmon runs
-  two producer processes by default: `kafka.producer_processes`);
+  two producer processes by default: `kafka.producer_processes`); with
+  `--librdkafka-ceiling` also a plain librdkafka producer (`kafka.producer_client:
+  librdkafka`'s settings and partitions), what that client gets from the broker;
 * ragmon: one `ragmon serve` with `bus.kind=kafka`, `--concurrency` senders
   (one phase per value) posting the bodies to `/v1/traces` back to back; a 200
   means every record of the request was acknowledged by the broker; a 503 is
@@ -206,6 +208,67 @@ seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
 print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "n": len(records)}))
 producer.close()
 """
+
+
+# The same plain producer on librdkafka (`--librdkafka-ceiling`), with ragmon's librdkafka settings:
+# what that client gets from this broker, records given all at once, then flush()
+CEILING_LIBRDKAFKA = r"""
+import json, pickle, sys, time
+sys.path.insert(0, sys.argv[1])
+from confluent_kafka import Producer
+from service.bus.kafka_client import ensure_topics
+from service.bus.librdkafka_producer import librdkafka_settings
+from service.bus.murmur2 import partition_of
+from service.config import KafkaConfig
+config = KafkaConfig.model_validate_json(sys.argv[2])
+with open(sys.argv[3], "rb") as file:
+    records = pickle.load(file)
+ensure_topics(config)
+producer = Producer(librdkafka_settings(config))
+topic = config.spans_topic
+partitions = len(producer.list_topics(topic, timeout=30).topics[topic].partitions)
+failed = []
+def delivered(err, _message):
+    if err is not None:
+        failed.append(err)
+cpu0, t0 = time.process_time(), time.perf_counter()
+for k, v, hs in records:
+    while True:
+        try:
+            producer.produce(topic, v, k, partition_of(k, partitions), on_delivery=delivered, headers=hs)
+            break
+        except BufferError:
+            producer.poll(0.01)
+producer.flush()
+seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+assert not failed, failed[:3]
+print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "n": len(records)}))
+"""
+
+
+def librdkafka_ceiling(bootstrap: str, records_file: Path, n: int, broker_pids: list[int]) -> Phase:
+    """`CEILING_LIBRDKAFKA` in a process of its own, timed from its first produce."""
+    config = kafka_config(bootstrap, f"ceiling-{uuid.uuid4().hex[:8]}")
+    before, busy0 = tree_cpu_s(broker_pids), machine_busy()
+    done = subprocess.run(
+        [sys.executable, "-c", CEILING_LIBRDKAFKA, str(ROOT), config.model_dump_json(), str(records_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the librdkafka ceiling's producer failed:\n{done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["n"] == n
+    busy1 = machine_busy()
+    return Phase(
+        "ceiling librdkafka",
+        n,
+        result["seconds"],
+        result["cpu_s"],
+        tree_cpu_s(broker_pids) - before,
+        machine_busy=(busy1[0] - busy0[0]) / (busy1[1] - busy0[1]),
+    )
 
 
 def ceiling(bootstrap: str, records_file: Path, n: int, broker_pids: list[int], producers: int = 1) -> Phase:
@@ -415,6 +478,12 @@ def main() -> None:
         default=[1],
         help="ceilings to measure: one plain producer (1, the issue's ceiling), several side by side (2 ...)",
     )
+    parser.add_argument(
+        "--librdkafka-ceiling",
+        action="store_true",
+        help="also a plain librdkafka producer each round (ragmon's librdkafka settings): what that client "
+        "gets from the broker, beside kafka-python's ceiling (the issue's)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     SETTINGS.update(item.split("=", 1) for item in args.kafka)
@@ -439,6 +508,9 @@ def main() -> None:
             for round_ in range(args.rounds):
                 for producers in args.ceiling_producers:
                     phases.append(ceiling(bootstrap, records_file, len(records), broker_pids, producers))
+                    print(_line(phases[-1]), flush=True)
+                if args.librdkafka_ceiling:
+                    phases.append(librdkafka_ceiling(bootstrap, records_file, len(records), broker_pids))
                     print(_line(phases[-1]), flush=True)
                 for name, (proc, port) in servers.items():
                     for c in args.concurrency:
@@ -487,6 +559,9 @@ def main() -> None:
         for k in args.ceiling_producers
         if k > 1
     }
+    if args.librdkafka_ceiling:
+        rd_rates = [p.rate for p in phases if p.name == "ceiling librdkafka"]
+        others["ceiling librdkafka"] = statistics.mean(rd_rates)
     for name, rate in others.items():
         print(f"{name}: {rate:.0f} traces/s on average = {rate / base:.2f} x one producer")
     for name in servers:

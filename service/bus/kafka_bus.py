@@ -45,7 +45,9 @@ Guarantees, DESIGN.md "A 200 is a promise":
 * The producer, kafka-python's batching and compression, runs in processes of
   its own where a CPU is to spare (`kafka.producer_processes`,
   producer_process.py says why); a producer process that dies is a failed send
-  like any other: what the group held is sent again through a new one.
+  like any other: what the group held is sent again through a new one. With
+  `kafka.producer_client: librdkafka` the producer is librdkafka's, in C
+  threads of this process (librdkafka_producer.py), under the same rules.
 * `stop(timeout_s)` waits up to `timeout_s` for the buffer to be delivered.
 
 kafka-python exceptions are caught only in the bus package.
@@ -174,6 +176,8 @@ class KafkaBus:
         # kafka-python's producer in processes of its own (producer_process.py says why); unset: with a
         # CPU to spare. librdkafka's own C threads do that work: it needs none.
         if config.producer_client == "librdkafka":
+            if config.producer_processes:
+                log.warning("kafka.producer_processes does not apply to producer_client librdkafka")
             self.producer_processes = 0
         elif config.producer_processes is not None:
             self.producer_processes = config.producer_processes
