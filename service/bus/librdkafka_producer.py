@@ -94,15 +94,18 @@ def librdkafka_settings(config: KafkaConfig, compression: str | None = None) -> 
         settings["compression.level"] = c.gzip_level
     if c.sasl_mechanism is not None:
         settings["sasl.mechanism"] = c.sasl_mechanism
-        settings["sasl.username"] = c.sasl_username
-        settings["sasl.password"] = c.sasl_password.get_secret_value() if c.sasl_password else None
+        if c.sasl_username is not None:
+            settings["sasl.username"] = c.sasl_username
+        if c.sasl_password is not None:
+            settings["sasl.password"] = c.sasl_password.get_secret_value()
     if c.security_protocol in ("SSL", "SASL_SSL"):
         settings["ssl.endpoint.identification.algorithm"] = "https" if c.ssl_check_hostname else "none"
     if c.ssl_cafile is not None:
         settings["ssl.ca.location"] = c.ssl_cafile
     if c.ssl_certfile is not None:
         settings["ssl.certificate.location"] = c.ssl_certfile
-        settings["ssl.key.location"] = c.ssl_keyfile
+        # a certificate file may hold its key too (kafka.ssl_certfile); librdkafka reads it there
+        settings["ssl.key.location"] = c.ssl_keyfile or c.ssl_certfile
         if c.ssl_password is not None:
             settings["ssl.key.password"] = c.ssl_password.get_secret_value()
     return settings

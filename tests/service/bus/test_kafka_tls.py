@@ -179,3 +179,32 @@ def test_tls_settings_come_from_the_environment_and_the_key_password_stays_secre
     assert "1234" not in repr(config.kafka)
     with pytest.raises(ConfigError, match="ssl_certfile"):
         load_config(environ={"RAGMON_KAFKA__SSL_KEYFILE": '"/k.pem"'})
+
+
+@pytest.mark.parametrize("key", ["client.key", "client-encrypted.key", "in the certificate file"])
+def test_librdkafka_presents_the_client_certificate_from_the_same_settings(
+    broker: MutualTlsServer, pki: Path, key: str, tmp_path: Path
+) -> None:
+    """`kafka.producer_client: librdkafka` reads the same settings: the broker sees the client
+    certificate (CN ragmon) with a plain key, an encrypted one (`ssl_password`) and a key kept in the
+    certificate's own file; the Kafka protocol after the handshake fails, as the producer reports."""
+    pytest.importorskip("confluent_kafka", reason="confluent-kafka comes with the kafka extra")
+    from service.bus.librdkafka_producer import LibrdkafkaError, LibrdkafkaProducer
+
+    if key == "in the certificate file":
+        both = tmp_path / "client-with-key.pem"
+        both.write_bytes((pki / "client.crt").read_bytes() + (pki / "client.key").read_bytes())
+        files: dict[str, Any] = {"ssl_certfile": str(both)}
+    else:
+        files = {"ssl_certfile": str(pki / "client.crt"), "ssl_keyfile": str(pki / key)}
+        if key == "client-encrypted.key":
+            files["ssl_password"] = KEY_PASSWORD
+    producer = LibrdkafkaProducer(_config(broker, ssl_cafile=str(pki / "ca.crt"), **files))
+    try:
+        with pytest.raises(LibrdkafkaError):
+            producer.partition_count("spans")
+    finally:
+        closer = producer.abort()
+        if closer is not None:
+            closer.join(10)
+    assert broker.clients and set(broker.clients) == {"ragmon"}
