@@ -125,12 +125,24 @@ async def test_records_go_to_the_producer_before_earlier_ones_are_acknowledged_o
 
 
 @pytest.mark.parametrize(
-    ("outage_s", "producer_processes"),
-    [(3, None), (10, None), (10, 0)],
-    ids=["3s-producer-processes", "10s-producer-processes", "10s-producer-thread"],
+    ("outage_s", "producer"),
+    [
+        (3, {}),
+        (10, {}),
+        (10, {"producer_processes": 0}),
+        (3, {"producer_client": "librdkafka"}),
+        (10, {"producer_client": "librdkafka"}),
+    ],
+    ids=[
+        "3s-producer-processes",
+        "10s-producer-processes",
+        "10s-producer-thread",
+        "3s-librdkafka",
+        "10s-librdkafka",
+    ],
 )
 async def test_broker_restarted_mid_flight_nothing_acknowledged_is_lost_no_trace_out_of_order(
-    outage_s: float, producer_processes: int | None, durable_broker: Broker
+    outage_s: float, producer: dict[str, object], durable_broker: Broker
 ) -> None:
     """Callers publish three records per trace in three calls each, many calls in flight at once,
     while the (S3-backed) broker is stopped and started again under them. A short outage is bridged
@@ -138,9 +150,10 @@ async def test_broker_restarted_mid_flight_nothing_acknowledged_is_lost_no_trace
     producer up and resends what it held with a new one. Either way every call that returned is in
     the topic; calls refused meanwhile (QueueFull: 503) are counted; per trace, the records' first
     occurrences are in publish order. The same with the producer in processes of its own (the default
-    with a CPU to spare) and in a thread of the server process (`producer_processes: 0`)."""
+    with a CPU to spare), in a thread of the server process (`producer_processes: 0`) and on librdkafka
+    (`producer_client: librdkafka`)."""
     timeouts = {"publish_timeout_s": 4, "delivery_timeout_s": 6, "request_timeout_s": 5}
-    config = _config(durable_broker.bootstrap, producer_processes=producer_processes, **timeouts)
+    config = _config(durable_broker.bootstrap, **producer, **timeouts)
     metrics = Metrics()
     bus = KafkaBus(config, metrics)
     await bus.start()
