@@ -187,7 +187,8 @@ class LibrdkafkaProducer:
                 report(context, _error(exc.args[0]))
         if idle:
             # Linger batches records that come while others are on their way; with nothing on its way
-            # there is nothing to wait for (bench/RESULTS.md, session 37: linger 20 ms with this nudge)
+            # there is nothing to wait for (bench/RESULTS.md, session 37: 1.3-1.45x the rate at one
+            # request in flight, and a longer linger for the rest)
             self._producer.flush(_NUDGE_S)
 
     def _delivered(self, report: Report, context: Any) -> Callable[[Any, Any], None]:
