@@ -32,6 +32,7 @@ __all__ = [
     "compression_of",
     "compression_refused",
     "ensure_topics",
+    "max_request_bytes",
     "new_producer",
     "producer_settings",
     "quiet_client_logs",
@@ -103,10 +104,16 @@ def producer_settings(config: KafkaConfig, compression: str | None = None) -> di
         "compression_type": None if codec_name == "none" else codec_name,
         "max_block_ms": int(c.max_block_s * 1000),
         "delivery_timeout_ms": int(c.delivery_timeout_s * 1000),
-        "max_request_size": c.max_record_bytes + 64 * 1024,  # the record plus its batch framing
+        "max_request_size": max_request_bytes(c),
         GZIP_LEVEL: c.gzip_level,
         **client_settings(c),
     }
+
+
+def max_request_bytes(config: KafkaConfig) -> int:
+    """The largest produce request ingest's producer sends (either client): the largest record plus
+    its batch framing."""
+    return config.max_record_bytes + 64 * 1024
 
 
 def use_gzip_level(level: int) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 
 from kafka.errors import KafkaError, UnsupportedCompressionTypeError
 
-from service.bus.kafka_client import quiet_client_logs
+from service.bus.kafka_client import max_request_bytes, quiet_client_logs
 from service.bus.murmur2 import partition_of
 from service.bus.producer_process import Record, Report
 from service.config import KafkaConfig
@@ -83,8 +83,7 @@ def librdkafka_settings(config: KafkaConfig, compression: str | None = None) -> 
         "linger.ms": c.linger_ms,
         "batch.size": c.batch_bytes,
         "compression.type": codec_name,
-        # the largest produce request: the record plus its batch framing, as kafka-python's max_request_size
-        "message.max.bytes": c.max_record_bytes + 64 * 1024,
+        "message.max.bytes": max_request_bytes(c),
         "message.timeout.ms": int(c.delivery_timeout_s * 1000),
         "request.timeout.ms": int(c.request_timeout_s * 1000),
         "socket.connection.setup.timeout.ms": int(c.request_timeout_s * 1000),
