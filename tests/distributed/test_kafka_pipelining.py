@@ -77,8 +77,11 @@ async def _until(check: Callable[[], bool], timeout: float = 30) -> None:
             await asyncio.sleep(0.02)
 
 
+@pytest.mark.parametrize(
+    "producer", [{}, {"producer_client": "librdkafka"}], ids=["kafka-python", "librdkafka"]
+)
 async def test_records_go_to_the_producer_before_earlier_ones_are_acknowledged_one_per_trace(
-    broker_factory: Callable[[], Broker],
+    broker_factory: Callable[[], Broker], producer: dict[str, object]
 ) -> None:
     """With the broker frozen (no acknowledgement can come), every record of three concurrent calls is
     handed to the producer: more than one hand-over (`_SEND_CHUNK`) in flight at once, where a bus that
@@ -88,7 +91,8 @@ async def test_records_go_to_the_producer_before_earlier_ones_are_acknowledged_o
     two records are in the topic in publish order."""
     broker = broker_factory()
     broker.start()
-    config = _config(broker.bootstrap, publish_timeout_s=60, delivery_timeout_s=90, request_timeout_s=60)
+    timeouts = {"publish_timeout_s": 60, "delivery_timeout_s": 90, "request_timeout_s": 60}
+    config = _config(broker.bootstrap, **producer, **timeouts)
     bus = KafkaBus(config, Metrics())
     await bus.start()
     per_call = 1000

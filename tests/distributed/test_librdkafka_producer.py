@@ -1,7 +1,7 @@
 """Ingest's producer on librdkafka (`kafka.producer_client: librdkafka`), against a real broker: the
 bus's guarantees as with kafka-python, every trace on the partition kafka-python would choose, and the
-faults a producer meets (a frozen broker, one that is not there; the broker restarted under it is
-test_kafka_pipelining.py's, with each producer).
+faults a producer meets (one that is not there; the frozen broker and the broker restarted under it
+are test_kafka_pipelining.py's tests, run with each producer).
 
 Records are keyed like ingest's (one key a trace) and their values name (trace, n), as in
 test_kafka_pipelining.py, whose read-back helpers these tests share.
@@ -9,7 +9,6 @@ test_kafka_pipelining.py, whose read-back helpers these tests share.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
@@ -20,15 +19,14 @@ from typing import Any
 
 import pytest
 from kafka.errors import KafkaError
-from kafka.partitioner.default import murmur2
 
 from service.bus.kafka_bus import KafkaBus
 from service.bus.librdkafka_producer import LibrdkafkaProducer
 from service.config import KafkaConfig
 from service.metrics import Metrics
 from tests.distributed.conftest import Broker
-from tests.distributed.test_kafka_pipelining import _config, _first_occurrences, _read_back, _record, _until
-from tests.distributed.test_producer_process import _partitions_by_key
+from tests.distributed.test_kafka_pipelining import _config
+from tests.distributed.test_producer_process import _check_three_a_trace, _publish_three_a_trace
 from tests.live_server import free_port
 
 pytest.importorskip("confluent_kafka", reason="confluent-kafka (the kafka extra) is not installed")
@@ -49,66 +47,12 @@ async def test_every_record_is_acknowledged_in_order_on_kafka_pythons_partition(
     assert bus.producer_processes == 0
     await bus.start()
     try:
-        for n in range(3):
-            await asyncio.gather(
-                *(
-                    bus.publish([_record(config, t, n) for t in range(c, c + 100)])
-                    for c in range(0, 1000, 100)
-                )
-            )
+        await _publish_three_a_trace(bus, config)
         assert isinstance(bus._producer, LibrdkafkaProducer)
         assert bus.depth == 0
     finally:
         await bus.stop()
-    produced = metrics.registry.get_sample_value("ragmon_kafka_produced_total", {"topic": config.spans_topic})
-    assert produced == 3000
-    records = _read_back(config, 3000)
-    assert len(records) == 3000  # nothing sent twice
-    firsts = _first_occurrences(records)
-    assert set(firsts) == set(range(1000))
-    assert all(numbers == [0, 1, 2] for numbers in firsts.values())
-    landed = _partitions_by_key(config, 3000)
-    assert len(landed) == 1000
-    for key, partitions in landed.items():
-        assert partitions == {(murmur2(key) & 0x7FFFFFFF) % config.partitions}, key
-
-
-async def test_no_call_returns_before_the_frozen_broker_acknowledges(
-    broker_factory: Callable[[], Broker],
-) -> None:
-    """With the broker frozen (SIGSTOP), records of four calls are with librdkafka and none of the calls
-    returns; each trace's second record waits behind its first. Unfrozen, all four return and the topic
-    holds every record, each trace's two in publish order."""
-    broker = broker_factory()
-    broker.start()
-    config = _librdkafka(broker.bootstrap, publish_timeout_s=60, delivery_timeout_s=90, request_timeout_s=60)
-    bus = KafkaBus(config, Metrics())
-    await bus.start()
-    try:
-        await bus.publish([_record(config, 10**6, 0)])  # metadata known: sends need no broker answer
-        assert broker.pid is not None
-        os.kill(broker.pid, signal.SIGSTOP)
-        try:
-            first = [
-                asyncio.create_task(bus.publish([_record(config, c * 500 + t, 0) for t in range(500)]))
-                for c in range(3)
-            ]
-            await _until(lambda: bus.in_flight == 1500)
-            second = asyncio.create_task(bus.publish([_record(config, t, 1) for t in range(500)]))
-            await _until(lambda: bus.depth == 2000)
-            await asyncio.sleep(1.0)
-            assert bus.in_flight == 1500  # the second records of traces 0..499 wait
-            assert not any(task.done() for task in [*first, second])
-        finally:
-            os.kill(broker.pid, signal.SIGCONT)
-        await asyncio.wait_for(asyncio.gather(*first, second), 60)
-        assert bus.depth == 0
-    finally:
-        await bus.stop()
-    firsts = _first_occurrences(_read_back(config, 2001))
-    assert set(firsts) == set(range(1500)) | {10**6}
-    assert all(firsts[t] == [0, 1] for t in range(500))
-    assert all(firsts[t] == [0] for t in range(500, 1500))
+    _check_three_a_trace(config, metrics)
 
 
 def test_without_a_broker_every_record_is_reported_failed_within_the_delivery_timeout(

@@ -59,13 +59,7 @@ async def test_the_producer_runs_in_processes_of_its_own_and_every_record_is_ack
     bus = KafkaBus(config, metrics)
     await bus.start()
     try:
-        for n in range(3):
-            await asyncio.gather(
-                *(
-                    bus.publish([_record(config, t, n) for t in range(c, c + 100)])
-                    for c in range(0, 1000, 100)
-                )
-            )
+        await _publish_three_a_trace(bus, config)
         pids = _producer_pids(bus)
         assert os.getpid() not in pids
         assert set(pids) <= {child.pid for child in psutil.Process().children(recursive=True)}
@@ -73,14 +67,28 @@ async def test_the_producer_runs_in_processes_of_its_own_and_every_record_is_ack
     finally:
         await bus.stop()
     assert all(_ended(pid) for pid in pids)  # stop closed them
+    _check_three_a_trace(config, metrics)
+
+
+async def _publish_three_a_trace(bus: KafkaBus, config: KafkaConfig) -> None:
+    """3,000 records of 1,000 traces: three calls per trace, one after the other, ten calls at once."""
+    for n in range(3):
+        await asyncio.gather(
+            *(bus.publish([_record(config, t, n) for t in range(c, c + 100)]) for c in range(0, 1000, 100))
+        )
+
+
+def _check_three_a_trace(config: KafkaConfig, metrics: Metrics) -> None:
+    """What `_publish_three_a_trace` published is counted once and in the topic once, each trace's three
+    records in publish order, on the partition kafka-python's default partitioner gives its key (as
+    with one producer)."""
     produced = metrics.registry.get_sample_value("ragmon_kafka_produced_total", {"topic": config.spans_topic})
     assert produced == 3000
     records = _read_back(config, 3000)
-    assert len(records) == 3000
+    assert len(records) == 3000  # nothing sent twice
     firsts = _first_occurrences(records)
     assert set(firsts) == set(range(1000))
     assert all(numbers == [0, 1, 2] for numbers in firsts.values())
-    # each trace on the partition kafka-python's default partitioner gives its key, as with one producer
     landed = _partitions_by_key(config, 3000)
     assert len(landed) == 1000
     for key, partitions in landed.items():
