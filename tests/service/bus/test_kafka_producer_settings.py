@@ -137,3 +137,23 @@ def test_librdkafka_errors_are_kafka_pythons_family_and_a_refused_codec_is_told(
     assert isinstance(timed_out, LibrdkafkaError) and isinstance(timed_out, KafkaError)
     assert not compression_refused(timed_out)
     assert "MSG_TIMED_OUT" in str(timed_out)
+
+
+def test_librdkafka_asked_for_without_confluent_kafka_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`producer_client: librdkafka` where confluent-kafka is not installed stops the bus at start with a
+    clear error naming the extra, instead of failing every send; with it installed, a `producer_processes`
+    that cannot apply is said in the log and no producer process is started."""
+    from service.bus import kafka_bus
+    from service.metrics import Metrics
+
+    monkeypatch.setattr(kafka_bus, "librdkafka_available", lambda: False)
+    refused = r"confluent-kafka is not installed \(pip install 'ragmon\[kafka\]'\)"
+    with pytest.raises(ValueError, match=refused):
+        kafka_bus.KafkaBus(KafkaConfig(producer_client="librdkafka"), Metrics())
+
+    monkeypatch.setattr(kafka_bus, "librdkafka_available", lambda: True)
+    bus = kafka_bus.KafkaBus(KafkaConfig(producer_client="librdkafka", producer_processes=2), Metrics())
+    assert bus.producer_processes == 0
+    assert "producer_processes does not apply to producer_client librdkafka" in caplog.text
