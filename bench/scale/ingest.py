@@ -223,6 +223,8 @@ from service.config import KafkaConfig
 config = KafkaConfig.model_validate_json(sys.argv[2])
 with open(sys.argv[3], "rb") as file:
     records = pickle.load(file)
+share, shares = int(sys.argv[4]), int(sys.argv[5])
+records = records[share::shares]
 ensure_topics(config)
 producer = Producer(librdkafka_settings(config))
 topic = config.spans_topic
@@ -246,39 +248,23 @@ print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "n": len(records)}))
 """
 
 
-def librdkafka_ceiling(bootstrap: str, records_file: Path, n: int, broker_pids: list[int]) -> Phase:
-    """`CEILING_LIBRDKAFKA` in a process of its own, timed from its first produce."""
-    config = kafka_config(bootstrap, f"ceiling-{uuid.uuid4().hex[:8]}")
-    before, busy0 = tree_cpu_s(broker_pids), machine_busy()
-    done = subprocess.run(
-        [sys.executable, "-c", CEILING_LIBRDKAFKA, str(ROOT), config.model_dump_json(), str(records_file)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"the librdkafka ceiling's producer failed:\n{done.stderr[-2000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["n"] == n
-    busy1 = machine_busy()
-    return Phase(
-        "ceiling librdkafka",
-        n,
-        result["seconds"],
-        result["cpu_s"],
-        tree_cpu_s(broker_pids) - before,
-        machine_busy=(busy1[0] - busy0[0]) / (busy1[1] - busy0[1]),
-    )
-
-
-def ceiling(bootstrap: str, records_file: Path, n: int, broker_pids: list[int], producers: int = 1) -> Phase:
+def ceiling(
+    bootstrap: str,
+    records_file: Path,
+    n: int,
+    broker_pids: list[int],
+    producers: int = 1,
+    librdkafka: bool = False,
+) -> Phase:
     """The plain producer in a process of its own (its CPU is its own), timed from its first send.
     With `producers` > 1, that many such processes side by side, each sending its share of the
     records to the same topic: what parallel producers get from this broker (ragmon's default
-    runs two, `kafka.producer_processes`)."""
+    runs two, `kafka.producer_processes`). `librdkafka`: the plain producer is librdkafka's
+    (`CEILING_LIBRDKAFKA`)."""
     config = kafka_config(bootstrap, f"ceiling-{uuid.uuid4().hex[:8]}")
     before, busy0 = tree_cpu_s(broker_pids), machine_busy()
-    command = [sys.executable, "-c", CEILING, str(ROOT), config.model_dump_json(), str(records_file)]
+    script = CEILING_LIBRDKAFKA if librdkafka else CEILING
+    command = [sys.executable, "-c", script, str(ROOT), config.model_dump_json(), str(records_file)]
     procs = [
         subprocess.Popen([*command, str(i), str(producers)], stdout=subprocess.PIPE, text=True)
         for i in range(producers)
@@ -291,8 +277,9 @@ def ceiling(bootstrap: str, records_file: Path, n: int, broker_pids: list[int], 
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert sum(r["n"] for r in results) == n
     busy1 = machine_busy()
+    name = "ceiling librdkafka" if librdkafka else "ceiling"
     return Phase(
-        "ceiling" if producers == 1 else f"ceiling x{producers}",
+        name if producers == 1 else f"{name} x{producers}",
         n,
         max(r["seconds"] for r in results),
         sum(r["cpu_s"] for r in results),
@@ -510,7 +497,8 @@ def main() -> None:
                     phases.append(ceiling(bootstrap, records_file, len(records), broker_pids, producers))
                     print(_line(phases[-1]), flush=True)
                 if args.librdkafka_ceiling:
-                    phases.append(librdkafka_ceiling(bootstrap, records_file, len(records), broker_pids))
+                    rd = ceiling(bootstrap, records_file, len(records), broker_pids, librdkafka=True)
+                    phases.append(rd)
                     print(_line(phases[-1]), flush=True)
                 for name, (proc, port) in servers.items():
                     for c in args.concurrency:
