@@ -6,7 +6,11 @@ the assembler's backlog (`Pipeline.has_room`) and answers 503 with
 Retry-After at `bus.capacity` instead of taking more spans. Nothing is dropped.
 
 Delivery: one task per record kind takes batches of up to `batch_size`
-records and hands each batch to the subscriber.
+records and hands each batch to the subscriber. A batch that starts with
+fewer records waits up to `linger_s` for more (or until `batch_size` are
+queued): every batch costs the sinks the same dozen statements and thread
+hand-offs whatever its size, and without the wait each assembler tick under
+moderate load made a batch of its own (bench/RESULTS.md, session 38).
 
 * A `RetryableError` from the subscriber keeps the batch at the head of the
   queue and retries it with backoff (0.05 s doubling to 5 s).
@@ -35,6 +39,7 @@ moves it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -93,15 +98,19 @@ class _Lane(Generic[T]):
         deliver: Callable[[Sequence[T]], Awaitable[None]],
         metrics: Metrics,
         dead_letters: Callable[[Sequence[T], Exception], Awaitable[None]],
+        linger_s: float = 0.0,
     ) -> None:
         self.name = name
         self.kind = kind
         self.batch_size = batch_size
+        self.linger_s = linger_s
         self.deliver: Callable[[Sequence[T]], Awaitable[None]] = deliver
         self.metrics = metrics
         self.dead_letters: Callable[[Sequence[T], Exception], Awaitable[None]] = dead_letters
         self.items: deque[T] = deque()
         self.ready = asyncio.Event()
+        self.full = asyncio.Event()  # a whole batch is queued (or a drain waits): a lingering batch goes now
+        self.draining = 0  # drains waiting on this lane: nothing lingers meanwhile
         self.idle = asyncio.Event()
         self.idle.set()
         self.task: asyncio.Task[None] | None = None
@@ -111,6 +120,17 @@ class _Lane(Generic[T]):
             self.items.extend(batch)
             self.idle.clear()
             self.ready.set()
+            if len(self.items) >= self.batch_size:
+                self.full.set()
+
+    async def _fill(self) -> None:
+        """Wait up to `linger_s` for a whole batch to be queued (not while a drain waits)."""
+        if self.linger_s <= 0 or self.draining or len(self.items) >= self.batch_size:
+            return
+        self.full.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.linger_s):
+                await self.full.wait()
 
     async def run(self) -> None:
         backoff = _MIN_BACKOFF_S
@@ -120,6 +140,8 @@ class _Lane(Generic[T]):
                 self.ready.clear()
                 self.idle.set()
                 continue
+            if backoff == _MIN_BACKOFF_S:  # not while a failed batch is retried: it waited already
+                await self._fill()
             batch = [self.items[i] for i in range(min(self.batch_size, len(self.items)))]
             try:
                 await self._deliver_head(batch)
@@ -197,10 +219,22 @@ class MemoryBus:
         self.config = config
         self.metrics = metrics
         self._traces: _Lane[RagTrace] = _Lane(
-            "traces", "trace", config.batch_size, traces_to.consume_traces, metrics, dead_letters
+            "traces",
+            "trace",
+            config.batch_size,
+            traces_to.consume_traces,
+            metrics,
+            dead_letters,
+            config.linger_s,
         )
         self._feedback: _Lane[Feedback] = _Lane(
-            "feedback", "feedback", config.batch_size, feedback_to.consume_feedback, metrics, dead_letters
+            "feedback",
+            "feedback",
+            config.batch_size,
+            feedback_to.consume_feedback,
+            metrics,
+            dead_letters,
+            config.linger_s,
         )
 
     @property
@@ -224,13 +258,21 @@ class MemoryBus:
                 lane.task = asyncio.create_task(lane.run(), name=f"bus-{lane.name}")
 
     async def drain(self, timeout_s: float | None = None) -> bool:
-        """Wait until everything queued so far was delivered; False on timeout."""
+        """Wait until everything queued so far was delivered (a lingering batch goes at once); False on
+        timeout."""
+        lanes = (self._traces, self._feedback)
+        for lane in lanes:
+            lane.draining += 1
+            lane.full.set()
         try:
             async with asyncio.timeout(timeout_s):
-                for lane in (self._traces, self._feedback):
+                for lane in lanes:
                     await lane.idle.wait()
         except TimeoutError:
             return False
+        finally:
+            for lane in lanes:
+                lane.draining -= 1
         return True
 
     async def stop(self, timeout_s: float = 10.0) -> None:

@@ -236,3 +236,64 @@ async def test_a_handler_that_fails_for_good_drops_only_that_record() -> None:
     assert sorted(int(t.trace_id, 16) for t in sink.traces) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
     assert _sample(metrics, "ragmon_dead_letters_total", kind="trace") == 0
     assert _sample(metrics, "ragmon_sink_failures_total", sink="traces", kind="permanent") == 2
+
+
+# -- linger: a batch that starts small waits for more (bus.linger_s)
+
+
+async def _wait_for(condition: object, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize(("linger_s", "batches"), [(3.0, 1), (0.0, 2)])
+async def test_a_batch_that_starts_small_waits_for_the_next_records(linger_s: float, batches: int) -> None:
+    """Two hand-overs 0.2 s apart: with a linger they reach the sink as one batch, without one as two
+    (the first goes the moment it is queued)."""
+    sink = SinkConsumer()
+    bus = MemoryBus(BusConfig(batch_size=100, linger_s=linger_s), sink, sink, Metrics())
+    await bus.start()
+    await bus.consume_traces([_trace(i, "acme") for i in range(10)])
+    await asyncio.sleep(0.2)
+    await bus.consume_traces([_trace(i, "acme") for i in range(10, 25)])
+    await _wait_for(lambda: len(sink.traces) == 25)
+    await bus.stop()
+    assert sink.batches == batches
+    assert [t.trace_id for t in sink.traces] == [f"{i:032x}" for i in range(25)]
+
+
+async def test_a_whole_batch_goes_without_lingering() -> None:
+    """Once `batch_size` records are queued the batch goes at once, however long the linger."""
+    sink = SinkConsumer()
+    bus = MemoryBus(BusConfig(batch_size=10, linger_s=5.0), sink, sink, Metrics())
+    await bus.start()
+    await bus.consume_traces([_trace(i, "acme") for i in range(4)])
+    await asyncio.sleep(0.1)
+    assert sink.traces == []  # lingering
+    await bus.consume_traces([_trace(i, "acme") for i in range(4, 23)])
+    await _wait_for(lambda: len(sink.traces) == 20, timeout_s=3.0)  # two whole batches, not 5 s later
+    assert sink.batches == 2
+    assert await bus.drain(1.0)  # the 3 left over go at once for a drain (see below)
+    assert len(sink.traces) == 23
+    await bus.stop()
+
+
+async def test_a_drain_does_not_wait_out_the_linger() -> None:
+    """`drain` (and `stop`, which drains) delivers what is queued now: a lingering batch goes at once,
+    and the linger applies again after it."""
+    sink = SinkConsumer()
+    bus = MemoryBus(BusConfig(batch_size=100, linger_s=5.0), sink, sink, Metrics())
+    await bus.start()
+    await bus.consume_traces([_trace(i, "acme") for i in range(5)])
+    await bus.consume_feedback([_feedback(i, "acme") for i in range(3)])
+    await asyncio.sleep(0.1)
+    assert sink.batches == 0
+    assert await bus.drain(1.0)  # not the 5 s linger
+    assert (len(sink.traces), len(sink.feedback), sink.batches) == (5, 3, 2)
+    await bus.consume_traces([_trace(i, "acme") for i in range(5, 7)])
+    await asyncio.sleep(0.2)
+    assert len(sink.traces) == 5  # lingering again
+    await bus.stop(1.0)
+    assert len(sink.traces) == 7
