@@ -186,10 +186,11 @@ def spans_records(
     return records
 
 
-CEILING = r"""
+# What both plain producers do first: read this script's records, take their share, make the topic
+_CEILING_HEAD = r"""
 import json, pickle, sys, time
 sys.path.insert(0, sys.argv[1])
-from service.bus.kafka_client import ensure_topics, new_producer, producer_settings
+from service.bus.kafka_client import ensure_topics
 from service.config import KafkaConfig
 config = KafkaConfig.model_validate_json(sys.argv[2])
 with open(sys.argv[3], "rb") as file:
@@ -197,6 +198,14 @@ with open(sys.argv[3], "rb") as file:
 share, shares = int(sys.argv[4]), int(sys.argv[5])
 records = records[share::shares]
 ensure_topics(config)
+"""
+# ... and last: what the parent reads (`ceiling`)
+_CEILING_REPORT = """print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "n": len(records)}))\n"""
+
+CEILING = (
+    _CEILING_HEAD
+    + r"""
+from service.bus.kafka_client import new_producer, producer_settings
 producer = new_producer(producer_settings(config))
 producer.partitions_for(config.spans_topic)
 cpu0, t0 = time.process_time(), time.perf_counter()
@@ -205,27 +214,20 @@ producer.flush()
 for f in futures:
     f.get()
 seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
-print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "n": len(records)}))
-producer.close()
 """
+    + _CEILING_REPORT
+    + "producer.close()\n"
+)
 
 
 # The same plain producer on librdkafka (`--librdkafka-ceiling`), with ragmon's librdkafka settings:
 # what that client gets from this broker, records given all at once, then flush()
-CEILING_LIBRDKAFKA = r"""
-import json, pickle, sys, time
-sys.path.insert(0, sys.argv[1])
+CEILING_LIBRDKAFKA = (
+    _CEILING_HEAD
+    + r"""
 from confluent_kafka import Producer
-from service.bus.kafka_client import ensure_topics
 from service.bus.librdkafka_producer import librdkafka_settings
 from service.bus.murmur2 import partition_of
-from service.config import KafkaConfig
-config = KafkaConfig.model_validate_json(sys.argv[2])
-with open(sys.argv[3], "rb") as file:
-    records = pickle.load(file)
-share, shares = int(sys.argv[4]), int(sys.argv[5])
-records = records[share::shares]
-ensure_topics(config)
 producer = Producer(librdkafka_settings(config))
 topic = config.spans_topic
 partitions = len(producer.list_topics(topic, timeout=30).topics[topic].partitions)
@@ -244,8 +246,9 @@ for k, v, hs in records:
 producer.flush()
 seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
 assert not failed, failed[:3]
-print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "n": len(records)}))
 """
+    + _CEILING_REPORT
+)
 
 
 def ceiling(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -241,9 +241,9 @@ async def test_a_handler_that_fails_for_good_drops_only_that_record() -> None:
 # -- linger: a batch that starts small waits for more (bus.linger_s)
 
 
-async def _wait_for(condition: object, timeout_s: float = 10.0) -> None:
+async def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():  # type: ignore[operator]
+    while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
 
