@@ -31,8 +31,11 @@ trace before returning. `build` is a coroutine over a batch of traces: the
 pipeline's runs it in worker processes (service/ingest/pool.py), `in_thread`
 adapts a plain per-trace function for a worker thread, so the event loop keeps
 serving requests while traces are built. An emission merges and builds in
-chunks of `EMIT_CHUNK` traces, all submitted at once, and hands each chunk on
-as soon as it is built, in order. A trace taken for emission is handed on
+chunks of `emit_chunk` traces (`EMIT_CHUNK` by default), all submitted at once,
+and hands each chunk on as soon as it is built, in order. With a `linger_s`
+(a sinks worker, where each chunk is a sink batch: bench/RESULTS.md, session
+39) the tick lets fewer than `emit_chunk` due traces wait up to that long for
+more; evicted traces and `stop()` do not wait. A trace taken for emission is handed on
 exactly once, even when the emitting task is cancelled mid-build. The
 write-ahead log's ledger (`DropLedger`) is told when a trace is taken and
 when it was dropped, so it holds each request until the version of the
@@ -157,7 +160,15 @@ class SpanAssembler:
         keeper: SpanKeeper | None = None,
         *,
         evict_when_full: bool = False,
+        emit_chunk: int = EMIT_CHUNK,
+        linger_s: float = 0.0,
     ) -> None:
+        """`emit_chunk`: traces merged with the archive and handed on together; `linger_s`: how long
+        the tick lets fewer than `emit_chunk` due traces wait for more (0: none). Where the assembler
+        feeds the sinks directly (a sinks worker) they are the sink batch and its linger (the bus's
+        `batch_size` and `linger_s`); in embedded mode the bus makes the batches."""
+        if emit_chunk < 1 or not linger_s >= 0:
+            raise ValueError(f"emit_chunk must be positive and linger_s at least 0: {emit_chunk}, {linger_s}")
         self.config = config
         self.next = next
         self.build = build
@@ -167,6 +178,8 @@ class SpanAssembler:
         # None: traces are built from the spans buffered here only (a flushed trace stays flushed)
         self.keeper = keeper
         self.evict_when_full = evict_when_full
+        self.emit_chunk = emit_chunk
+        self.linger_s = linger_s
         # open traces, least recently active first (a span moves its trace to the end)
         self._open: OrderedDict[TraceKey, _OpenTrace] = OrderedDict()
         self._root_deadlines: deque[tuple[float, TraceKey]] = deque()
@@ -179,6 +192,7 @@ class SpanAssembler:
         self._span_count = 0
         self._byte_count = 0
         self._pending: list[tuple[_OpenTrace, str]] = []
+        self._pending_since = 0.0  # when the first of `_pending` was taken
         self._building = 0  # traces in the build running now
         self._ended_open = 0  # open traces whose root has ended: complete, waiting for grace or a tick
         self._task: asyncio.Task[None] | None = None
@@ -261,9 +275,13 @@ class SpanAssembler:
             self._byte_count += span.size_bytes
             if span.is_root and open_trace.root_ended_at is None:
                 self._root_ended(open_trace, key, now, grace)
+        evicted = False
         if self.evict_when_full and self.full:
+            waiting = len(self._pending)
             self._evict(keep=batch[-1] if batch else None)
-        if self._pending:
+            evicted = len(self._pending) > waiting
+        # what lingers waits for the tick; what was evicted goes now
+        if self._pending and (evicted or not self.linger_s):
             await self._emit_pending()
 
     def _root_ended(self, open_trace: _OpenTrace, key: TraceKey, now: float, grace: float) -> None:
@@ -298,6 +316,8 @@ class SpanAssembler:
         self._byte_count -= open_trace.size_bytes
         if self.ledger is not None:
             self.ledger.taken((key,))
+        if not self._pending:
+            self._pending_since = self.clock()
         self._pending.append((open_trace, reason))
 
     def _forget_oldest(self) -> None:
@@ -349,7 +369,8 @@ class SpanAssembler:
             # chunks are submitted at once and each is handed on as soon as it is built, in order:
             # one build of a tick's ~1,000 traces held them all, as backlog, until the last was
             # done, and left the store idle meanwhile.
-            chunks = [pending[start : start + EMIT_CHUNK] for start in range(0, len(pending), EMIT_CHUNK)]
+            size = self.emit_chunk
+            chunks = [pending[start : start + size] for start in range(0, len(pending), size)]
             builds = [asyncio.ensure_future(self._merge_and_build(chunk)) for chunk in chunks]
             self._building = len(pending)
             taken = 0  # chunks built and handed on (or being handed on)
@@ -445,16 +466,29 @@ class SpanAssembler:
             await self.next.consume_traces(traces)
 
     async def flush_due(self) -> None:
-        """Emit every trace whose time has come (called by the background tick)."""
+        """Emit every trace whose time has come, now (the background tick does the same, but lets a
+        short emission linger)."""
         self._collect_due(self.clock())
         if self._pending:
             await self._emit_pending()
+
+    def _lingering(self, now: float) -> bool:
+        """Fewer than `emit_chunk` traces are due, the first of them less than `linger_s` ago, and the
+        buffer has room: the tick lets them wait for more."""
+        return (
+            len(self._pending) < self.emit_chunk
+            and now - self._pending_since < self.linger_s
+            and not self.full
+        )
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.config.tick_s)
             try:
-                await self.flush_due()
+                now = self.clock()
+                self._collect_due(now)
+                if self._pending and not self._lingering(now):
+                    await self._emit_pending()
             except Exception:
                 log.exception("span assembler tick failed; retrying next tick")
 

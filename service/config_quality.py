@@ -145,7 +145,14 @@ class JudgingConfig(_Section):
     concurrency: int = Field(16, gt=0, description="judgments in flight per worker")
     batch_size: int = Field(32, gt=0, description="items a worker claims at once")
     lease_s: float = Field(120.0, gt=0, description="a claimed item returns to the queue after this long")
-    poll_s: float = Field(0.5, gt=0, description="idle wait between empty claims")
+    poll_s: float = Field(0.5, gt=0, description="wait after an empty claim, the first time")
+    idle_poll_max_s: float = Field(
+        5.0,
+        gt=0,
+        description="the wait after each further empty claim doubles up to this; traces this process "
+        "samples wake its workers at once, so this bounds only how late work queued by another "
+        "process (or returned by an expired lease) is claimed",
+    )
     max_attempts: int = Field(
         5,
         gt=0,

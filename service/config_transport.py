@@ -147,9 +147,9 @@ class BusConfig(_Section):
         ge=0,
         le=5,
         description="how long a sink batch waits to fill up to batch_size once its first trace is queued "
-        "(embedded mode): a batch costs the sinks a dozen statements whatever its size, so under moderate "
-        "load fewer, larger batches take less CPU a trace (~10 % at a third of capacity); traces reach the "
-        "store up to this much later; 0 hands each assembled chunk on at once",
+        "(embedded: in the bus; a sinks worker: in its assembler, whose emissions are its sink batches): a "
+        "batch costs the sinks a dozen statements whatever its size, so fewer, larger batches take less "
+        "CPU a trace; traces reach the store up to this much later; 0 hands each assembled chunk on at once",
     )
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 503 when the bus is full")
 

@@ -122,7 +122,11 @@ class Pipeline(PipelineIntake):
         # fan-out that failed half-way and is run again from the outbox counts nothing twice
         downstream: list[Any] = [self.review_intake]
         if config.judging.enabled:
-            downstream.append(JudgeQueueSink(self.sampler, self.judge_queue, self.store, self.metrics))
+            downstream.append(
+                JudgeQueueSink(
+                    self.sampler, self.judge_queue, self.store, self.metrics, on_new_work=self._wake_judges
+                )
+            )
         downstream.append(MetricsSink(self.metrics, self.store))
         drift = config.drift
         self.drift_store = DriftStore(
@@ -320,7 +324,14 @@ class Pipeline(PipelineIntake):
             keeper=ArchiveKeeper(self.span_archive),
             # a worker reading Kafka cannot refuse spans: a full buffer flushes its oldest traces early
             evict_when_full=True,
+            # no bus between the assembler and the sinks here: its emissions are the sink batches
+            emit_chunk=self.config.bus.batch_size,
+            linger_s=self.config.bus.linger_s,
         )
+
+    def _wake_judges(self) -> None:
+        for worker in self.judge_workers:
+            worker.wake()
 
     async def _after_judgment(self, judgment: Judgment) -> None:
         await self.review_intake.after_judgment(judgment)

@@ -15,7 +15,9 @@ drift windows), so the only difference is the bus:
   restart must.
 
 Load: `--concurrency` senders post batches of `--batch` traces back to back
-until `--traces` are accepted (a 503 is retried after its Retry-After):
+until `--traces` are accepted (a 503 is retried after its Retry-After), or with
+`--rate R` a batch every `--batch`/R seconds whatever the answers (an open loop
+below capacity, where a role pays more for each small batch than at saturation):
 `--load json` posts JSON-API traces to `/api/v1/traces`; `--load otlp` posts
 OTLP protobuf bodies to `/v1/traces` (`bench/ingest/payload.py`: 4 spans a
 trace, assembled by ragmon; `--dim` numbers in each query vector, 256 by default). Reported per mode:
@@ -371,17 +373,27 @@ def requests_for(load: str, n: int, batch: int, dim: int) -> Iterator[tuple[str,
             yield "/v1/traces", body, PROTOBUF
 
 
-def send_all(url: str, requests: Iterator[tuple[str, bytes, dict[str, str]]], concurrency: int) -> float:
-    """Post every request (retrying 503s after Retry-After); seconds until the last was accepted."""
+def send_all(
+    url: str,
+    requests: Iterator[tuple[str, bytes, dict[str, str]]],
+    concurrency: int,
+    every_s: float | None = None,
+) -> float:
+    """Post every request (retrying 503s after Retry-After); seconds until the last was accepted.
+    `every_s`: an open loop, the n-th request due `n * every_s` after the start whatever the answers
+    (at most `concurrency` in flight); None: `concurrency` closed loops, back to back."""
     lock = threading.Lock()
+    numbered = enumerate(requests)
 
     def sender() -> None:
         with httpx.Client(base_url=url, timeout=60) as client:
             while True:
                 with lock:
-                    request = next(requests, None)
+                    n, request = next(numbered, (0, None))
                 if request is None:
                     return
+                if every_s is not None:
+                    time.sleep(max(0.0, started + n * every_s - time.perf_counter()))
                 path, body, headers = request
                 while True:
                     response = client.post(path, content=body, headers=headers)
@@ -522,7 +534,8 @@ def run_mode(
         cpu_before = roles_cpu_s(roles)
         started = time.perf_counter()
         sampler.start()
-        ingest_s = send_all(f"http://127.0.0.1:{port}", requests, args.concurrency)
+        every_s = None if args.rate is None else args.batch / args.rate
+        ingest_s = send_all(f"http://127.0.0.1:{port}", requests, args.concurrency, every_s)
         # the counters first (no query while they are short), then the rows confirm it
         while not (stored and stored[-1][1] >= args.traces and rows(store_url) >= args.traces):
             if time.perf_counter() - started > args.timeout:
@@ -593,6 +606,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="an open loop of this many traces a second (a batch every --batch/RATE s, at most "
+        "--concurrency in flight) instead of closed loops: the CPU a trace below capacity, where "
+        "costs paid per batch weigh more than at saturation",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--broker", choices=("memory", "durable"), default="memory")
     parser.add_argument("--load", choices=("json", "otlp"), default="json")
@@ -652,7 +672,8 @@ def main() -> None:
     print(
         f"{args.traces} traces, {args.load} batches of {args.batch}"
         + (f" ({args.dim}-number query vectors)" if args.load == "otlp" else "")
-        + f", {args.concurrency} senders, "
+        + (f", an open loop of {args.rate:g} traces/s" if args.rate else f", {args.concurrency} senders")
+        + ", "
         f"{args.broker} broker, PostgreSQL store"
     )
     print(

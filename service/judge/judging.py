@@ -82,39 +82,55 @@ def summary_from_record(record: dict[str, Any]) -> TraceSummary:
 class JudgeQueueSink:
     """Sink: decides which new traces are judged and enqueues them; reconsiders on thumbs-down feedback."""
 
-    def __init__(self, sampler: TraceSampler, queue: SqlJudgeQueue, store: Store, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        sampler: TraceSampler,
+        queue: SqlJudgeQueue,
+        store: Store,
+        metrics: Metrics,
+        on_new_work: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_new_work` is called on the event loop after a batch put new items in the queue (the
+        judge workers of this process: `JudgeWorker.wake`)."""
         self.sampler = sampler
         self.queue = queue
         self.store = store
         self.metrics = metrics
+        self.on_new_work = on_new_work
 
-    def _enqueue(self, items: Sequence[Any]) -> None:
+    def _enqueue(self, items: Sequence[Any]) -> int:
+        """Queue `items`; returns how many were new work."""
         if not items:
-            return
+            return 0
         # counted once a trace: a late thumbs-down that raises a queued trace's probability (or a
         # fan-out run again from the outbox) offers the same key again and is not a second sample
         new_work, _ = self.queue.enqueue_new(items)
         for item in items:
             if item.key in new_work:
                 self.metrics.judge_sampled.labels(stratum=item.stratum).inc()
+        return len(new_work)
 
-    def _select_and_enqueue(self, batch: Sequence[RagTrace]) -> None:
+    def _queued(self, new_work: int) -> None:
+        if new_work and self.on_new_work is not None:
+            self.on_new_work()
+
+    def _select_and_enqueue(self, batch: Sequence[RagTrace]) -> int:
         # Feedback that arrived before its trace: the summary must include it, or a
         # thumbs-down that came first would never raise the inclusion probability.
         early = self.store.feedback_for([(t.tenant, t.trace_id) for t in batch])
         summaries = [TraceSummary.of(t, early.get((t.tenant, t.trace_id), ())) for t in batch]
-        self._enqueue(self.sampler.select(summaries))
+        return self._enqueue(self.sampler.select(summaries))
 
     async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
         # all in a thread: summarising and sampling a batch on the event loop held requests
         # waiting for tens of milliseconds (bench/RESULTS.md, p99)
-        await asyncio.to_thread(self._select_and_enqueue, batch)
+        self._queued(await asyncio.to_thread(self._select_and_enqueue, batch))
 
     async def consume_updates(self, batch: Sequence[TraceUpdate]) -> None:
         """A later version of stored traces: a judged trace whose judged content changed (its answer
         arrived late) is judged again; the sampler reconsiders the trace with its new strata."""
 
-        def reconsider() -> None:
+        def reconsider() -> int:
             known = self.store.feedback_for([(u.trace.tenant, u.trace.trace_id) for u in batch])
             items = []
             for update in batch:
@@ -129,7 +145,7 @@ class JudgeQueueSink:
                 item = self.sampler.on_update(_summary_before(update, feedback), after)
                 if item is not None:
                     items.append(item)
-            self._enqueue(items)
+            new_work = self._enqueue(items)
             changed = [
                 ItemKey(u.trace.tenant, u.trace.trace_id, self.sampler.judge_version)
                 for u in batch
@@ -138,15 +154,16 @@ class JudgeQueueSink:
             requeued = self.queue.rejudge(changed)
             if requeued:
                 self.metrics.judge_rejudged.inc(len(requeued))
+            return new_work + len(requeued)
 
-        await asyncio.to_thread(reconsider)
+        self._queued(await asyncio.to_thread(reconsider))
 
     async def consume_feedback(self, batch: Sequence[Feedback]) -> None:
         relevant = [f for f in batch if f.kind in ("down", "regenerate")]
         if not relevant:
             return
 
-        def reconsider() -> None:
+        def reconsider() -> int:
             items = []
             for event in relevant:
                 record = self.store.get_trace(event.tenant, event.trace_id)
@@ -156,9 +173,9 @@ class JudgeQueueSink:
                 item = self.sampler.on_feedback(event, _without(record, event))
                 if item is not None:
                     items.append(item)
-            self._enqueue(items)
+            return self._enqueue(items)
 
-        await asyncio.to_thread(reconsider)
+        self._queued(await asyncio.to_thread(reconsider))
 
 
 def _summary_before(update: TraceUpdate, feedback: Sequence[Feedback]) -> TraceSummary:
@@ -228,6 +245,20 @@ class JudgeWorker:
         self.worker_id = worker_id
         self._task: asyncio.Task[None] | None = None
         self._pause_until = 0.0
+        self._woken = asyncio.Event()
+
+    def wake(self) -> None:
+        """New items in the queue (this process queued them): claim now, not after the idle wait.
+        Call it on the event loop."""
+        self._woken.set()
+
+    async def _idle(self, wait_s: float) -> bool:
+        """Wait up to `wait_s` for `wake`; True if woken."""
+        try:
+            await asyncio.wait_for(self._woken.wait(), wait_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def run_once(self) -> int:
         """Claim one batch and judge it; returns how many items were claimed."""
@@ -356,7 +387,14 @@ class JudgeWorker:
         m.judge_last_success.set(time.time())
 
     async def _run(self) -> None:
+        # The wait after an empty claim doubles from poll_s up to idle_poll_max_s: an idle claim is a
+        # transaction, and an idle server made two a second. What this process queues wakes the
+        # worker at once (`wake`); what another process queues, or a lease that expired, waits at
+        # most idle_poll_max_s.
+        config = self.config
+        idle_s = config.poll_s
         while True:
+            self._woken.clear()
             try:
                 claimed = await self.run_once()
             except StoreUnavailable as exc:
@@ -365,11 +403,20 @@ class JudgeWorker:
             except Exception:
                 log.exception("judge worker batch failed; retrying")
                 claimed = 0
-            wait = max(self._pause_until - time.monotonic(), 0.0)
+            # the endpoint's retry delay and the budget's are waited out whatever is queued meanwhile
+            hold = max(self._pause_until - time.monotonic(), 0.0)
             if not claimed:
-                wait = max(wait, self.config.poll_s, self._budget_wait_until - time.monotonic())
-            if wait:
-                await asyncio.sleep(wait)
+                hold = max(hold, self._budget_wait_until - time.monotonic())
+            if hold:
+                await asyncio.sleep(hold)
+            if claimed:
+                idle_s = config.poll_s
+            elif hold >= idle_s:
+                pass
+            elif await self._idle(idle_s - hold):
+                idle_s = config.poll_s
+            else:
+                idle_s = min(idle_s * 2, max(config.idle_poll_max_s, config.poll_s))
 
     async def start(self) -> None:
         if self._task is None:

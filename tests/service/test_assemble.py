@@ -399,3 +399,114 @@ async def test_an_archive_that_cannot_be_reached_holds_the_emission_up_and_loses
     assert [(t.span_count, t.answer) for t in sink.traces] == [(3, request.answer)]
     assert counter(metrics, "ragmon_sink_failures_total", sink="span_archive", kind="retryable") == 2
     store.close()
+
+
+class BatchSink(SinkConsumer):
+    """Keeps the size of each batch handed on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    async def consume_traces(self, batch: Sequence[RagTrace]) -> None:
+        self.sizes.append(len(batch))
+        await super().consume_traces(batch)
+
+
+def lingering(
+    emit_chunk: int = 4, linger_s: float = 1.0, **config: float
+) -> tuple[SpanAssembler, BatchSink, FakeClock]:
+    """A sinks worker's assembler (evicting, emissions of `emit_chunk` that linger) whose tick runs
+    every 10 ms of real time while its clock (deadlines, the linger) moves only when a test moves it."""
+    sink, clock = BatchSink(), FakeClock()
+    settings: dict[str, float] = {"grace_s": 0.0, "idle_s": 100.0, "tick_s": 0.01, **config}
+    assembler = SpanAssembler(
+        AssemblerConfig(**settings),
+        sink,
+        in_thread(build),
+        Metrics(),
+        clock,
+        evict_when_full=True,
+        emit_chunk=emit_chunk,
+        linger_s=linger_s,
+    )
+    return assembler, sink, clock
+
+
+async def _ticks(n: int = 10) -> None:
+    await asyncio.sleep(0.01 * n)
+
+
+async def test_due_traces_linger_until_an_emission_is_whole_and_go_as_one_batch() -> None:
+    assembler, sink, clock = lingering(emit_chunk=4, linger_s=1.0)
+    await assembler.start()
+    try:
+        for trace in (1, 2, 3):
+            await assembler.consume_spans([span(trace, 0, root=True)])  # complete at once (grace 0)
+            clock.now += 0.1
+            await _ticks()
+        assert sink.sizes == [] and assembler.backlog == 3  # due, waiting for a whole emission
+        await assembler.consume_spans([span(4, 0, root=True)])
+        await _eventually(lambda: sink.sizes != [])
+        assert sink.sizes == [4] and assembler.backlog == 0
+    finally:
+        await assembler.stop()
+
+
+async def test_a_short_emission_goes_once_the_first_of_it_lingered_linger_s() -> None:
+    assembler, sink, clock = lingering(emit_chunk=100, linger_s=1.0)
+    await assembler.start()
+    try:
+        await assembler.consume_spans([span(1, 0, root=True)])
+        await _ticks()  # taken (due) at 1000.0
+        clock.now += 0.6
+        await assembler.consume_spans([span(2, 0, root=True)])
+        await _ticks()
+        assert sink.sizes == []
+        clock.now += 0.5  # the first has waited 1.1 s, the second 0.5 s: both go
+        await _eventually(lambda: sink.sizes != [])
+        assert sink.sizes == [2]
+    finally:
+        await assembler.stop()
+
+
+async def test_without_a_linger_each_tick_hands_on_what_is_due() -> None:
+    assembler, sink, _ = lingering(emit_chunk=100, linger_s=0.0)
+    await assembler.start()
+    try:
+        for handed_on, trace in enumerate((1, 2), start=1):
+            await assembler.consume_spans([span(trace, 0, root=True)])
+            await _eventually(lambda n=handed_on: len(sink.traces) == n)
+        assert sink.sizes == [1, 1]
+    finally:
+        await assembler.stop()
+
+
+async def test_evicted_traces_and_a_stop_do_not_wait_out_the_linger() -> None:
+    assembler, sink, _ = lingering(emit_chunk=100, linger_s=60.0, max_spans=4)
+    await assembler.start()
+    try:
+        await assembler.consume_spans([span(1, 0, root=True)])
+        await _ticks()
+        assert sink.sizes == []  # lingering; spans that come without evicting do not hand it on
+        await assembler.consume_spans([span(2, 1), span(2, 2)])
+        assert sink.sizes == []
+        # a full buffer evicts the least recently active open trace: handed on at once, with the
+        # trace that lingered
+        await assembler.consume_spans([span(3, 1), span(3, 2)])
+        assert sorted(t.trace_id for t in sink.traces) == [f"{1:032x}", f"{2:032x}"]
+        await assembler.consume_spans([span(4, 0, root=True)])
+        await _ticks()
+        assert len(sink.traces) == 2
+    finally:
+        await assembler.stop()
+    assert sorted(t.trace_id for t in sink.traces) == [f"{n:032x}" for n in (1, 2, 3, 4)]
+
+
+async def _eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.01)
