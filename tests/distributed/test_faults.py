@@ -109,6 +109,9 @@ def test_worker_killed_mid_batch_another_takes_over_nothing_lost_or_doubled(
         pg_url,
         tmp_path,
         kafka={"max_poll_records": 50},
+        # sink batches of 50 (a sinks worker's assembler hands on up to bus.batch_size at once): the
+        # workers block with traces of later batches still to store
+        bus={"batch_size": 50},
         store={"timeout_s": 60},
         judging={"enabled": True, "workers": 0},
         sampler={"rates": {"base": 1.0}},
