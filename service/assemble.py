@@ -33,9 +33,10 @@ adapts a plain per-trace function for a worker thread, so the event loop keeps
 serving requests while traces are built. An emission merges and builds in
 chunks of `emit_chunk` traces (`EMIT_CHUNK` by default), all submitted at once,
 and hands each chunk on as soon as it is built, in order. With a `linger_s`
-(a sinks worker, where each chunk is a sink batch: bench/RESULTS.md, session
-39) the tick lets fewer than `emit_chunk` due traces wait up to that long for
-more; evicted traces and `stop()` do not wait. A trace taken for emission is handed on
+the tick lets fewer than `emit_chunk` due traces wait up to that long for
+more (the pipeline gives the bus's `batch_size` and `linger_s`: each chunk is
+a span-archive transaction, and in a sinks worker a sink batch; bench/RESULTS.md,
+session 39); evicted traces and `stop()` do not wait. A trace taken for emission is handed on
 exactly once, even when the emitting task is cancelled mid-build. The
 write-ahead log's ledger (`DropLedger`) is told when a trace is taken and
 when it was dropped, so it holds each request until the version of the
@@ -164,9 +165,7 @@ class SpanAssembler:
         linger_s: float = 0.0,
     ) -> None:
         """`emit_chunk`: traces merged with the archive and handed on together; `linger_s`: how long
-        the tick lets fewer than `emit_chunk` due traces wait for more (0: none). Where the assembler
-        feeds the sinks directly (a sinks worker) they are the sink batch and its linger (the bus's
-        `batch_size` and `linger_s`); in embedded mode the bus makes the batches."""
+        the tick lets fewer than `emit_chunk` due traces wait for more (0: none)."""
         if emit_chunk < 1 or not linger_s >= 0:
             raise ValueError(f"emit_chunk must be positive and linger_s at least 0: {emit_chunk}, {linger_s}")
         self.config = config

@@ -146,10 +146,10 @@ class BusConfig(_Section):
         0.5,
         ge=0,
         le=5,
-        description="how long a sink batch waits to fill up to batch_size once its first trace is queued "
-        "(embedded: in the bus; a sinks worker: in its assembler, whose emissions are its sink batches): a "
-        "batch costs the sinks a dozen statements whatever its size, so fewer, larger batches take less "
-        "CPU a trace; traces reach the store up to this much later; 0 hands each assembled chunk on at once",
+        description="how long assembled traces wait to fill a batch of batch_size: in the assembler (its "
+        "emissions, each a span-archive transaction, are a sinks worker's sink batches) and, embedded, once "
+        "more in the bus; a batch costs a dozen statements whatever its size, so fewer, larger batches take "
+        "~10 % less CPU a trace below capacity; traces reach the store up to twice this later; 0: no wait",
     )
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 503 when the bus is full")
 

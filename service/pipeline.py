@@ -239,6 +239,7 @@ class Pipeline(PipelineIntake):
             metrics=self.metrics,
             ledger=self.durable,
             keeper=ArchiveKeeper(self.span_archive),
+            **self._emissions(),
         )
         if self.durable is not None:
             # a trace open for long is logged again, so the log's older segments can go
@@ -324,10 +325,15 @@ class Pipeline(PipelineIntake):
             keeper=ArchiveKeeper(self.span_archive),
             # a worker reading Kafka cannot refuse spans: a full buffer flushes its oldest traces early
             evict_when_full=True,
-            # no bus between the assembler and the sinks here: its emissions are the sink batches
-            emit_chunk=self.config.bus.batch_size,
-            linger_s=self.config.bus.linger_s,
+            **self._emissions(),
         )
+
+    def _emissions(self) -> dict[str, Any]:
+        """The assembler's emissions are sink batches (a sinks worker has no bus between them) or
+        become them: up to `bus.batch_size` traces, lingering up to `bus.linger_s` for more. Each
+        emission costs a span-archive transaction and the sinks a dozen statements whatever its size
+        (bench/RESULTS.md, sessions 38 and 39)."""
+        return {"emit_chunk": self.config.bus.batch_size, "linger_s": self.config.bus.linger_s}
 
     def _wake_judges(self) -> None:
         for worker in self.judge_workers:

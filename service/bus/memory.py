@@ -10,7 +10,9 @@ records and hands each batch to the subscriber. A batch that starts with
 fewer records waits up to `linger_s` for more (or until `batch_size` are
 queued): every batch costs the sinks the same dozen statements and thread
 hand-offs whatever its size, and without the wait each assembler tick under
-moderate load made a batch of its own (bench/RESULTS.md, session 38).
+moderate load made a batch of its own (bench/RESULTS.md, session 38). The
+assembler's emissions wait up to the same `linger_s` since session 39; this
+wait tops them up, and batches traces that come by the JSON API.
 
 * A `RetryableError` from the subscriber keeps the batch at the head of the
   queue and retries it with backoff (0.05 s doubling to 5 s).

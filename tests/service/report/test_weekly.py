@@ -304,7 +304,8 @@ def test_a_week_with_one_day_of_traces_spans_the_week_and_draws_the_detectors_ba
 def test_a_period_without_a_judged_band_says_why_in_the_title(tmp_path: Path) -> None:
     now = datetime.now(UTC)
     data = tmp_path / "data"
-    with live_server(data) as server, server.client() as client:
+    # sampled traces stay queued, never judged (no judge worker): the faithfulness chart has no data
+    with live_server(data, judging={"workers": 0}) as server, server.client() as client:
         send(client, traces(50, seed=23, start=now - timedelta(hours=2), span=timedelta(hours=1)))
         server.flush()
         out = tmp_path / "week"
