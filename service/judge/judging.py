@@ -393,6 +393,7 @@ class JudgeWorker:
         # most idle_poll_max_s.
         config = self.config
         idle_s = config.poll_s
+        longest_s = max(config.idle_poll_max_s, config.poll_s)
         while True:
             self._woken.clear()
             try:
@@ -411,12 +412,9 @@ class JudgeWorker:
                 await asyncio.sleep(hold)
             if claimed:
                 idle_s = config.poll_s
-            elif hold >= idle_s:
-                pass
-            elif await self._idle(idle_s - hold):
-                idle_s = config.poll_s
-            else:
-                idle_s = min(idle_s * 2, max(config.idle_poll_max_s, config.poll_s))
+            elif hold < idle_s:  # the rest of the idle wait, cut short by a wake-up
+                woken = await self._idle(idle_s - hold)
+                idle_s = config.poll_s if woken else min(2 * idle_s, longest_s)
 
     async def start(self) -> None:
         if self._task is None:
