@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from service.stages import ArchiveKeeper
 from service.store.span_archive import SpanArchive
 from service.store.trace_store import Store
 from tests.consumers import SinkConsumer
+from tests.eventually import eventually
 from tests.rag_spans import RagRequest, body
 
 
@@ -433,30 +435,36 @@ def lingering(
     return assembler, sink, clock
 
 
+@asynccontextmanager
+async def running(assembler: SpanAssembler) -> AsyncIterator[None]:
+    """The assembler with its tick running; stopped (every open trace emitted) on the way out."""
+    await assembler.start()
+    try:
+        yield
+    finally:
+        await assembler.stop()
+
+
 async def _ticks(n: int = 10) -> None:
     await asyncio.sleep(0.01 * n)
 
 
 async def test_due_traces_linger_until_an_emission_is_whole_and_go_as_one_batch() -> None:
     assembler, sink, clock = lingering(emit_chunk=4, linger_s=1.0)
-    await assembler.start()
-    try:
+    async with running(assembler):
         for trace in (1, 2, 3):
             await assembler.consume_spans([span(trace, 0, root=True)])  # complete at once (grace 0)
             clock.now += 0.1
             await _ticks()
         assert sink.sizes == [] and assembler.backlog == 3  # due, waiting for a whole emission
         await assembler.consume_spans([span(4, 0, root=True)])
-        await _eventually(lambda: sink.sizes != [])
+        await eventually(lambda: sink.sizes != [], timeout_s=5.0)
         assert sink.sizes == [4] and assembler.backlog == 0
-    finally:
-        await assembler.stop()
 
 
 async def test_a_short_emission_goes_once_the_first_of_it_lingered_linger_s() -> None:
     assembler, sink, clock = lingering(emit_chunk=100, linger_s=1.0)
-    await assembler.start()
-    try:
+    async with running(assembler):
         await assembler.consume_spans([span(1, 0, root=True)])
         await _ticks()  # taken (due) at 1000.0
         clock.now += 0.6
@@ -464,28 +472,22 @@ async def test_a_short_emission_goes_once_the_first_of_it_lingered_linger_s() ->
         await _ticks()
         assert sink.sizes == []
         clock.now += 0.5  # the first has waited 1.1 s, the second 0.5 s: both go
-        await _eventually(lambda: sink.sizes != [])
+        await eventually(lambda: sink.sizes != [], timeout_s=5.0)
         assert sink.sizes == [2]
-    finally:
-        await assembler.stop()
 
 
 async def test_without_a_linger_each_tick_hands_on_what_is_due() -> None:
     assembler, sink, _ = lingering(emit_chunk=100, linger_s=0.0)
-    await assembler.start()
-    try:
+    async with running(assembler):
         for handed_on, trace in enumerate((1, 2), start=1):
             await assembler.consume_spans([span(trace, 0, root=True)])
-            await _eventually(lambda n=handed_on: len(sink.traces) == n)
+            await eventually(lambda n=handed_on: len(sink.traces) == n, timeout_s=5.0)
         assert sink.sizes == [1, 1]
-    finally:
-        await assembler.stop()
 
 
 async def test_evicted_traces_and_a_stop_do_not_wait_out_the_linger() -> None:
     assembler, sink, _ = lingering(emit_chunk=100, linger_s=60.0, max_spans=4)
-    await assembler.start()
-    try:
+    async with running(assembler):
         await assembler.consume_spans([span(1, 0, root=True)])
         await _ticks()
         assert sink.sizes == []  # lingering; spans that come without evicting do not hand it on
@@ -498,15 +500,4 @@ async def test_evicted_traces_and_a_stop_do_not_wait_out_the_linger() -> None:
         await assembler.consume_spans([span(4, 0, root=True)])
         await _ticks()
         assert len(sink.traces) == 2
-    finally:
-        await assembler.stop()
     assert sorted(t.trace_id for t in sink.traces) == [f"{n:032x}" for n in (1, 2, 3, 4)]
-
-
-async def _eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.01)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -23,6 +23,7 @@ from service.model import Feedback, ModelUsage, RagTrace
 from service.store.store_sink import StoreSink
 from service.store.trace_store import Store
 from tests.consumers import ErrorConsumer, SinkConsumer
+from tests.eventually import eventually
 
 T0 = datetime(2025, 6, 1, tzinfo=UTC)
 POISON_TOKENS = 10**30
@@ -241,13 +242,6 @@ async def test_a_handler_that_fails_for_good_drops_only_that_record() -> None:
 # -- linger: a batch that starts small waits for more (bus.linger_s)
 
 
-async def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 @pytest.mark.parametrize(("linger_s", "batches"), [(3.0, 1), (0.0, 2)])
 async def test_a_batch_that_starts_small_waits_for_the_next_records(linger_s: float, batches: int) -> None:
     """Two hand-overs 0.2 s apart: with a linger they reach the sink as one batch, without one as two
@@ -258,7 +252,7 @@ async def test_a_batch_that_starts_small_waits_for_the_next_records(linger_s: fl
     await bus.consume_traces([_trace(i, "acme") for i in range(10)])
     await asyncio.sleep(0.2)
     await bus.consume_traces([_trace(i, "acme") for i in range(10, 25)])
-    await _wait_for(lambda: len(sink.traces) == 25)
+    await eventually(lambda: len(sink.traces) == 25)
     await bus.stop()
     assert sink.batches == batches
     assert [t.trace_id for t in sink.traces] == [f"{i:032x}" for i in range(25)]
@@ -273,7 +267,7 @@ async def test_a_whole_batch_goes_without_lingering() -> None:
     await asyncio.sleep(0.1)
     assert sink.traces == []  # lingering
     await bus.consume_traces([_trace(i, "acme") for i in range(4, 23)])
-    await _wait_for(lambda: len(sink.traces) == 20, timeout_s=3.0)  # two whole batches, not 5 s later
+    await eventually(lambda: len(sink.traces) == 20, timeout_s=3.0)  # two whole batches, not 5 s later
     assert sink.batches == 2
     assert await bus.drain(1.0)  # the 3 left over go at once for a drain (see below)
     assert len(sink.traces) == 23
