@@ -39,6 +39,8 @@ def test_unknown_key_inside_a_section_is_an_error_but_foreign_env_is_ignored() -
     [
         ({"RAGMON_SERVER__PORT": "70000"}, "server.port"),
         ({"RAGMON_ASSEMBLER__GRACE_S": "-1"}, "assembler.grace_s"),
+        ({"RAGMON_BUS__LINGER_S": "6"}, "bus.linger_s"),  # past its 5 s bound: a batch waits too long
+        ({"RAGMON_JUDGING__IDLE_POLL_MAX_S": "0"}, "judging.idle_poll_max_s"),
     ],
 )
 def test_bad_values_name_the_setting(env: dict[str, str], where: str) -> None:
