@@ -3,17 +3,19 @@ DATABASE_URL) PostgreSQL."""
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import pytest
-from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, event, inspect, make_url, text
 
 from sampler.budget import RefusalReason
 from sampler.fair import FairShares
@@ -364,6 +366,57 @@ def test_deferrals_expire_into_skipped(queue: SqlJudgeQueue, clock: ManualClock)
     leased = queue.get(item(0, tenant="acme").key)
     assert leased is not None and leased.state == "leased", "only deferred items expire"
     assert queue.stats().skipped == 3
+
+
+def _sqlite_steps(engine: Engine, call: Callable[[], object]) -> int:
+    """How many SQLite virtual-machine instructions `call` ran, in hundreds (every connection)."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.set_progress_handler(count, 100)
+
+    engine.dispose()  # pooled connections reconnect, each with the handler
+    event.listen(engine, "connect", on_connect)
+    try:
+        call()
+    finally:
+        event.remove(engine, "connect", on_connect)
+        engine.dispose()
+    return steps
+
+
+def test_a_claim_reads_as_much_however_many_items_wait_deferred(tmp_path: Path) -> None:
+    """Under a spent budget the backlog grows by every trace sampled and not judged (hours of it,
+    up to `max_deferral_s`), and the worker claims about once a second. A claim reads each tenant's
+    first few items through an index: the window over every claimable row it replaced, and the
+    lease found through the claim index, grew with the backlog (bench/RESULTS.md, session 40)."""
+    steps = {}
+    for backlog in (300, 6_000):
+        store = Store(f"sqlite:///{tmp_path / f'{backlog}.db'}")
+        create_tables(store.engine)
+        clock = ManualClock()
+        queue = SqlJudgeQueue(store.engine, max_attempts=3, clock=clock)
+        queue.enqueue([item(n, tenant=("acme", "beta", "gamma")[n % 3]) for n in range(backlog)])
+        queue.claim_within(32, 30.0, "w", Budget(room=0))  # the first turns are deferred already
+        clock.advance(1)
+        one_claim = functools.partial(queue.claim_within, 32, 30.0, "w", Budget(room=1))
+        steps[backlog] = _sqlite_steps(store.engine, one_claim)
+        store.close()
+    assert steps[300] > 0, steps
+    # 20 times the backlog: the same reads (the window and the OR read 14 times as much)
+    assert steps[6_000] <= 1.5 * steps[300], steps
+
+
+def test_an_existing_queue_table_gets_the_indexes_added_since(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("DROP INDEX judge_queue_turns"))
+    create_tables(engine)
+    assert "judge_queue_turns" in {index["name"] for index in inspect(engine).get_indexes("judge_queue")}
 
 
 def test_claim_within_survives_a_budget_that_cannot_be_asked(queue: SqlJudgeQueue) -> None:
