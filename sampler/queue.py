@@ -122,13 +122,14 @@ class QueueRecord:
 @dataclass(frozen=True, slots=True)
 class QueueStats:
     """Item counts per state (`pending` without the deferred ones) and the enqueue time of the oldest
-    outstanding item (deferred ones left out: they wait for the budget, not for a worker)."""
+    outstanding item (deferred ones left out: they wait for the budget, not for a worker). `done`
+    and `skipped` are None where they were not counted (`stats(finished=False)`)."""
 
     pending: int
     leased: int
-    done: int
+    done: int | None
     failed: int
-    skipped: int
+    skipped: int | None
     oldest_enqueued_at: datetime | None
     deferred: int = 0
 
@@ -195,4 +196,4 @@ class JudgeQueue(Protocol):
 
     def oldest_age_s(self) -> float: ...
 
-    def stats(self) -> QueueStats: ...
+    def stats(self, *, finished: bool = True) -> QueueStats: ...

@@ -369,10 +369,11 @@ class Pipeline(PipelineIntake):
                 self.phoenix_annotations.judged(Judgment.model_validate(judged[-1]))
 
     def _queue_stats(self) -> Any:
-        # one query per scrape, not one per gauge
+        # one query per scrape, not one per gauge, of the unfinished items only (the gauges need no
+        # count of the judged ones, which reads the queue's whole history)
         at, stats = self._stats_cache
         if stats is None or time.monotonic() - at > 1.0:
-            stats = self.judge_queue.stats()
+            stats = self.judge_queue.stats(finished=False)
             self._stats_cache = (time.monotonic(), stats)
         return stats
 

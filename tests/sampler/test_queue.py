@@ -9,6 +9,7 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -409,6 +410,33 @@ def test_a_claim_reads_as_much_however_many_items_wait_deferred(tmp_path: Path) 
         store.close()
     assert steps[300] > 0, steps
     # 20 times the backlog: the same reads (the window and the OR read 14 times as much)
+    assert steps[6_000] <= 1.5 * steps[300], steps
+
+
+def test_unfinished_stats_leave_the_history_out_and_read_as_much_however_long_it_is(
+    tmp_path: Path,
+) -> None:
+    """The gauges read the queue's stats on every scrape; the table keeps every decision (done,
+    skipped), so counting those read the whole history each time."""
+    steps, seen = {}, {}
+    for history in (300, 6_000):
+        store = Store(f"sqlite:///{tmp_path / f'{history}.db'}")
+        create_tables(store.engine)
+        queue = SqlJudgeQueue(store.engine, max_attempts=3, clock=ManualClock())
+        queue.enqueue([item(n) for n in range(history + 10)])
+        for record in queue.claim(history, 30.0, "w"):
+            queue.complete(record.key)
+        queue.claim(2, 30.0, "w")  # two leased, eight pending
+        queue.claim_within(8, 30.0, "w", Budget(room=0))  # ... all eight deferred
+        full = queue.stats()
+        seen[history] = unfinished = queue.stats(finished=False)
+        assert (full.done, full.skipped) == (history, 0)
+        assert (unfinished.done, unfinished.skipped) == (None, None)
+        assert unfinished == replace(full, done=None, skipped=None)
+        steps[history] = _sqlite_steps(store.engine, functools.partial(queue.stats, finished=False))
+        store.close()
+    assert (seen[300].leased, seen[300].deferred, seen[300].depth) == (2, 8, 2)
+    assert steps[300] > 0, steps
     assert steps[6_000] <= 1.5 * steps[300], steps
 
 
