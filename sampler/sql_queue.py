@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, Row, and_, case, func, or_, select, text, update
+from sqlalchemy import Engine, Row, and_, case, delete, func, or_, select, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -270,6 +270,21 @@ class SqlJudgeQueue:
         for item_id, tenant in conn.execute(lapsed):
             waiting.setdefault(tenant, []).append(int(item_id))
         return {tenant: sorted(ids)[:n] for tenant, ids in waiting.items()}
+
+    def delete_older_than(self, cutoff: datetime, *, chunk_size: int = 1_000) -> int:
+        """Delete the items of traces that started before `cutoff`, whatever their state (retention:
+        the traces go with the trace store's); returns how many went. In transactions of at most
+        `chunk_size` items, so the write lock is never held long."""
+        t = judge_queue.c
+        gone = 0
+        while True:
+            oldest = select(t.id).where(t.trace_time < cutoff).order_by(t.trace_time).limit(chunk_size)
+            with self._connect() as conn:
+                result = conn.execute(delete(judge_queue).where(t.id.in_(oldest.scalar_subquery())))
+            count = int(result.rowcount)
+            gone += count
+            if count < chunk_size:
+                return gone
 
     def expire_deferred(self, max_age_s: float) -> dict[str, int]:
         """End `skipped` (reason `expired`) every deferred item selected more than `max_age_s` ago;

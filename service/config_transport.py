@@ -347,7 +347,11 @@ class StoreConfig(_Section):
         repr=False,
         description="SQLAlchemy URL; default sqlite:///<data-dir>/ragmon.db. PostgreSQL: postgresql+psycopg://...",
     )
-    retention_days: float = Field(30.0, gt=0, description="traces older than this are deleted")
+    retention_days: float = Field(
+        30.0,
+        gt=0,
+        description="traces older than this are deleted, with their judge-queue items, judgments and flags",
+    )
     feedback_wait_s: float = Field(
         3600.0,
         gt=0,

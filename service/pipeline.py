@@ -386,8 +386,18 @@ class Pipeline(PipelineIntake):
             cutoff = datetime.now(UTC) - timedelta(days=self.config.store.retention_days)
             try:
                 deleted = await asyncio.to_thread(self.store.delete_older_than, cutoff)
-                if deleted:
-                    log.info("retention: deleted %d traces older than %s", deleted, cutoff.isoformat())
+                # what the judge kept of those traces: their queue items (every sampling decision
+                # stays there otherwise), judgments and flags
+                queued = await asyncio.to_thread(self.judge_queue.delete_older_than, cutoff)
+                judged = await asyncio.to_thread(self.judgments.delete_older_than, cutoff)
+                if deleted or queued or judged:
+                    log.info(
+                        "retention: deleted %d traces, %d judge-queue items and %d judgments older than %s",
+                        deleted,
+                        queued,
+                        judged,
+                        cutoff.isoformat(),
+                    )
             except Exception:
                 log.exception("retention run failed; will retry")
             await asyncio.sleep(_RETENTION_EVERY_S)

@@ -141,6 +141,24 @@ class JudgmentStore:
         dialect = postgresql if self.engine.dialect.name == "postgresql" else sqlite
         return dialect.insert(table)
 
+    def delete_older_than(self, cutoff: datetime, *, chunk_size: int = 1_000) -> int:
+        """Delete judgments made before `cutoff`, and flags raised before it (retention: their traces
+        go with the trace store's); returns how many judgments went. In transactions of at most
+        `chunk_size` rows, so the write lock is never held long."""
+        j = judgments.c
+        key = (j.tenant, j.trace_id, j.judge_version)
+        gone = 0
+        while True:
+            oldest = sa.select(*key).where(j.judged_at < cutoff).limit(chunk_size)
+            with self._connect() as conn:
+                count = int(conn.execute(sa.delete(judgments).where(sa.tuple_(*key).in_(oldest))).rowcount)
+            gone += count
+            if count < chunk_size:
+                break
+        with self._connect() as conn:
+            conn.execute(sa.delete(flags).where(flags.c.created_at < cutoff))
+        return gone
+
     def save(self, judgment: Judgment, flag_threshold: float) -> tuple[bool, list[Flag]]:
         """Store a judgment and its flags; returns (was it stored, the flags that were new).
 

@@ -440,6 +440,17 @@ def test_unfinished_stats_leave_the_history_out_and_read_as_much_however_long_it
     assert steps[6_000] <= 1.5 * steps[300], steps
 
 
+def test_retention_deletes_the_items_of_traces_from_before_the_cutoff(queue: SqlJudgeQueue) -> None:
+    queue.enqueue([item(n) for n in range(7)])  # trace n started at T0 + n s - 1 min
+    for record in queue.claim(3, 30.0, "w"):  # a mix of states goes: done, leased, pending
+        if record.item.trace_id == f"{0:032x}":
+            queue.complete(record.key)
+    cutoff = T0 + timedelta(seconds=5) - timedelta(minutes=1)
+    assert queue.delete_older_than(cutoff, chunk_size=2) == 5  # in chunks of 2, 2, 1
+    assert [queue.get(item(n).key) is not None for n in range(7)] == [False] * 5 + [True] * 2
+    assert queue.delete_older_than(cutoff) == 0
+
+
 def test_an_existing_queue_table_gets_the_indexes_added_since(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(text("DROP INDEX judge_queue_turns"))

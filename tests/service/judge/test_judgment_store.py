@@ -4,7 +4,7 @@ judged again (a redelivered item) changes nothing."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from service.judge.judgment import Judgment
 from service.judge.store import JudgmentStore
@@ -52,3 +52,22 @@ def test_a_judgment_of_a_later_trace_revision_replaces_the_earlier_one(store: St
     assert judgments.outcomes([("default", TRACE, "heuristic/v1")]) == {
         ("default", TRACE, "heuristic/v1"): ("scored", 1.0)
     }
+
+
+def test_retention_deletes_judgments_and_flags_from_before_the_cutoff(store: Store) -> None:
+    judgments = JudgmentStore(store.engine)
+    judgments.create_schema()
+    ids = [f"{n:032x}" for n in range(5)]
+    for n, trace_id in enumerate(ids):  # judged a day apart; each a failure, which raises a flag now
+        when = AT + timedelta(days=n)
+        failed = judgment(1, "failed", failure_reason="no_answer", trace_id=trace_id, judged_at=when)
+        judgments.save(failed, 0.5)
+
+    def kept() -> list[tuple[bool, bool]]:
+        stored = (judgments.for_trace("default", trace_id) for trace_id in ids)
+        return [(bool(found), bool(raised)) for found, raised in stored]
+
+    assert judgments.delete_older_than(AT + timedelta(days=2, hours=1), chunk_size=2) == 3  # chunks 2 + 1
+    assert kept() == [(False, True)] * 3 + [(True, True)] * 2  # the flags were raised after the cutoff
+    assert judgments.delete_older_than(datetime.now(UTC) + timedelta(seconds=1)) == 2
+    assert kept() == [(False, False)] * 5
