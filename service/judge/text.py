@@ -207,49 +207,29 @@ class ContextIndex:
     `has` finds a word or another form of it (see `_PREFIX`); `best_window` finds the run of
     consecutive sentences (within one chunk) that holds most of a claim's words, which tells a
     claim taken from one place from one recombined out of words spread over the whole context.
+    Each chunk is read once however many contexts it is retrieved into (`_read_chunk`).
     """
 
     def __init__(self, chunks: Sequence[str], window: int = 2) -> None:
         self.chunks = list(chunks)
         self.window = window
-        all_words: list[str] = []
-        spans: list[_Span] = []
-        for i, chunk in enumerate(self.chunks):
-            for sentence in sentences(chunk):
-                found = words(sentence)
-                all_words.extend(found)
-                spans.append(
-                    _Span(
-                        i,
-                        frozenset(found),
-                        frozenset().union(*map(_prefixes, found)),
-                        _negated(_WORD.findall(fold(sentence))),
-                    )
-                )
-        self.spans = spans
-        # runs of `window` consecutive sentences of one chunk: (words, prefixes, chunk, negated)
-        self._windows: list[tuple[frozenset[str], frozenset[str], int, bool]] = []
-        for start, first in enumerate(spans):
-            run = [s for s in spans[start : start + window] if s.chunk == first.chunk]
-            self._windows.append(
-                (
-                    frozenset().union(*(s.words for s in run)),
-                    frozenset().union(*(s.prefixes for s in run)),
-                    first.chunk,
-                    any(s.negated for s in run),
-                )
-            )
-        self._chunk_sets = [
-            (
-                frozenset().union(*(s.words for s in spans if s.chunk == i)),
-                frozenset().union(*(s.prefixes for s in spans if s.chunk == i)),
-            )
-            for i in range(len(self.chunks))
+        read = [_read_chunk(chunk, window) for chunk in self.chunks]
+        self.spans = [
+            _Span(i, found, prefixes, negated)
+            for i, chunk in enumerate(read)
+            for found, prefixes, negated in chunk.sentences
         ]
-        self.text = f" {' '.join(all_words)} "  # for phrase lookups
-        self.words = frozenset(all_words)
-        self.prefixes = frozenset().union(*map(_prefixes, self.words))
-        self.numbers = frozenset(numbers("\n".join(self.chunks)))
+        # runs of `window` consecutive sentences of one chunk: (words, prefixes, chunk, negated)
+        self._windows: list[tuple[frozenset[str], frozenset[str], int, bool]] = [
+            (found, prefixes, i, negated)
+            for i, chunk in enumerate(read)
+            for found, prefixes, negated in chunk.windows
+        ]
+        self._chunk_sets = [(chunk.words, chunk.prefixes) for chunk in read]
+        self.text = f" {' '.join([word for chunk in read for word in chunk.all_words])} "  # phrase lookups
+        self.words = _union([chunk.words for chunk in read])
+        self.prefixes = _union([chunk.prefixes for chunk in read])
+        self.numbers = _union([chunk.numbers for chunk in read])
 
     def has_phrase(self, phrase: Sequence[str]) -> bool:
         return f" {' '.join(phrase)} " in self.text
@@ -305,3 +285,56 @@ def _forms(word: str) -> tuple[str, ...]:
 @lru_cache(maxsize=8)
 def _cached_index(chunks: tuple[str, ...], window: int) -> ContextIndex:
     return ContextIndex(chunks, window)
+
+
+@dataclass(frozen=True, slots=True)
+class _ReadChunk:
+    """One chunk as a `ContextIndex` reads it: what the index of any context holding it is made of."""
+
+    all_words: tuple[str, ...]  # every word, in order
+    sentences: tuple[tuple[frozenset[str], frozenset[str], bool], ...]  # (words, prefixes, negated)
+    windows: tuple[tuple[frozenset[str], frozenset[str], bool], ...]  # from each sentence, `window` of them
+    words: frozenset[str]
+    prefixes: frozenset[str]
+    numbers: frozenset[str]
+
+
+# A knowledge base's popular chunks come back in context after context: each is read once while
+# it stays among the `_READ_CHUNKS` used last. An entry holds a chunk's text and its word and
+# prefix sets, ~30 KiB for a 500-character chunk: ~16 MiB in all.
+_READ_CHUNKS = 512
+
+
+@lru_cache(maxsize=_READ_CHUNKS)
+def _read_chunk(chunk: str, window: int) -> _ReadChunk:
+    all_words: list[str] = []
+    sentences_: list[tuple[frozenset[str], frozenset[str], bool]] = []
+    for sentence in sentences(chunk):
+        found = words(sentence)
+        all_words.extend(found)
+        sentences_.append(
+            (
+                frozenset(found),
+                frozenset().union(*map(_prefixes, found)),
+                _negated(_WORD.findall(fold(sentence))),
+            )
+        )
+    windows = []
+    for start in range(len(sentences_)):
+        run = sentences_[start : start + window]
+        found_sets, prefix_sets, negations = zip(*run, strict=True)
+        windows.append((_union(found_sets), _union(prefix_sets), any(negations)))
+    found_sets, prefix_sets, _ = zip(*sentences_, strict=True) if sentences_ else ((), (), ())
+    return _ReadChunk(
+        tuple(all_words),
+        tuple(sentences_),
+        tuple(windows),
+        _union(found_sets),
+        _union(prefix_sets),
+        frozenset(numbers(chunk)),
+    )
+
+
+def _union(sets: Sequence[frozenset[str]]) -> frozenset[str]:
+    """The union of `sets`; the one set itself when there is one (frozensets are never changed)."""
+    return sets[0] if len(sets) == 1 else frozenset().union(*sets)

@@ -9,7 +9,7 @@ import unicodedata
 
 import pytest
 
-from service.judge.text import ContextIndex, fold, words
+from service.judge.text import ContextIndex, _read_chunk, fold, words
 
 
 def _fold_by_definition(text: str) -> str:
@@ -49,3 +49,25 @@ def test_context_index_prefixes_are_every_form_of_its_words() -> None:
     # the same chunks twice give the same index (the prefix cache is shared across indexes)
     again = ContextIndex(chunks)
     assert again.prefixes == ctx.prefixes and again.words == ctx.words == frozenset(words(" ".join(chunks)))
+
+
+def _index_parts(ctx: ContextIndex) -> tuple[object, ...]:
+    spans = [(s.chunk, s.words, s.prefixes, s.negated) for s in ctx.spans]
+    return (ctx.text, ctx.words, ctx.prefixes, ctx.numbers, ctx._windows, ctx._chunk_sets, spans)
+
+
+def test_a_chunk_is_read_once_and_every_context_holding_it_indexes_as_if_read_afresh() -> None:
+    a = "The warehouse ships within 2 days. Returns take 14 days."
+    b = "Refunds are not issued for opened items. Store credit is offered instead!"
+    c = "Gift cards never expire. They cannot be exchanged for cash."
+    _read_chunk.cache_clear()
+    ContextIndex([a, b])
+    warm = ContextIndex([b, c, b])  # b read already, and twice in this context
+    assert _read_chunk.cache_info().misses == 3, "each distinct chunk is read once"
+    _read_chunk.cache_clear()
+    assert _index_parts(warm) == _index_parts(ContextIndex([b, c, b]))
+    # the parts a context is made of, chunk by chunk: windows stay within their chunk
+    assert [chunk for _, _, chunk, _ in warm._windows] == [0, 0, 1, 1, 2, 2]
+    assert warm.numbers == frozenset() and ContextIndex([a]).numbers == {"2", "14"}
+    assert warm.best_window(words("gift cards expire")) == (1.0, [1], True)
+    assert warm.chunks_with(words("store credit"), 1.0) == [0, 2]
