@@ -17,6 +17,12 @@ process's CPU), reports Python's peak traced memory, and checks both give the
 same estimates.
 
     python bench/judge/estimate_window.py [--records 10000 50000 200000] [--repeat 3]
+
+`--gauges` times what the gauges need instead, both readings (claim- and answer-level): two passes
+over the window, one per reading (before session 40), against one pass that sums both
+(`JudgmentStore.window_cells_of`).
+
+    python bench/judge/estimate_window.py --gauges [--records 200000 1000000]
 """
 
 from __future__ import annotations
@@ -140,11 +146,41 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return True
 
 
+def _two_passes(judged: JudgmentStore) -> dict[str, Any]:
+    return {r: judged.window_cells(NOW - WINDOW, NOW, reading=r) for r in ("claims", "answers")}
+
+
+def _one_pass(judged: JudgmentStore) -> dict[str, Any]:
+    return dict(judged.window_cells_of(NOW - WINDOW, NOW, ("claims", "answers")))
+
+
+def gauges(records: list[int], repeat: int) -> None:
+    """Both readings: one pass per reading against one pass for both."""
+    print("| records in the window | two passes (one a reading): wall | one pass: wall | ratio |")
+    print("|---:|---:|---:|---:|")
+    for n in records:
+        with tempfile.TemporaryDirectory() as tmp:
+            url = f"sqlite:///{tmp}/bench.db"
+            fill(url, n, seed=n)
+            store = Store(url)
+            judged = JudgmentStore(store.engine)
+            old = measure(functools.partial(_two_passes, judged), repeat)
+            new = measure(functools.partial(_one_pass, judged), repeat)
+            store.close()
+        if {r: len(c) for r, c in old[3].items()} != {r: len(c) for r, c in new[3].items()}:
+            raise RuntimeError(f"the two ways disagree at {n} records")
+        print(f"| {n:,} | {old[0]:.2f} s | {new[0]:.2f} s | {new[0] / old[0]:.2f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, nargs="+", default=[10_000, 50_000, 200_000])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--gauges", action="store_true", help="both readings: two passes against one")
     args = parser.parse_args()
+    if args.gauges:
+        gauges(args.records, args.repeat)
+        return
     print(
         "| records in the window | every record read: wall / CPU / peak | summed in the database | speed-up |"
     )

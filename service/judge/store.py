@@ -301,7 +301,19 @@ class JudgmentStore:
         outcome): one query whatever the window holds, where reading every
         record grew with traffic times sampling rate.
         """
+        return self.window_cells_of(start, end, (reading,), tenant=tenant)[reading]
+
+    def window_cells_of(
+        self, start: datetime, end: datetime, readings: Sequence[Reading], *, tenant: str | None = None
+    ) -> dict[Reading, list[SampleCell]]:
+        """`window_cells` of each of `readings`, summed in one pass over the window: the query is
+        linear in the window (seconds at a million samples), and the gauges want both readings."""
         q, j = judge_queue.c, judgments.c
+        scored = sa.and_(q.state == "done", j.outcome == "scored")
+        scores = {
+            "claims": j.faithfulness,
+            "answers": sa.case((j.faithfulness >= _ALL_SUPPORTED, 1.0), else_=0.0),
+        }
         samples = (
             sa.select(
                 q.app,
@@ -315,14 +327,7 @@ class JudgmentStore:
                     (j.outcome.in_(("scored", "no_claims")), j.outcome),
                     else_=sa.literal("failed"),
                 ).label("outcome"),
-                sa.case(
-                    (
-                        sa.and_(q.state == "done", j.outcome == "scored"),
-                        j.faithfulness
-                        if reading == "claims"
-                        else sa.case((j.faithfulness >= _ALL_SUPPORTED, 1.0), else_=0.0),
-                    )
-                ).label("score"),
+                *(sa.case((scored, scores[reading])).label(f"score_{reading}") for reading in readings),
             )
             .select_from(
                 judge_queue.outerjoin(
@@ -343,33 +348,37 @@ class JudgmentStore:
         )
         s = samples.c
         keys = (s.app, s.release, s.intent, s.stratum, s.inclusion_probability, s.outcome)
-        query = sa.select(
-            *keys,
-            sa.func.count().label("n"),
-            sa.func.sum(s.score).label("y"),
-            sa.func.sum(s.score * s.score).label("yy"),
-        ).group_by(*keys)
+        sums = []
+        for reading in readings:
+            score = s[f"score_{reading}"]
+            sums += [
+                sa.func.sum(score).label(f"y_{reading}"),
+                sa.func.sum(score * score).label(f"yy_{reading}"),
+            ]
+        query = sa.select(*keys, sa.func.count().label("n"), *sums).group_by(*keys)
         with self._connect() as conn:
             rows = conn.execute(query).all()
-        cells = []
+        cells: dict[Reading, list[SampleCell]] = {reading: [] for reading in readings}
         for row in rows:
-            y = float(row.y or 0.0)
-            # squared deviations from the cell mean out of two sums; rounding can leave a hair
-            # on either side of 0 when every score is equal, and equal scores must give 0
-            m2 = float(row.yy or 0.0) - y * y / row.n
-            cells.append(
-                SampleCell(
-                    stratum=row.stratum,
-                    inclusion_probability=row.inclusion_probability,
-                    outcome=row.outcome,
-                    count=row.n,
-                    score_sum=y,
-                    score_m2=m2 if m2 > 1e-9 * float(row.yy or 0.0) else 0.0,
-                    app=row.app,
-                    release=row.release,
-                    intent=row.intent,
+            for reading in readings:
+                y = float(row._mapping[f"y_{reading}"] or 0.0)
+                yy = float(row._mapping[f"yy_{reading}"] or 0.0)
+                # squared deviations from the cell mean out of two sums; rounding can leave a hair
+                # on either side of 0 when every score is equal, and equal scores must give 0
+                m2 = yy - y * y / row.n
+                cells[reading].append(
+                    SampleCell(
+                        stratum=row.stratum,
+                        inclusion_probability=row.inclusion_probability,
+                        outcome=row.outcome,
+                        count=row.n,
+                        score_sum=y,
+                        score_m2=m2 if m2 > 1e-9 * yy else 0.0,
+                        app=row.app,
+                        release=row.release,
+                        intent=row.intent,
+                    )
                 )
-            )
         return cells
 
     def outcomes(

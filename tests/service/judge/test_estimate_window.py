@@ -17,6 +17,7 @@ from sampler import (
     estimate_cells_by,
 )
 from sampler.estimate import FaithfulnessEstimate
+from service.judge.judging import estimate_wait_s
 from service.judge.store import JudgmentStore, judgments
 from service.store.trace_store import Store
 from tests.service.judge.record_by_record import record_by_record
@@ -231,3 +232,36 @@ def test_outcomes_answer_exact_keys_through_the_primary_key(store: Store) -> Non
             for statement, parameters in [e for e in executed if "FROM judgments" in e[0]]:
                 plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
                 assert not any(row[-1].startswith("SCAN judgments") for row in plan), plan
+
+
+def _by_key(cells: list[Any]) -> dict[tuple[Any, ...], tuple[int, float, float]]:
+    return {
+        (c.app, c.release, c.intent, c.stratum, c.inclusion_probability, c.outcome): (
+            c.count,
+            c.score_sum,
+            c.score_m2,
+        )
+        for c in cells
+    }
+
+
+def test_both_readings_summed_in_one_pass_are_each_reading_alone(store: Store) -> None:
+    """The gauges take both readings from one pass over the window (it is linear in the window)."""
+    _, judged = fill(store, random.Random(6), 400)
+    statements: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    both = judged.window_cells_of(NOW - WINDOW, NOW, ("claims", "answers"))
+    assert len([s for s in statements if "judge_queue LEFT OUTER JOIN judgments" in s]) == 1
+    for reading in ("claims", "answers"):
+        alone = _by_key(judged.window_cells(NOW - WINDOW, NOW, reading=reading))
+        together = _by_key(both[reading])
+        assert together.keys() == alone.keys() and alone
+        for key, (count, score_sum, score_m2) in alone.items():
+            assert together[key] == (count, pytest.approx(score_sum), pytest.approx(score_m2, abs=1e-12))
+
+
+def test_the_estimate_keeps_to_a_tenth_of_a_thread() -> None:
+    assert estimate_wait_s(30.0, 0.5) == 30.0  # a quick sum: every 30 s, as configured
+    for took in (4.0, 5.0, 40.0):  # a window of millions: less often, never more than a tenth busy
+        wait = estimate_wait_s(30.0, took)
+        assert wait > 30.0 and took / (took + wait) == pytest.approx(0.1)
