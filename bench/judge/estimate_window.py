@@ -18,11 +18,12 @@ same estimates.
 
     python bench/judge/estimate_window.py [--records 10000 50000 200000] [--repeat 3]
 
-`--gauges` times what the gauges need instead, both readings (claim- and answer-level): two passes
-over the window, one per reading (before session 40), against one pass that sums both
-(`JudgmentStore.window_cells_of`).
+`--gauges` times what the gauges read instead, both readings (claim- and answer-level): before
+session 40 a pass over the window a reading, and with a tenant label (`--tenants` > 1) one to list
+the tenants and then a pass a reading and tenant; now one pass for all of it
+(`JudgmentStore.window_cells_of`, `window_cells_per_tenant`).
 
-    python bench/judge/estimate_window.py --gauges [--records 200000 1000000]
+    python bench/judge/estimate_window.py --gauges [--records 200000 1000000] [--tenants 4]
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ VERSION = "llm/bench/p1"
 STRATA = [("base", 0.02), ("thumbs_down", 1.0), ("low_retrieval", 0.25), ("regenerated", 0.5)]
 
 
-def fill(url: str, n: int, seed: int) -> None:
+def fill(url: str, n: int, seed: int, tenants: int = 1) -> None:
     """`n` queue records in their final states, and judgments for the done ones, written directly."""
     rng = random.Random(seed)
     store = Store(url)
@@ -74,7 +75,8 @@ def fill(url: str, n: int, seed: int) -> None:
         roll = rng.random()
         state = "skipped" if roll < 0.2 else "failed" if roll < 0.25 else "done"
         trace_time = NOW - timedelta(seconds=rng.uniform(1, WINDOW.total_seconds() - 1))
-        key = {"tenant": "default", "trace_id": f"{i:032x}", "judge_version": VERSION}
+        tenant = "default" if tenants == 1 else f"tenant-{i % tenants}"
+        key = {"tenant": tenant, "trace_id": f"{i:032x}", "judge_version": VERSION}
         app = rng.choice(["support-bot", "docs", "hr"])
         queue_rows.append(
             {
@@ -146,28 +148,45 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return True
 
 
-def _two_passes(judged: JudgmentStore) -> dict[str, Any]:
-    return {r: judged.window_cells(NOW - WINDOW, NOW, reading=r) for r in ("claims", "answers")}
+def _before(judged: JudgmentStore, tenants: int) -> dict[str, Any]:
+    """What the gauges read before session 40: a pass a reading, and with a tenant label a pass a
+    reading and tenant after one to list the tenants."""
+    readings = ("claims", "answers")
+    if tenants == 1:
+        return {r: judged.window_cells(NOW - WINDOW, NOW, reading=r) for r in readings}
+    return {
+        (t, r): judged.window_cells(NOW - WINDOW, NOW, reading=r, tenant=t)
+        for t in judged.window_tenants(NOW - WINDOW, NOW)
+        for r in readings
+    }
 
 
-def _one_pass(judged: JudgmentStore) -> dict[str, Any]:
-    return dict(judged.window_cells_of(NOW - WINDOW, NOW, ("claims", "answers")))
+def _now(judged: JudgmentStore, tenants: int) -> dict[str, Any]:
+    readings = ("claims", "answers")
+    if tenants == 1:
+        return dict(judged.window_cells_of(NOW - WINDOW, NOW, readings))
+    return {
+        (t, r): cells
+        for t, of_tenant in judged.window_cells_per_tenant(NOW - WINDOW, NOW, readings).items()
+        for r, cells in of_tenant.items()
+    }
 
 
-def gauges(records: list[int], repeat: int) -> None:
-    """Both readings: one pass per reading against one pass for both."""
-    print("| records in the window | two passes (one a reading): wall | one pass: wall | ratio |")
+def gauges(records: list[int], repeat: int, tenants: int) -> None:
+    """What the gauges read: both readings, for every tenant or each (a tenant label), before and now."""
+    print(f"{tenants} tenant(s)")
+    print("| records in the window | before: wall | now (one pass): wall | ratio |")
     print("|---:|---:|---:|---:|")
     for n in records:
         with tempfile.TemporaryDirectory() as tmp:
             url = f"sqlite:///{tmp}/bench.db"
-            fill(url, n, seed=n)
+            fill(url, n, seed=n, tenants=tenants)
             store = Store(url)
             judged = JudgmentStore(store.engine)
-            old = measure(functools.partial(_two_passes, judged), repeat)
-            new = measure(functools.partial(_one_pass, judged), repeat)
+            old = measure(functools.partial(_before, judged, tenants), repeat)
+            new = measure(functools.partial(_now, judged, tenants), repeat)
             store.close()
-        if {r: len(c) for r, c in old[3].items()} != {r: len(c) for r, c in new[3].items()}:
+        if {k: len(c) for k, c in old[3].items()} != {k: len(c) for k, c in new[3].items()}:
             raise RuntimeError(f"the two ways disagree at {n} records")
         print(f"| {n:,} | {old[0]:.2f} s | {new[0]:.2f} s | {new[0] / old[0]:.2f} |", flush=True)
 
@@ -176,10 +195,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, nargs="+", default=[10_000, 50_000, 200_000])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--gauges", action="store_true", help="both readings: two passes against one")
+    parser.add_argument("--gauges", action="store_true", help="what the gauges read, before and now")
+    parser.add_argument("--tenants", type=int, default=1, help="with --gauges: tenants (>1: a tenant label)")
     args = parser.parse_args()
     if args.gauges:
-        gauges(args.records, args.repeat)
+        gauges(args.records, args.repeat, args.tenants)
         return
     print(
         "| records in the window | every record read: wall / CPU / peak | summed in the database | speed-up |"

@@ -35,6 +35,7 @@ from sampler import (
     TraceSummary,
     estimate_cells_by,
 )
+from sampler.estimate import SampleCell
 from sampler.queue import Admission, ItemKey, QueueRecord
 from service.config import JudgingConfig
 from service.corrections import TraceUpdate, judged_digest
@@ -430,6 +431,7 @@ class JudgeWorker:
 # 2 %, seconds of a database thread). Refreshing it keeps to a tenth of that thread: a run that took
 # longer than a tenth of `estimate_every_s` makes the next wait nine times as long as it took.
 ESTIMATE_DUTY = 0.1
+READINGS: tuple[Reading, ...] = ("claims", "answers")  # the gauges': claim-level and answer-level
 
 
 def estimate_wait_s(every_s: float, took_s: float) -> float:
@@ -468,20 +470,19 @@ class FaithfulnessEstimator:
         (`ragmon_faithful_answers_ratio`), each with its interval, n and the no-claims count; one set
         per tenant when the metrics carry a tenant label, else over every tenant."""
         now = datetime.now(UTC)
+        start = now - timedelta(seconds=self.config.estimate_window_s)
         if self.metrics.tenant_label is None or self.tenant is not None:
-            self._export(now, self.tenant)
+            cells = self.judgments.window_cells_of(start, now, READINGS, tenant=self.tenant)
+            self._export(self.tenant, cells)
             return
-        start = now - timedelta(seconds=self.config.estimate_window_s)
-        for tenant in self.judgments.window_tenants(start, now):
-            self._export(now, tenant)
+        for tenant, cells in self.judgments.window_cells_per_tenant(start, now, READINGS).items():
+            self._export(tenant, cells)
 
-    def _export(self, now: datetime, tenant: str | None) -> None:
+    def _export(self, tenant: str | None, cells: dict[Reading, list[SampleCell]]) -> None:
         m = self.metrics
-        start = now - timedelta(seconds=self.config.estimate_window_s)
-        cells = self.judgments.window_cells_of(start, now, ("claims", "answers"), tenant=tenant)
         claims, answers = (
             {grouping: estimate_cells_by(cells[reading], grouping) for grouping in GROUPINGS}
-            for reading in ("claims", "answers")
+            for reading in READINGS
         )
         gauges = {
             "claims": (m.faithfulness_estimate, m.faithfulness_lower, m.faithfulness_upper),

@@ -308,6 +308,28 @@ class JudgmentStore:
     ) -> dict[Reading, list[SampleCell]]:
         """`window_cells` of each of `readings`, summed in one pass over the window: the query is
         linear in the window (seconds at a million samples), and the gauges want both readings."""
+        return self._window_cells(start, end, readings, tenant=tenant, per_tenant=False).get(
+            None, {reading: [] for reading in readings}
+        )
+
+    def window_cells_per_tenant(
+        self, start: datetime, end: datetime, readings: Sequence[Reading]
+    ) -> dict[str, dict[Reading, list[SampleCell]]]:
+        """`window_cells_of` of each tenant with samples in the window, from one pass over it (a pass
+        a tenant read the whole window once for each)."""
+        cells = self._window_cells(start, end, readings, tenant=None, per_tenant=True)
+        return {tenant: of_tenant for tenant, of_tenant in cells.items() if tenant is not None}
+
+    def _window_cells(
+        self,
+        start: datetime,
+        end: datetime,
+        readings: Sequence[Reading],
+        *,
+        tenant: str | None,
+        per_tenant: bool,
+    ) -> dict[str | None, dict[Reading, list[SampleCell]]]:
+        """Cells of each reading, keyed by tenant (`per_tenant`) or all under None."""
         q, j = judge_queue.c, judgments.c
         scored = sa.and_(q.state == "done", j.outcome == "scored")
         scores = {
@@ -316,6 +338,7 @@ class JudgmentStore:
         }
         samples = (
             sa.select(
+                (q.tenant if per_tenant else sa.null()).label("tenant"),
                 q.app,
                 q.release,
                 q.intent,
@@ -347,7 +370,7 @@ class JudgmentStore:
             .subquery()
         )
         s = samples.c
-        keys = (s.app, s.release, s.intent, s.stratum, s.inclusion_probability, s.outcome)
+        keys = (s.tenant, s.app, s.release, s.intent, s.stratum, s.inclusion_probability, s.outcome)
         sums = []
         for reading in readings:
             score = s[f"score_{reading}"]
@@ -358,15 +381,16 @@ class JudgmentStore:
         query = sa.select(*keys, sa.func.count().label("n"), *sums).group_by(*keys)
         with self._connect() as conn:
             rows = conn.execute(query).all()
-        cells: dict[Reading, list[SampleCell]] = {reading: [] for reading in readings}
+        cells: dict[str | None, dict[Reading, list[SampleCell]]] = {}
         for row in rows:
+            of_tenant = cells.setdefault(row.tenant, {reading: [] for reading in readings})
             for reading in readings:
                 y = float(row._mapping[f"y_{reading}"] or 0.0)
                 yy = float(row._mapping[f"yy_{reading}"] or 0.0)
                 # squared deviations from the cell mean out of two sums; rounding can leave a hair
                 # on either side of 0 when every score is equal, and equal scores must give 0
                 m2 = yy - y * y / row.n
-                cells[reading].append(
+                of_tenant[reading].append(
                     SampleCell(
                         stratum=row.stratum,
                         inclusion_probability=row.inclusion_probability,

@@ -265,3 +265,24 @@ def test_the_estimate_keeps_to_a_tenth_of_a_thread() -> None:
     for took in (4.0, 5.0, 40.0):  # a window of millions: less often, never more than a tenth busy
         wait = estimate_wait_s(30.0, took)
         assert wait > 30.0 and took / (took + wait) == pytest.approx(0.1)
+
+
+def test_every_tenants_cells_come_from_one_pass(store: Store) -> None:
+    """The gauges with a tenant label: one pass over the window for every tenant (a pass a tenant
+    read the whole window again for each)."""
+    _, judged = fill(store, random.Random(7), 400)
+    statements: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    per_tenant = judged.window_cells_per_tenant(NOW - WINDOW, NOW, ("claims", "answers"))
+    assert len([s for s in statements if "judge_queue LEFT OUTER JOIN judgments" in s]) == 1
+    assert sorted(per_tenant) == ["acme", "default"]
+    for tenant, cells in per_tenant.items():
+        alone = judged.window_cells_of(NOW - WINDOW, NOW, ("claims", "answers"), tenant=tenant)
+        for reading in ("claims", "answers"):
+            assert _by_key(cells[reading]).keys() == _by_key(alone[reading]).keys()
+            for key, (count, score_sum, score_m2) in _by_key(alone[reading]).items():
+                assert _by_key(cells[reading])[key] == (
+                    count,
+                    pytest.approx(score_sum),
+                    pytest.approx(score_m2, abs=1e-12),
+                )
