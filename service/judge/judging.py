@@ -41,7 +41,7 @@ from service.config import JudgingConfig
 from service.corrections import TraceUpdate, judged_digest
 from service.errors import JudgeUnavailable, StoreUnavailable
 from service.judge.judgment import Judge, Judgment
-from service.judge.store import JudgmentStore, Reading
+from service.judge.store import READINGS, JudgmentStore, Reading
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.model import Feedback, RagTrace
@@ -431,7 +431,6 @@ class JudgeWorker:
 # 2 %, seconds of a database thread). Refreshing it keeps to a tenth of that thread: a run that took
 # longer than a tenth of `estimate_every_s` makes the next wait nine times as long as it took.
 ESTIMATE_DUTY = 0.1
-READINGS: tuple[Reading, ...] = ("claims", "answers")  # the gauges': claim-level and answer-level
 
 
 def estimate_wait_s(every_s: float, took_s: float) -> float:

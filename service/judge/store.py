@@ -115,6 +115,7 @@ _OUTCOMES_OF_TRACES = sa.select(judgments.c.trace_id, judgments.c.outcome, judgm
 
 # what a sample's score is: the share of its claims supported, or whether they all were
 Reading = Literal["claims", "answers"]
+READINGS: tuple[Reading, ...] = ("claims", "answers")  # claim-level, answer-level
 # faithfulness is supported / claims, a float: "every claim" is 1.0 up to its rounding
 _ALL_SUPPORTED = 1.0 - 1e-9
 

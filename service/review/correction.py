@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,8 +36,10 @@ from prometheus_client import Gauge
 
 from sampler import GROUPINGS, FaithfulnessEstimate, Grouping, estimate_cells_by
 from sampler.corrected import CorrectedEstimate, LabelledSample, LabelPlan, corrected_by, group_plans
+from sampler.estimate import SampleCell
 from service.config import JudgingConfig, ReviewConfig
-from service.judge.store import JudgmentStore, Reading
+from service.judge.judging import estimate_wait_s
+from service.judge.store import READINGS, JudgmentStore, Reading
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
 from service.review.agreement import Agreement, agreement
@@ -46,7 +49,6 @@ __all__ = ["READINGS", "HumanCorrection", "WindowEstimates"]
 
 log = logging.getLogger(__name__)
 
-READINGS: tuple[Reading, ...] = ("claims", "answers")
 Key = tuple[str, ...]
 
 
@@ -103,6 +105,11 @@ class HumanCorrection:
         start, end = self._window(now)
         tenant = tenant or self.tenant
         cells = self.judgments.window_cells(start, end, tenant=tenant, reading=reading)
+        return self._estimates(start, end, reading, cells, tenant)
+
+    def _estimates(
+        self, start: datetime, end: datetime, reading: Reading, cells: list[SampleCell], tenant: str | None
+    ) -> WindowEstimates:
         labels = _labelled(blind_labels(self.judgments.engine, start, end, tenant=tenant), reading)
         return WindowEstimates(
             reading=reading,
@@ -146,21 +153,35 @@ class HumanCorrection:
         """Set every corrected and agreement gauge, per tenant when the metrics carry a tenant label;
         series of groups that no longer have a value are removed."""
         now = datetime.now(UTC)
+        start, end = self._window(now)
         exported: dict[Gauge, set[tuple[str, ...]]] = defaultdict(set)
         if self.metrics.tenant_label is None or self.tenant is not None:
-            self._export(now, self.tenant, exported)
+            cells = self.judgments.window_cells_of(start, end, READINGS, tenant=self.tenant)
+            self._export(now, self.tenant, cells, exported)
         else:
-            start, _ = self._window(now)
+            # every tenant's cells from one pass over the window; the tenants with blind labels in
+            # the agreement's reference period too (few rows, where listing every judge-queue
+            # record's tenant over that period read a week of them)
+            per_tenant = self.judgments.window_cells_per_tenant(start, end, READINGS)
             reference_start = start - timedelta(seconds=self.review.agreement_reference_s)
-            for tenant in self.judgments.window_tenants(reference_start, now):
-                self._export(now, tenant, exported)
+            labelled = {label.tenant for label in blind_labels(self.judgments.engine, reference_start, end)}
+            for tenant in sorted(set(per_tenant) | labelled):
+                none: dict[Reading, list[SampleCell]] = {reading: [] for reading in READINGS}
+                self._export(now, tenant, per_tenant.get(tenant, none), exported)
         for gauge, previous in self._exported.items():
             for values in previous - exported.get(gauge, set()):
                 gauge.remove(*values)
         self._exported = dict(exported)
 
-    def _export(self, now: datetime, tenant: str | None, exported: dict[Gauge, set[tuple[str, ...]]]) -> None:
+    def _export(
+        self,
+        now: datetime,
+        tenant: str | None,
+        cells: dict[Reading, list[SampleCell]],
+        exported: dict[Gauge, set[tuple[str, ...]]],
+    ) -> None:
         m = self.metrics
+        start, end = self._window(now)
 
         def put(gauge: Gauge, labels: dict[str, str], value: float | None) -> None:
             if value is None:
@@ -169,7 +190,7 @@ class HumanCorrection:
             exported[gauge].add(tuple(labels.values()))
 
         for reading in READINGS:
-            found = self.compute(now, reading, tenant=tenant)
+            found = self._estimates(start, end, reading, cells[reading], tenant)
             point, lower, upper = m.corrected[reading]
             for grouping, estimates in found.corrected.items():
                 for key, est in estimates.items():
@@ -197,11 +218,12 @@ class HumanCorrection:
 
     async def _run(self) -> None:
         while True:
+            started = time.monotonic()
             try:
                 await asyncio.to_thread(self.export)
             except Exception:
                 log.exception("human-corrected estimate failed; retrying")
-            await asyncio.sleep(self.judging.estimate_every_s)
+            await asyncio.sleep(estimate_wait_s(self.judging.estimate_every_s, time.monotonic() - started))
 
     async def start(self) -> None:
         if self._task is None:
