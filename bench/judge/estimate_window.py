@@ -148,6 +148,14 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return True
 
 
+def _window_tenants(judged: JudgmentStore) -> list[str]:
+    """The tenants with queue records in the window, as the gauges listed them before session 40."""
+    q = judge_queue.c
+    query = sa.select(q.tenant).where(q.trace_time > NOW - WINDOW, q.trace_time <= NOW).distinct()
+    with judged.engine.connect() as conn:
+        return sorted(conn.execute(query).scalars())
+
+
 def _before(judged: JudgmentStore, tenants: int) -> dict[str, Any]:
     """What the gauges read before session 40: a pass a reading, and with a tenant label a pass a
     reading and tenant after one to list the tenants."""
@@ -156,7 +164,7 @@ def _before(judged: JudgmentStore, tenants: int) -> dict[str, Any]:
         return {r: judged.window_cells(NOW - WINDOW, NOW, reading=r) for r in readings}
     return {
         (t, r): judged.window_cells(NOW - WINDOW, NOW, reading=r, tenant=t)
-        for t in judged.window_tenants(NOW - WINDOW, NOW)
+        for t in _window_tenants(judged)
         for r in readings
     }
 

@@ -273,15 +273,6 @@ class JudgmentStore:
             ],
         )
 
-    def window_tenants(self, start: datetime, end: datetime) -> list[str]:
-        """The tenants with judge-queue records of traces that started in (start, end]."""
-        q = judge_queue.c
-        query = (
-            sa.select(q.tenant).where(q.trace_time > start, q.trace_time <= end).distinct().order_by(q.tenant)
-        )
-        with self._connect() as conn:
-            return [row.tenant for row in conn.execute(query)]
-
     def window_cells(
         self, start: datetime, end: datetime, *, tenant: str | None = None, reading: Reading = "claims"
     ) -> list[SampleCell]:
