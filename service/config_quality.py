@@ -163,7 +163,12 @@ class JudgingConfig(_Section):
         0.0005, ge=0, description="expected USD per judgment, charged against the daily budget"
     )
     estimate_window_s: float = Field(86400.0, gt=0, description="rolling window of the faithfulness estimate")
-    estimate_every_s: float = Field(30.0, gt=0, description="how often the estimate gauges are recomputed")
+    estimate_every_s: float = Field(
+        30.0,
+        gt=0,
+        description="how often the estimate gauges are recomputed; after a pass that took longer than a "
+        "tenth of this, the next waits nine times as long as it took",
+    )
 
 
 class PricingConfig(_Section):

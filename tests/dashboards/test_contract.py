@@ -99,9 +99,16 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exposition]:
         while server.pipeline.judge_queue.stats().depth and time.monotonic() < deadline:
             time.sleep(0.1)
         assert server.pipeline.judge_queue.stats().depth == 0, "judging did not finish"
-        time.sleep(0.5)  # one more estimator pass
+        # one more estimator pass after the last judgment: it comes every `estimate_every_s`, or
+        # later after a pass that took more than a tenth of that (`estimate_wait_s`)
+        judged_at = time.monotonic()
         with server.client() as client:
-            exposition = Exposition(client.get("/metrics").text)
+            while True:
+                exposition = Exposition(client.get("/metrics").text)
+                estimated = "ragmon_faithfulness_estimate" in exposition.samples
+                if (estimated and time.monotonic() - judged_at > 0.5) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
         assert summary.traces == 80
         yield exposition
 
