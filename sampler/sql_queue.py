@@ -459,7 +459,7 @@ class SqlJudgeQueue:
 
     def oldest_age_s(self) -> float:
         """Seconds since the oldest outstanding item was enqueued; 0.0 when there is none."""
-        oldest = self.stats().oldest_enqueued_at
+        oldest = self.stats(finished=False).oldest_enqueued_at
         return 0.0 if oldest is None else max(0.0, (self._now() - oldest).total_seconds())
 
     def stats(self, *, finished: bool = True) -> QueueStats:

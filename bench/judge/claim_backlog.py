@@ -37,27 +37,22 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(args.src or Path(__file__).resolve().parents[2]))
 
     from sampler.budget import RefusalReason
-    from sampler.fair import FairShares
+    from sampler.fair import FairAdmission, FairShares
     from sampler.queue import JudgeItem
     from sampler.queue_table import create_tables, metadata
     from sampler.sql_queue import SqlJudgeQueue
     from service.store.trace_store import Store
 
-    class OneAtATime:
-        """Admits `room` judgments in the fair order, then refuses, as a spent budget does."""
+    class SpentBudget:
+        """A budget with `room` judgments left, refusing after them, as a spent one does."""
 
         def __init__(self) -> None:
             self.room = 0
-            self.shares = FairShares()
 
-        def order(self, waiting: dict[str, int], n: int) -> list[str]:
-            return self.shares.order(waiting, n)
-
-        def admit(self, tenant: str) -> RefusalReason | None:
+        def try_admit(self, cost_usd: float) -> RefusalReason | None:
             if self.room <= 0:
                 return "budget_calls"
             self.room -= 1
-            self.shares.admitted(tenant)
             return None
 
     print(f"source: {args.src or 'this tree'}; database: {'PostgreSQL' if args.database_url else 'SQLite'}")
@@ -85,12 +80,13 @@ def main(argv: list[str] | None = None) -> int:
             ]
             for start in range(0, backlog, 1_000):
                 queue.enqueue(items[start : start + 1_000])
-            budget = OneAtATime()
-            queue.claim_within(32, 120.0, "w", budget)  # the first turns deferred, as under a spent budget
+            budget = SpentBudget()
+            admission = FairAdmission(FairShares(), budget)  # as the judge worker asks
+            queue.claim_within(32, 120.0, "w", admission)  # the first turns deferred, as under a spent budget
             started, wall_started = time.process_time(), time.perf_counter()
             for _ in range(args.claims):
                 budget.room = 1
-                for record in queue.claim_within(32, 120.0, "w", budget).records:
+                for record in queue.claim_within(32, 120.0, "w", admission).records:
                     queue.complete(record.key)
             cpu_ms = (time.process_time() - started) / args.claims * 1e3
             wall_ms = (time.perf_counter() - wall_started) / args.claims * 1e3

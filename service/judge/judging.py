@@ -438,6 +438,18 @@ def estimate_wait_s(every_s: float, took_s: float) -> float:
     return max(every_s, took_s * (1 - ESTIMATE_DUTY) / ESTIMATE_DUTY)
 
 
+async def refresh_estimates(export: Callable[[], None], every_s: float, what: str) -> None:
+    """Run `export` in a worker thread now and forever after, `estimate_wait_s` apart; a failure is
+    logged (as `what`) and the next run comes as usual."""
+    while True:
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(export)
+        except Exception:
+            log.exception("%s failed; retrying", what)
+        await asyncio.sleep(estimate_wait_s(every_s, time.monotonic() - started))
+
+
 class FaithfulnessEstimator:
     """Recomputes the Hájek faithfulness estimates over the rolling window and exports them as gauges.
 
@@ -502,18 +514,12 @@ class FaithfulnessEstimator:
                         m.faithfulness_sample_size.labels(**labels).set(est.n_judged)
                         m.faithfulness_no_claims.labels(**labels).set(est.n_no_claims)
 
-    async def _run(self) -> None:
-        while True:
-            started = time.monotonic()
-            try:
-                await asyncio.to_thread(self.export)
-            except Exception:
-                log.exception("faithfulness estimate failed; retrying")
-            await asyncio.sleep(estimate_wait_s(self.config.estimate_every_s, time.monotonic() - started))
-
     async def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="faithfulness-estimator")
+            self._task = asyncio.create_task(
+                refresh_estimates(self.export, self.config.estimate_every_s, "faithfulness estimate"),
+                name="faithfulness-estimator",
+            )
 
     async def stop(self) -> None:
         await cancel_task(self._task)

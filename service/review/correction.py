@@ -25,8 +25,6 @@ blocking (SQL); `start` runs them in a thread.
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -38,7 +36,7 @@ from sampler import GROUPINGS, FaithfulnessEstimate, Grouping, estimate_cells_by
 from sampler.corrected import CorrectedEstimate, LabelledSample, LabelPlan, corrected_by, group_plans
 from sampler.estimate import SampleCell
 from service.config import JudgingConfig, ReviewConfig
-from service.judge.judging import estimate_wait_s
+from service.judge.judging import refresh_estimates
 from service.judge.store import READINGS, JudgmentStore, Reading
 from service.lifecycle import cancel_task
 from service.metrics import Metrics
@@ -46,8 +44,6 @@ from service.review.agreement import Agreement, agreement
 from service.review.blind_labels import BlindLabel, blind_labels
 
 __all__ = ["READINGS", "HumanCorrection", "WindowEstimates"]
-
-log = logging.getLogger(__name__)
 
 Key = tuple[str, ...]
 
@@ -216,18 +212,12 @@ class HumanCorrection:
             put(gauges["ragmon_judge_human_reference_pairs"], labels, float(reference.total))
             put(gauges["ragmon_judge_human_disagreement_p_value"], labels, found_agreement.p_value)
 
-    async def _run(self) -> None:
-        while True:
-            started = time.monotonic()
-            try:
-                await asyncio.to_thread(self.export)
-            except Exception:
-                log.exception("human-corrected estimate failed; retrying")
-            await asyncio.sleep(estimate_wait_s(self.judging.estimate_every_s, time.monotonic() - started))
-
     async def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="human-correction")
+            self._task = asyncio.create_task(
+                refresh_estimates(self.export, self.judging.estimate_every_s, "human-corrected estimate"),
+                name="human-correction",
+            )
 
     async def stop(self) -> None:
         """Stop recomputing. Safe twice and before start."""
